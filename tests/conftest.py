@@ -1,0 +1,82 @@
+"""Shared fixtures: the tiny model built in code, the TOFU reference data, the embedded model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TOFU = Path(os.environ.get("UNLEARN_TEST_TOFU_DIR", ROOT.parent / "shared" / "data" / "tofu"))
+SHARED_MMLU = Path(os.environ.get("UNLEARN_TEST_MMLU_DIR", ROOT.parent / "shared" / "data" / "mmlu"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_cache(tmp_path_factory):
+    """A cache folder for the whole run (UNLEARN_CACHE_DIR set by CI is kept, so the
+    embedded model is converted once per machine, not once per test)."""
+    if not os.environ.get("UNLEARN_CACHE_DIR"):
+        os.environ["UNLEARN_CACHE_DIR"] = str(tmp_path_factory.mktemp("unlearn-cache"))
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_host(monkeypatch):
+    """Every test sees a plugin host built from its own environment."""
+    import unlearn_plugins
+
+    monkeypatch.delenv("UNLEARN_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("UNLEARN_PLUGINS_STRICT", raising=False)
+    unlearn_plugins.reset_host()
+    yield
+    unlearn_plugins.reset_host()
+
+
+@pytest.fixture(scope="session")
+def tofu_dir() -> Path:
+    if not (SHARED_TOFU / "forget01.json").exists():
+        pytest.skip(f"TOFU reference data not found at {SHARED_TOFU}")
+    return SHARED_TOFU
+
+
+@pytest.fixture(scope="session")
+def mmlu_dir() -> Path:
+    if not (SHARED_MMLU / "test").is_dir():
+        pytest.skip(f"MMLU reference data not found at {SHARED_MMLU}")
+    return SHARED_MMLU
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from unlearn_plugins.testing import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    """A fresh randomly initialised 2-layer Llama with grouped-query attention."""
+    from unlearn_plugins.testing import tiny_llama
+
+    return tiny_llama(len(tiny_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny model + tokenizer saved as a Hugging Face folder (for CLI tests)."""
+    from unlearn_plugins.testing import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> Path:
+    """The embedded SmolLM2-135M converted once into the test cache."""
+    pytest.importorskip("gguf")
+    from unlearn_plugins.models import embedded_model_dir
+
+    try:
+        return embedded_model_dir("smollm2-135m")
+    except Exception as exc:  # the package is part of the test set-up; say so loudly
+        pytest.fail(f"embedded model unavailable: {exc}")

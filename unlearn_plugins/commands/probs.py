@@ -1,0 +1,35 @@
+"""`unlearn probs`: each sample's answer probability (TOFU's exp(-mean answer NLL))."""
+
+from __future__ import annotations
+
+from .common import add_data_options, add_model_options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("probs", help="print each sample's answer probability under a model")
+    add_model_options(p)
+    add_data_options(p)
+    p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=512)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..data.tofu import encode_samples, load_split
+    from ..likelihood import answer_nll, answer_probability
+    from ..models import load_model
+
+    samples = load_split(args.data, args.tofu_dir)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype,
+                            trust_remote_code=args.trust_remote_code, adapter=args.adapter)
+    encoded = encode_samples(tok, samples, max_length=args.max_length)
+    stats = answer_nll(model, encoded, tok.pad_token_id, batch_size=args.batch_size, progress=True)
+    probs = [answer_probability(s, n) for s, n in stats]
+    width = 70
+    print(f"{'index':>5}  {'p(answer)':>9}  {'tokens':>6}  question")
+    for sample, p, (_, n) in zip(samples, probs, stats):
+        q = sample.question if len(sample.question) <= width else sample.question[: width - 3] + "..."
+        print(f"{sample.index:>5}  {p:9.4f}  {n:>6}  {q}")
+    print(f"mean answer probability over {len(probs)} samples: {sum(probs) / len(probs):.4f}")
+    return 0

@@ -1,0 +1,1 @@
+"""Data sets: TOFU splits, and the tokenisation shared by training, scoring and evaluation."""

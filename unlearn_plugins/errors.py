@@ -1,0 +1,32 @@
+"""Errors a user can act on. The CLI prints them without a traceback (``--debug`` shows it)."""
+
+
+class UnlearnError(Exception):
+    """Base class: bad input or configuration, with what is wrong and where."""
+
+
+class RegistryError(UnlearnError):
+    """registry.toml is malformed (the message names file, entry and field)."""
+
+
+class PluginLoadError(UnlearnError):
+    """A plugin failed to import or its hook raised (strict mode only)."""
+
+
+class DuplicateComponentError(UnlearnError):
+    """Two plugins register a component of the same kind and name."""
+
+
+class UnknownComponentError(UnlearnError, KeyError):
+    """No component of that kind has that name (the message lists the available ones)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class DataError(UnlearnError):
+    """Bad data: missing folder or split, malformed line, missing field, empty split."""
+
+
+class ModelError(UnlearnError):
+    """A model could not be resolved or loaded."""

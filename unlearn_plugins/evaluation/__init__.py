@@ -1,0 +1,1 @@
+"""Evaluation: TOFU metrics and the lm-eval runner."""

@@ -1,0 +1,66 @@
+"""The four plugin hooks: the contract between the host and every plugin.
+
+Each hook is register-style (as in simonw/llm): the host passes a ``register``
+callable and the plugin calls it once per component it provides::
+
+    from unlearn_plugins import hookimpl
+
+    @hookimpl
+    def register_difficulty_scorers(register):
+        register("my_scorer", MyScorer)
+
+``register(name, component)``: ``name`` must be unique within its kind across
+all installed plugins (a clash is an error naming both plugins). What a
+component must be for each kind is defined in :mod:`unlearn_plugins.interfaces`.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT_NAME = "unlearn_plugins"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_difficulty_scorers(register):
+    """Register difficulty scorers.
+
+    Component: a callable (usually a class) taking keyword options and
+    returning an object with ``score(samples, *, model, tokenizer) -> list[float]``
+    (one float per sample, higher = harder to unlearn). See
+    :class:`unlearn_plugins.interfaces.DifficultyScorer`.
+    """
+
+
+@hookspec
+def register_adapter_initializers(register):
+    """Register LoRA adapter initializers.
+
+    Component: a callable taking keyword options and returning an object with
+    ``initialize(peft_model, *, forget, retain, tokenizer) -> InitResult | None``
+    that writes the LoRA weights (and, for residual inits, the base weights)
+    before training. See :class:`unlearn_plugins.interfaces.AdapterInitializer`.
+    """
+
+
+@hookspec
+def register_unlearning_objectives(register):
+    """Register unlearning objectives (training losses).
+
+    Component: a callable taking keyword options and returning an object with
+    ``needs_reference_model: bool`` and
+    ``loss(model, batch, reference_model=None) -> torch.Tensor``.
+    See :class:`unlearn_plugins.interfaces.UnlearningObjective`.
+    """
+
+
+@hookspec
+def register_lm_eval_task_dirs(register):
+    """Register folders of lm-evaluation-harness task YAMLs.
+
+    Component: a :class:`pathlib.Path` (or str) to a folder; it is added to
+    lm-eval's ``TaskManager(include_path=[...])`` by ``unlearn eval``.
+    """

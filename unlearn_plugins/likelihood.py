@@ -1,0 +1,55 @@
+"""Per-sample answer log-likelihoods, batched: the quantity behind answer probability,
+the ``loss`` scorer and the TOFU metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from .data.tofu import IGNORE_INDEX, pad_batch
+
+
+def token_nll(logits, labels):
+    """Per-token NLL (B, T-1) of shifted labels, 0 where labels are -100, plus the mask."""
+    import torch.nn.functional as F
+
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != IGNORE_INDEX
+    nll = F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)),
+        shift_labels.clamp_min(0).reshape(-1),
+        reduction="none",
+    ).view(shift_labels.shape)
+    return nll * mask, mask
+
+
+def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8, progress: bool = False):
+    """(summed answer NLL, answer token count) per encoded example, in input order.
+
+    Examples are bucketed by length so padding stays small.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(examples)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc="answer likelihood", unit="batch")
+    with torch.inference_mode():
+        for idx in batches:
+            batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            nll, mask = token_nll(logits, batch["labels"])
+            sums, counts = nll.sum(1).tolist(), mask.sum(1).tolist()
+            for j, i in enumerate(idx):
+                out[i] = (sums[j], int(counts[j]))
+    return out
+
+
+def answer_probability(nll_sum: float, n_tokens: int) -> float:
+    """TOFU's length-normalised probability exp(-mean token NLL)."""
+    return math.exp(-nll_sum / max(n_tokens, 1))

@@ -1,0 +1,1 @@
+"""Difficulty scorers: predict, before unlearning, how hard each sample is to forget."""

@@ -1,0 +1,10 @@
+"""Built-in difficulty scorers (registered through the same hook as any plugin)."""
+
+from .. import hookimpl
+from .baselines import LengthScorer, LossScorer
+
+
+@hookimpl
+def register_difficulty_scorers(register):
+    register("length", LengthScorer)
+    register("loss", LossScorer)
