@@ -1,0 +1,83 @@
+"""Model resolution and the embedded model cache: converted once, never trusted when partial."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from unlearn_plugins import models
+from unlearn_plugins.errors import ModelError
+
+
+@pytest.fixture
+def fake_conversion(embedded_model_dir, monkeypatch):
+    """Replace the 25 s GGUF conversion by a copy of the already converted folder, counting calls."""
+    calls = []
+
+    def convert(gguf, out):
+        calls.append(out)
+        for f in embedded_model_dir.iterdir():
+            if f.name != models.MANIFEST:
+                shutil.copy(f, out / f.name)
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    return calls
+
+
+def test_second_load_uses_cache(tmp_path, fake_conversion):
+    first = models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    second = models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    assert first == second and len(fake_conversion) == 1
+    assert (first / "model.safetensors").exists() and (first / models.MANIFEST).exists()
+
+
+def test_interrupted_conversion_leaves_nothing_that_looks_valid(tmp_path, fake_conversion, monkeypatch):
+    def crash(gguf, out):
+        (out / "model.safetensors").write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "convert_gguf", crash)
+    with pytest.raises(KeyboardInterrupt):
+        models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    assert list((tmp_path / "models").iterdir()) == []  # no final folder, no temporary left
+
+
+def test_corrupt_cache_is_redone(tmp_path, fake_conversion):
+    folder = models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated, e.g. disk full or killed copy
+    again = models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    assert len(fake_conversion) == 2 and again == folder
+    (again / models.MANIFEST).unlink()  # a folder without manifest is not trusted either
+    models.embedded_model_dir("smollm2-135m", cache=tmp_path)
+    assert len(fake_conversion) == 3
+
+
+@pytest.mark.slow
+def test_embedded_model_answers(embedded_model_dir, monkeypatch):
+    monkeypatch.setenv("UNLEARN_CACHE_DIR", str(embedded_model_dir.parent.parent))
+    model, tok = models.load_model("smollm2-135m", device="cpu")
+    assert model.config.num_hidden_layers == 30 and model.config.num_key_value_heads == 3
+    assert model.dtype.is_floating_point and str(model.dtype) == "torch.float32"
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=10, do_sample=False)
+    assert "Paris" in tok.decode(out[0][prompt["input_ids"].shape[1]:])
+
+
+def test_resolve_errors(tmp_path):
+    with pytest.raises(ModelError, match="no config.json"):
+        models.resolve_model(str(tmp_path))
+    with pytest.raises(ModelError, match="no such folder"):
+        models.resolve_model("./does/not/exist")
+    with pytest.raises(ModelError, match="unknown model alias"):
+        models.embedded_model_dir("gpt-5")
+    with pytest.raises(ModelError, match="unknown dtype"):
+        models.pick_dtype("cpu", "float8")
+    assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_local_folder_loads(tiny_model_dir):
+    model, tok = models.load_model(str(tiny_model_dir), device="cpu")
+    assert model.config.num_hidden_layers == 2 and tok.pad_token_id is not None

@@ -1,0 +1,41 @@
+"""A normal (non-editable) wheel install finds registry.toml and tasks/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_ships_registry_and_tasks(tmp_path):
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    wheel = next(tmp_path.glob("unlearn_plugins-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "unlearn_plugins/registry.toml" in names
+    assert any(n.startswith("unlearn_plugins/tasks/") for n in names)
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)  # a wheel install is an unzip
+    code = (
+        "import json, unlearn_plugins.host as h;"
+        "host = h.PluginHost(load_entry_points=False);"
+        "print(json.dumps({'registry': str(h.registry_path()), 'tasks': str(h.package_file('tasks')),"
+        " 'plugins': sorted(host.plugins), 'errors': [e for p in host.plugins.values() for e in p.errors]}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["registry"] == str(target / "unlearn_plugins" / "registry.toml")
+    assert info["tasks"] == str(target / "unlearn_plugins" / "tasks")
+    assert info["errors"] == [] and "builtin-scorers" in info["plugins"]
