@@ -2,9 +2,11 @@
 
 from .. import hookimpl
 from .baselines import LengthScorer, LossScorer
+from .mrd import MRDScorer
 
 
 @hookimpl
 def register_difficulty_scorers(register):
     register("length", LengthScorer)
     register("loss", LossScorer)
+    register("mrd", MRDScorer)

@@ -1,0 +1,128 @@
+"""EAP-IG speed on the embedded model: prints one JSON line.
+
+over_fwd_bwd = EAP-IG time (inputs mode, m steps) / time of plain forward+backward passes
+of the same model over the same samples x m rows (gradients w.r.t. the input embeddings
+only, weights frozen, full logits as a plain pass computes them), measured in the same run
+(plain passes timed before and after EAP-IG; their mean is used).
+activations_over_inputs = per-sample time of `activations` mode / per-sample time of
+`inputs` mode; activations mode is measured on --activations-samples samples only.
+
+    python bench/eap_ig.py [--model smollm2-135m] [--samples 16] [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+
+def plain_passes(model, examples, steps, pad_id, rows_per_pass):
+    """Forward + backward of every (sample, step) row, grads w.r.t. input embeddings only."""
+    import torch
+
+    from unlearn_plugins.data.tofu import pad_batch
+    from unlearn_plugins.likelihood import token_nll
+
+    device = next(model.parameters()).device
+    embed = model.get_input_embeddings()
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+    per = max(1, rows_per_pass // steps)
+    start = time.perf_counter()
+    for k in range(0, len(order), per):
+        batch = pad_batch([examples[i] for i in order[k: k + per]], pad_id)
+        ids = batch["input_ids"].to(device).repeat(steps, 1)
+        mask = batch["attention_mask"].to(device).repeat(steps, 1)
+        labels = batch["labels"].to(device).repeat(steps, 1)
+        with torch.no_grad():
+            emb = embed(ids)
+        emb.requires_grad_(True)
+        logits = model(inputs_embeds=emb, attention_mask=mask, use_cache=False).logits
+        nll, m = token_nll(logits, labels)
+        (nll.sum(1) / m.sum(1)).sum().backward()
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--data", default="tofu:forget01")
+    parser.add_argument("--tofu-dir", default=None)
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--max-rows", type=int, default=20)
+    parser.add_argument("--activations-samples", type=int, default=1)
+    parser.add_argument("--activations-steps", type=int, default=None,
+                        help="IG steps of the activations-mode measurement (default: --steps); "
+                             "its time is scaled by steps / activations-steps (cost is linear in steps)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from unlearn_plugins.circuits.eap_ig import EAPIG
+    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.models import load_model
+
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    samples = load_split(f"{args.data}[0:{args.samples}]" if "[" not in args.data else args.data, args.tofu_dir)
+    examples = encode_samples(tok, samples)
+    pad = tok.pad_token_id
+    sync = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+
+    engine = EAPIG(model, steps=args.steps, max_rows=args.max_rows, pad_token_id=pad)
+    engine.score(examples[:1])  # warm-up (allocator, kernels)
+    plain_passes(model, examples[:1], args.steps, pad, args.max_rows)
+
+    sync()
+    plain_before = plain_passes(model, examples, args.steps, pad, args.max_rows)
+    sync()
+    t0 = time.perf_counter()
+    engine.score(examples)
+    sync()
+    eap = time.perf_counter() - t0
+    plain_after = plain_passes(model, examples, args.steps, pad, args.max_rows)
+    sync()
+    plain = (plain_before + plain_after) / 2
+
+    n_act = max(1, min(args.activations_samples, len(examples)))
+    act_steps = args.activations_steps or args.steps
+    act_engine = EAPIG(model, mode="activations", steps=act_steps, max_rows=args.max_rows, pad_token_id=pad)
+    t0 = time.perf_counter()
+    act_engine.score(examples[:n_act])
+    sync()
+    act = (time.perf_counter() - t0) * args.steps / act_steps
+    t0 = time.perf_counter()
+    engine.score(examples[:n_act])
+    sync()
+    inp_same = time.perf_counter() - t0
+
+    result = {
+        "bench": "eap_ig",
+        "model": args.model,
+        "device": str(next(model.parameters()).device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "samples": len(examples),
+        "steps": args.steps,
+        "rows_per_pass": args.max_rows,
+        "over_fwd_bwd": round(eap / plain, 3),
+        "activations_over_inputs": round(act / inp_same, 1),
+        "activations_samples": n_act,
+        "activations_steps": act_steps,
+        "seconds_per_sample": round(eap / len(examples), 3),
+        "eap_ig_s": round(eap, 2),
+        "plain_fwd_bwd_s": [round(plain_before, 2), round(plain_after, 2)],
+        "activations_s_per_sample": round(act / n_act, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

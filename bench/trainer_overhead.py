@@ -1,0 +1,132 @@
+"""Overhead of the Trainer-based `unlearn run` over a bare PyTorch loop.
+
+Median optimizer-step time of `run_unlearning` (grad_diff, LoRA r=8, batch 4, 64-token
+sequences; the wall time between consecutive steps, so data loading, logging and callbacks
+count) divided by that of a bare loop computing the same loss on the same batches with the
+same model (same LoRA init, AdamW, gradient clipping). The bare loop replays the exact
+examples the Trainer's sampler drew and collates them itself. Rounds alternate the two to
+spread machine noise. Prints one JSON line: {"trainer_over_bare_loop": ..., ...}.
+
+    python bench/trainer_overhead.py [--model smollm2-135m] [--steps 8] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def trainer_steps(config, recorded: list) -> list[float]:
+    """Step times of run_unlearning; records the examples of every batch it collates."""
+    from transformers import TrainerCallback
+
+    from unlearn_plugins.data import tofu
+    from unlearn_plugins.training import run_unlearning
+
+    marks: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            marks.append(time.perf_counter())
+
+    original = tofu.PaddingCollator.__call__
+
+    def recording_call(self, examples):
+        recorded.append(list(examples))
+        return original(self, examples)
+
+    tofu.PaddingCollator.__call__ = recording_call
+    try:
+        run_unlearning(config, callbacks=[StepTimer()])
+    finally:
+        tofu.PaddingCollator.__call__ = original
+    return [b - a for a, b in zip(marks, marks[1:])]
+
+
+def bare_steps(config, batches: list) -> list[float]:
+    """The same computation as a plain loop: LoRA model, objective loss, backward, clip, AdamW."""
+    import torch
+    from transformers import AutoModelForCausalLM, set_seed
+
+    from unlearn_plugins import UNLEARNING_OBJECTIVE, create
+    from unlearn_plugins.data.tofu import PaddingCollator
+    from unlearn_plugins.initializers.peft_builtin import GaussianInit
+    from unlearn_plugins.models import load_tokenizer, resolve_model
+    from unlearn_plugins.training.lora import build_lora_model
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    set_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(config.model), dtype=torch.float32).to(device)
+    model.config.use_cache = False
+    tokenizer = load_tokenizer(config.model)
+    set_seed(config.seed)
+    model = build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                             target_modules=None)
+    GaussianInit().initialize(model)
+    objective = create(UNLEARNING_OBJECTIVE, config.objective)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    collate = PaddingCollator(tokenizer.pad_token_id)
+    model.train()
+    times = []
+    start = time.perf_counter()
+    for examples in batches:
+        batch = {k: {n: t.to(device) for n, t in v.items()} for k, v in collate(examples).items()}
+        loss = objective.loss(model, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        times.append(now - start)
+        start = now
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tofu-dir", default=None)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each round")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    from unlearn_plugins.training import UnlearnConfig
+
+    trainer_times, bare_times = [], []
+    with tempfile.TemporaryDirectory(prefix="unlearn-bench-") as tmp:
+        for round_ in range(args.rounds):
+            config = UnlearnConfig(
+                out=str(Path(tmp) / f"run{round_}"), model=args.model, tofu_dir=args.tofu_dir,
+                forget="tofu:forget01", retain="tofu:retain99[0:200]", objective="grad_diff", lora_r=8,
+                lora_alpha=16, batch_size=4, grad_accum=1, max_length=64, max_steps=args.warmup + args.steps,
+                save_steps=0, seed=round_,
+            )
+            recorded: list = []
+            trainer_times += trainer_steps(config, recorded)[args.warmup:]
+            bare_times += bare_steps(config, recorded)[args.warmup:]
+    trainer_median, bare_median = statistics.median(trainer_times), statistics.median(bare_times)
+    print(json.dumps({
+        "trainer_over_bare_loop": round(trainer_median / bare_median, 4),
+        "trainer_step_s": round(trainer_median, 4),
+        "bare_step_s": round(bare_median, 4),
+        "timed_steps": len(trainer_times),
+        "model": args.model, "objective": "grad_diff", "lora_r": 8, "batch_size": 4, "max_length": 64,
+        "device": "cuda" if torch.cuda.is_available() else "cpu", "threads": torch.get_num_threads(),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""LoRA adapter initializers; built-ins registered by :mod:`unlearn_plugins.initializers.builtin`."""

@@ -1,0 +1,19 @@
+"""Built-in adapter initializers (registered through the same hook as any plugin)."""
+
+from .. import hookimpl
+from .fila import FILAInit
+from .peft_builtin import CorDAInit, EVAInit, GaussianInit, OLoRAInit, PiSSAInit
+from .rila import RILAInit
+from .vila import VILAInit
+
+
+@hookimpl
+def register_adapter_initializers(register):
+    register("gaussian", GaussianInit)
+    register("pissa", PiSSAInit)
+    register("olora", OLoRAInit)
+    register("eva", EVAInit)
+    register("corda", CorDAInit)
+    register("rila", RILAInit)
+    register("fila", FILAInit)
+    register("vila", VILAInit)

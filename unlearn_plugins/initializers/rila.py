@@ -1,0 +1,240 @@
+"""RILA (ReGLU): representation-guided LoRA initialisation.
+
+For each LoRA target module, the uncentered second moments of its OUTPUT on forget
+and retain data give Delta = (1 - beta) Cf - beta (Cr + ridge I); the adapter starts in
+the top-r eigenvectors of Delta (directions the forget data uses more than the retain
+data): B = Q, A = Q^T W0, base W0 - s B A (model unchanged at step 0). The retain basis
+P_B (top-k eigenvectors of Cr) is handed to the ``rol`` regulariser.
+
+Statistics modes: ``token`` (default; one row per answer token, question masked) and
+``faithful`` (the paper code: one row per sequence, the sum of its outputs over all
+non-padding positions).
+
+Exact paths, chosen per module:
+- rows: fewer rows n than d_out: orthonormalise the stacked rows (d_out x n) and
+  eigendecompose an n x n matrix; d_out x d_out is never formed;
+- factored: a bias-free module with d_in < d_out (gate/up projections) has outputs
+  in the column space of W0, so Cout = W0 Cin W0^T: accumulate the d_in x d_in input
+  Gram and eigendecompose in that d_in-dim subspace;
+- dense: otherwise, the d_out x d_out output Gram.
+The orthogonal complement of a subspace path holds the eigenvalue -beta*ridge of Delta
+(and ridge of Cr): exactly what the dense path would find there.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from ..interfaces import InitResult
+from .residual import batches, lora_modules, model_device, sync_from_rank0, write_residual
+
+RIDGE = 1e-4
+
+
+class _Stats:
+    """Per module and split: stacked rows (rows path) or a Gram matrix (dense/factored)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.rows: list = []
+        self.gram = None
+        self.count = 0
+
+    def add(self, h) -> None:
+        self.count += h.shape[0]
+        if self.path == "rows":
+            self.rows.append(h)
+        elif self.gram is None:
+            self.gram = h.T @ h
+        else:
+            self.gram.addmm_(h.T, h)
+
+    def matrix(self):
+        import torch
+
+        return torch.cat(self.rows)
+
+
+def _rows(x, batch, mode: str):
+    """Representation rows of one batch: answer-token positions, or per-sequence sums."""
+    x = x.float()
+    if mode == "token":
+        return x[batch["labels"] != -100]
+    return (x * batch["attention_mask"].unsqueeze(-1).to(x.dtype)).sum(1)
+
+
+def _count_rows(examples, mode: str) -> int:
+    if mode == "token":
+        return sum(sum(1 for t in e["labels"] if t != -100) for e in examples)
+    return len(examples)
+
+
+def choose_path(module, n_rows: int) -> str:
+    """The cheapest exact path for a module seeing ``n_rows`` representation rows."""
+    base = module.get_base_layer()
+    d_out, d_in = base.weight.shape
+    factored = getattr(base, "bias", None) is None and d_in < d_out
+    if n_rows < d_out and not (factored and d_in < n_rows):
+        return "rows"
+    return "factored" if factored else "dense"
+
+
+def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="token", batch_size=8, path=None):
+    """{module name: (forget _Stats, retain _Stats)} from one no-grad pass over each split,
+    with the adapter disabled and the LM head skipped."""
+    import torch
+
+    if mode not in ("token", "faithful"):
+        raise ValueError(f"rila mode must be 'token' or 'faithful', got {mode!r}")
+    modules = lora_modules(peft_model)
+    n_rows = _count_rows(forget, mode) + _count_rows(retain, mode)
+    stats = {}
+    for name, m in modules:
+        p = path or choose_path(m, n_rows)
+        stats[name] = (_Stats(p), _Stats(p))
+    state = {"batch": None, "split": 0}
+    handles = []
+    for name, m in modules:
+        base = m.get_base_layer()
+        if stats[name][0].path == "factored":
+            def pre(_mod, args, _name=name):
+                stats[_name][state["split"]].add(_rows(args[0], state["batch"], mode))
+            handles.append(base.register_forward_pre_hook(pre))
+        else:
+            def post(_mod, _args, output, _name=name):
+                stats[_name][state["split"]].add(_rows(output, state["batch"], mode))
+            handles.append(base.register_forward_hook(post))
+    backbone = getattr(peft_model.get_base_model(), "model", None)  # decoder without LM head
+    run = backbone if backbone is not None and hasattr(backbone, "layers") else peft_model
+    device = model_device(peft_model)
+    try:
+        with torch.no_grad(), peft_model.disable_adapter():
+            for split, examples in enumerate((forget, retain)):
+                state["split"] = split
+                for batch in batches(examples, pad_token_id, batch_size, device):
+                    state["batch"] = batch
+                    run(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+class DeltaProblem:
+    """Delta and Cr of one module, either dense (d x d) or as U S U^T on a subspace U
+    (d x m, orthonormal) with the complement holding -beta*ridge (Delta) / ridge (Cr)."""
+
+    def __init__(self, fs: _Stats, rs: _Stats, beta: float, weight):
+        import torch
+
+        self.beta = beta
+        self.shift = beta * RIDGE
+        if fs.path == "dense":
+            self.basis = None
+            self.d = fs.gram.shape[0]
+            self.cf, self.cr = fs.gram / fs.count, rs.gram / rs.count
+            return
+        if fs.path == "rows":
+            hf, hr = fs.matrix(), rs.matrix()
+            x = torch.cat([hf * math.sqrt((1 - beta) / fs.count), hr * math.sqrt(beta / rs.count)])
+            u, _ = torch.linalg.qr(x.T)  # d x n
+            pf, pr = hf @ u, hr @ u
+            self.cf, self.cr = pf.T @ pf / fs.count, pr.T @ pr / rs.count
+        else:  # factored: Cout = W Cin W^T, W = U R
+            w = weight.float()
+            u, rmat = torch.linalg.qr(w)  # d_out x d_in
+            self.cf = rmat @ (fs.gram / fs.count) @ rmat.T
+            self.cr = rmat @ (rs.gram / rs.count) @ rmat.T
+        self.basis, self.d = u, u.shape[0]
+
+    def _top(self, mat, k: int, complement_value: float):
+        import torch
+
+        evals, evecs = torch.linalg.eigh((mat + mat.T) / 2)
+        evals, evecs = evals.flip(0), evecs.flip(1)
+        if self.basis is None:
+            return evecs[:, :k], evals[:k]
+        keep = evals > complement_value  # eigenpairs that outrank the complement
+        vecs, vals = self.basis @ evecs[:, keep][:, :k], evals[keep][:k]
+        if vecs.shape[1] < k:
+            extra = _complement(self.basis, self.d, k - vecs.shape[1])
+            vecs = torch.cat([vecs, extra], 1)
+            vals = torch.cat([vals, torch.full((extra.shape[1],), complement_value).to(vals)])
+        return vecs, vals
+
+    def top_delta(self, r: int):
+        """(Q (d x r), eigenvalues) of Delta, largest algebraic first."""
+        if self.basis is None:
+            import torch
+
+            eye = torch.eye(self.d, dtype=self.cf.dtype, device=self.cf.device)
+            return self._top((1 - self.beta) * self.cf - self.beta * (self.cr + RIDGE * eye), r, 0.0)
+        # on the subspace Delta = U ((1-b) Cf - b Cr) U^T - shift: eigenvalues move by -shift
+        vecs, vals = self._top((1 - self.beta) * self.cf - self.beta * self.cr, r, 0.0)
+        return vecs, vals - self.shift
+
+    def retain_basis(self, k: int):
+        """Top-k eigenvectors of Cr; on a subspace path at most its dimension (the rest is
+        the isotropic ridge, which carries no retain direction)."""
+        if self.basis is None:
+            return self._top(self.cr, k, 0.0)[0]
+        return self._top(self.cr, min(k, self.basis.shape[1]), 0.0)[0][:, : min(k, self.basis.shape[1])]
+
+
+def _complement(basis, d: int, k: int, seed: int = 0):
+    """k orthonormal vectors orthogonal to ``basis`` (d x m); deterministic."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    rand = torch.randn(d, k, generator=g, dtype=basis.dtype).to(basis.device)
+    for _ in range(2):  # re-orthogonalise for accuracy
+        rand = rand - basis @ (basis.T @ rand)
+    q, _ = torch.linalg.qr(rand)
+    return q
+
+
+class RILAInit:
+    """ReGLU's representation-guided init. Options: beta (0.7, the TOFU default), mode
+    ('token' | 'faithful'), rol_rank (128), batch_size (8), path (None = automatic;
+    'dense' | 'rows' | 'factored' to force one)."""
+
+    residual = True
+
+    def __init__(self, beta: float = 0.7, mode: str = "token", rol_rank: int = 128, batch_size: int = 8,
+                 path: str | None = None):
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"rila beta must be in [0, 1], got {beta}")
+        if path not in (None, "dense", "rows", "factored"):
+            raise ValueError(f"rila path must be dense, rows or factored, got {path!r}")
+        self.beta, self.mode, self.rol_rank, self.batch_size, self.path = beta, mode, rol_rank, batch_size, path
+
+    def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
+        if not forget or not retain:
+            raise ValueError("rila needs both forget and retain examples")
+        adapter = peft_model.active_adapter
+        stats = collect_stats(peft_model, forget, retain, tokenizer.pad_token_id, mode=self.mode,
+                              batch_size=self.batch_size, path=self.path)
+        bases, short, paths = {}, [], {}
+        for name, module in lora_modules(peft_model):
+            fs, rs = stats.pop(name)
+            w0 = module.get_base_layer().weight
+            problem = DeltaProblem(fs, rs, self.beta, w0)
+            r = module.r[adapter]
+            q, vals = problem.top_delta(r)
+            n_pos = int((vals > 0).sum())
+            if n_pos < r:
+                short.append(f"{name} ({n_pos}/{r})")
+            q = q.to(w0.device)
+            write_residual(module, adapter, q.T @ w0.float(), q)
+            bases[name] = problem.retain_basis(min(self.rol_rank, w0.shape[0])).to(w0.device)
+            paths[fs.path] = paths.get(fs.path, 0) + 1
+        if short:
+            warnings.warn(
+                f"rila: fewer than r positive eigenvalues of Delta in {len(short)} module(s), e.g. "
+                f"{', '.join(short[:3])}; there the adapter also spans directions the forget data does not "
+                f"favour (more forget data or a smaller r helps)", RuntimeWarning, stacklevel=2)
+        sync_from_rank0(peft_model)
+        return InitResult(retain_basis=bases, residual=True,
+                          info={"init": "rila", "beta": self.beta, "mode": self.mode, "paths": paths,
+                                "modules_short_of_rank": len(short)})

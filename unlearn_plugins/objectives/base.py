@@ -1,0 +1,252 @@
+"""Shared pieces of the unlearning objectives: per-token answer quantities, retain terms,
+the optional ``prepare`` step, and how a regulariser is added to a forget objective.
+
+Conventions (as in locuslab/open-unlearning, reference.md section 2):
+
+* every per-token quantity is taken over answer tokens only (labels != -100, shifted);
+* ``S(x, y)`` is the summed answer-token NLL of one example, ``|y|`` its answer token count;
+* an objective's total is ``gamma * L_forget + alpha * L_retain``; the retain term is the
+  mean token NLL on retain answers (``retain_loss="nll"``) or KL(reference || current) per
+  answer token (``retain_loss="kl"``).
+
+Besides the protocol (``needs_reference_model``, ``loss``), objectives here have optional
+attributes the trainer reads with ``getattr`` (third-party objectives may provide them too):
+
+* ``regularizer: bool`` - the component is a regulariser (``--regularizer``), added to a
+  forget objective as ``+ weight * L_reg``; it is not usable as ``--objective``;
+* ``weight: float`` - a regulariser's coefficient (lambda);
+* ``needs_retain_data: bool`` - refuse to train without a retain split;
+* ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
+  (RMU stops at a middle layer); multi-process training then asks DDP to look for them;
+* ``prepare(context) -> dict | None`` - called once before training with an
+  :class:`ObjectiveContext`; may return extra per-forget-example encodings (name -> list,
+  one per forget example) that the trainer adds to every batch under that name;
+* ``last_terms: dict[str, Tensor]`` - detached loss components of the last call, logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..errors import UnlearnError
+
+RETAIN_LOSSES = ("nll", "kl")
+
+
+@dataclass
+class ObjectiveContext:
+    """What an objective may look at before training starts (see ``prepare``)."""
+
+    model: Any  # the model being trained (a PeftModel with LoRA), already on its device
+    tokenizer: Any
+    forget_samples: Sequence[Any] = ()
+    retain_samples: Sequence[Any] = ()
+    forget: Sequence[dict] = ()  # encoded examples (input_ids, attention_mask, labels)
+    retain: Sequence[dict] = ()
+    init_result: Any = None  # InitResult of the adapter initializer, if any
+    max_length: int = 512
+    seed: int = 0
+    system_prompt: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # objectives may record what they chose
+
+
+def check_option(name: str, option: str, value: Any, ok: bool, expected: str) -> None:
+    """Raise a clear error for a bad objective option."""
+    if not ok:
+        raise UnlearnError(f"objective {name!r}: option {option!r} must be {expected}, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- per-token maths
+
+
+def forward(model, part: Mapping[str, Any], **kwargs):
+    """Model outputs for one padded part of a batch (input_ids, attention_mask)."""
+    return model(input_ids=part["input_ids"], attention_mask=part["attention_mask"], **kwargs)
+
+
+def shifted(logits, labels):
+    """(logits predicting each next token, next-token labels, answer mask): (B,T-1,V), (B,T-1), (B,T-1)."""
+    from ..data.tofu import IGNORE_INDEX
+
+    shift_labels = labels[:, 1:]
+    return logits[:, :-1, :].float(), shift_labels, shift_labels != IGNORE_INDEX
+
+
+def token_nll(logits, labels):
+    """Per answer-token NLL (B, T-1), zero outside answers, and the answer mask (fp32)."""
+    from ..likelihood import token_nll as _token_nll
+
+    return _token_nll(logits, labels)
+
+
+def masked_mean(values, mask):
+    """Mean of ``values`` over the True entries of ``mask`` (0 when the mask is empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def sequence_nll(model, part):
+    """S(x, y) per example: summed answer-token NLL, shape (B,), and the token counts (B,)."""
+    logits = forward(model, part).logits
+    nll, mask = token_nll(logits, part["labels"])
+    return nll.sum(1), mask.sum(1)
+
+
+def mean_nll(model, part):
+    """Mean token NLL over all answer tokens of the batch (the usual causal-LM loss)."""
+    logits = forward(model, part).logits
+    nll, mask = token_nll(logits, part["labels"])
+    return masked_mean(nll, mask)
+
+
+def reference_sequence_nll(reference_model, part):
+    """S(x, y) and token counts under the frozen reference model (no gradient)."""
+    import torch
+
+    if reference_model is None:
+        raise UnlearnError("this objective needs a reference model, but none was given")
+    with torch.no_grad():
+        return sequence_nll(reference_model, part)
+
+
+def kl_to_reference(logits, ref_logits, labels):
+    """Mean over answer tokens of KL(reference || current) between next-token distributions."""
+    import torch.nn.functional as F
+
+    cur, _, mask = shifted(logits, labels)
+    ref = ref_logits[:, :-1, :].float()
+    log_p = F.log_softmax(cur, dim=-1)
+    log_q = F.log_softmax(ref, dim=-1)
+    kl = (log_q.exp() * (log_q - log_p)).sum(-1)
+    return masked_mean(kl, mask)
+
+
+def reference_outputs(reference_model, part, **kwargs):
+    """Outputs of the frozen reference model (no gradient)."""
+    import torch
+
+    if reference_model is None:
+        raise UnlearnError("this objective needs a reference model, but none was given")
+    with torch.no_grad():
+        return forward(reference_model, part, **kwargs)
+
+
+def retain_term(model, part, kind: str, reference_model=None):
+    """The retain loss on a retain batch: mean token NLL, or KL to the reference model."""
+    if kind == "nll":
+        return mean_nll(model, part)
+    logits = forward(model, part).logits
+    ref_logits = reference_outputs(reference_model, part).logits
+    return kl_to_reference(logits, ref_logits, part["labels"])
+
+
+# ----------------------------------------------------------------------------- base class
+
+
+class ForgetRetainObjective:
+    """``gamma * forget_loss + alpha * retain_loss``; subclasses define ``forget_loss``.
+
+    Class attributes give the defaults from the reference implementations; every
+    instance option is keyword-only so unknown options fail in ``host.create``.
+    """
+
+    name = "objective"
+    regularizer = False
+    default_gamma = 1.0
+    default_alpha = 1.0
+    forget_needs_reference = False
+
+    def __init__(self, *, gamma: float | None = None, alpha: float | None = None, retain_loss: str = "nll"):
+        self.gamma = float(self.default_gamma if gamma is None else gamma)
+        self.alpha = float(self.default_alpha if alpha is None else alpha)
+        check_option(self.name, "gamma", gamma, self.gamma >= 0, "a number >= 0")
+        check_option(self.name, "alpha", alpha, self.alpha >= 0, "a number >= 0")
+        check_option(self.name, "retain_loss", retain_loss, retain_loss in RETAIN_LOSSES, "'nll' or 'kl'")
+        self.retain_loss = retain_loss
+        self.last_terms: dict[str, Any] = {}
+
+    @property
+    def needs_reference_model(self) -> bool:
+        return self.forget_needs_reference or (self.alpha > 0 and self.retain_loss == "kl")
+
+    @property
+    def needs_retain_data(self) -> bool:
+        return self.alpha > 0
+
+    def forget_loss(self, model, batch, reference_model=None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def retain_loss_value(self, model, batch, reference_model=None):
+        return retain_term(model, batch["retain"], self.retain_loss, reference_model)
+
+    def loss(self, model, batch, reference_model=None):
+        forget = self.forget_loss(model, batch, reference_model)
+        total = self.gamma * forget
+        terms = {"forget": forget.detach()}
+        if self.alpha > 0:
+            if batch.get("retain") is None:
+                raise UnlearnError(f"objective {self.name!r} has a retain term (alpha={self.alpha}) but the batch has no retain data")
+            retain = self.retain_loss_value(model, batch, reference_model)
+            total = total + self.alpha * retain
+            terms["retain"] = retain.detach()
+        self.last_terms = terms
+        return total
+
+    def options(self) -> dict[str, Any]:
+        """The option values in use (recorded in run.json)."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in ("last_terms", "control", "pairs")
+                and isinstance(v, (int, float, str, bool, list, type(None)))}
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if not isinstance(v, list))
+        return f"{self.name}({options})"
+
+
+class CombinedObjective:
+    """A forget objective plus weighted regularisers: ``L = L_objective + sum_i w_i L_reg_i``."""
+
+    regularizer = False
+
+    def __init__(self, objective, regularizers: Sequence[Any] = ()):
+        self.objective = objective
+        self.regularizers = list(regularizers)
+        self.last_terms: dict[str, Any] = {}
+
+    @property
+    def needs_reference_model(self) -> bool:
+        return bool(getattr(self.objective, "needs_reference_model", False)) or any(
+            getattr(r, "needs_reference_model", False) for r in self.regularizers
+        )
+
+    @property
+    def leaves_parameters_unused(self) -> bool:
+        return any(getattr(p, "leaves_parameters_unused", False) for p in (self.objective, *self.regularizers))
+
+    @property
+    def needs_retain_data(self) -> bool:
+        return bool(getattr(self.objective, "needs_retain_data", False)) or any(
+            getattr(r, "needs_retain_data", False) for r in self.regularizers
+        )
+
+    def prepare(self, context: ObjectiveContext) -> dict[str, list]:
+        views: dict[str, list] = {}
+        for part in (self.objective, *self.regularizers):
+            prepare = getattr(part, "prepare", None)
+            if prepare is not None:
+                views.update(prepare(context) or {})
+        return views
+
+    def __repr__(self) -> str:
+        parts = [repr(self.objective)] + [f"{getattr(r, 'weight', 1.0)} * {r!r}" for r in self.regularizers]
+        return " + ".join(parts)
+
+    def loss(self, model, batch, reference_model=None):
+        total = self.objective.loss(model, batch, reference_model)
+        terms = dict(getattr(self.objective, "last_terms", {}) or {})
+        for reg in self.regularizers:
+            value = reg.loss(model, batch, reference_model)
+            total = total + float(getattr(reg, "weight", 1.0)) * value
+            terms[getattr(reg, "name", type(reg).__name__)] = value.detach()
+        self.last_terms = terms
+        return total

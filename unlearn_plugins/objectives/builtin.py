@@ -1,0 +1,25 @@
+"""Built-in unlearning objectives and the ``rol`` regulariser (registered through the same
+hook as any plugin)."""
+
+from .. import hookimpl
+from .gradient import WGA, GradAscent, GradDiff, SatImp
+from .ihl import IHL
+from .preference import NPO, IdkDPO, SimNPO
+from .rmu import RMU
+from .rol import ROL
+from .undial import UNDIAL
+
+
+@hookimpl
+def register_unlearning_objectives(register):
+    register("grad_ascent", GradAscent)
+    register("grad_diff", GradDiff)
+    register("npo", NPO)
+    register("simnpo", SimNPO)
+    register("idk_dpo", IdkDPO)
+    register("undial", UNDIAL)
+    register("wga", WGA)
+    register("satimp", SatImp)
+    register("rmu", RMU)
+    register("ihl", IHL)
+    register("rol", ROL)

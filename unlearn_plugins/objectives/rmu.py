@@ -1,0 +1,94 @@
+"""RMU (representation misdirection): steer one middle layer's activations on forget answers
+towards a fixed random direction, keep them equal to the reference model's on retain answers."""
+
+from __future__ import annotations
+
+from ..errors import UnlearnError
+from .base import ForgetRetainObjective, ObjectiveContext, check_option, forward, reference_outputs
+
+IGNORE_INDEX = -100
+
+
+def _config(model):
+    for candidate in (model, getattr(model, "module", None)):
+        config = getattr(candidate, "config", None)
+        if config is not None:
+            return config
+    raise UnlearnError("rmu: the model has no config (cannot find its number of layers)")
+
+
+def layer_activations(model, part, layer: int, *, no_grad: bool = False):
+    """Output of decoder layer ``layer`` (0-based) for every position: (B, T, D)."""
+    call = reference_outputs if no_grad else forward
+    kwargs = {"output_hidden_states": True}
+    try:
+        out = call(model, part, logits_to_keep=1, **kwargs)  # skip the LM head where supported
+    except TypeError:
+        out = call(model, part, **kwargs)
+    return out.hidden_states[layer + 1]
+
+
+def masked_mse(hidden, target, labels):
+    """Mean over answer positions (labels != -100) of the mean squared error over the hidden size."""
+    mask = (labels != IGNORE_INDEX).to(hidden.dtype)
+    per_position = ((hidden.float() - target.float()) ** 2).mean(-1)
+    return (per_position * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+class RMU(ForgetRetainObjective):
+    """Forget: MSE(h_l(forget), c * u/|u|) with u ~ U[0,1)^D fixed by ``seed``; retain:
+    MSE(h_l(retain), h_l^ref(retain)). Layer l defaults to the middle decoder layer
+    ((L - 1) // 2), c (``steering_coeff``) to 2 as on TOFU."""
+
+    name = "rmu"
+    leaves_parameters_unused = True  # layers after `layer` get no gradient
+
+    def __init__(self, *, layer: int | None = None, steering_coeff: float = 2.0, seed: int | None = None, **kwargs):
+        if "retain_loss" in kwargs:
+            raise UnlearnError("objective 'rmu': option 'retain_loss' does not apply (its retain term is the "
+                               "activation MSE to the reference model)")
+        super().__init__(**kwargs)
+        self.retain_loss = "activation_mse"
+        check_option(self.name, "layer", layer, layer is None or (isinstance(layer, int) and layer >= 0),
+                     "a layer index >= 0")
+        check_option(self.name, "steering_coeff", steering_coeff, steering_coeff > 0, "a number > 0")
+        self.layer = layer
+        self.steering_coeff = float(steering_coeff)
+        self.seed = seed
+        self.control = None  # c * u / |u|, built on first use
+
+    @property
+    def needs_reference_model(self) -> bool:
+        return self.alpha > 0  # the retain term compares with the reference activations
+
+    def _setup(self, model, seed: int) -> None:
+        import torch
+
+        config = _config(model)
+        layers = int(getattr(config, "num_hidden_layers"))
+        if self.layer is None:
+            self.layer = (layers - 1) // 2
+        if self.layer >= layers:
+            raise UnlearnError(f"objective 'rmu': option 'layer' is {self.layer}, but the model has {layers} layers")
+        generator = torch.Generator().manual_seed(self.seed if self.seed is not None else seed)
+        u = torch.rand(int(config.hidden_size), generator=generator)
+        self.control = self.steering_coeff * u / u.norm()
+
+    def prepare(self, context: ObjectiveContext) -> None:
+        self._setup(context.model, context.seed)
+        context.info["rmu_layer"] = self.layer
+        return None
+
+    def forget_loss(self, model, batch, reference_model=None):
+        if self.control is None:
+            self._setup(model, 0)
+        part = batch["forget"]
+        hidden = layer_activations(model, part, self.layer)
+        target = self.control.to(hidden.device, hidden.dtype).expand_as(hidden)
+        return masked_mse(hidden, target, part["labels"])
+
+    def retain_loss_value(self, model, batch, reference_model=None):
+        part = batch["retain"]
+        hidden = layer_activations(model, part, self.layer)
+        ref = layer_activations(reference_model, part, self.layer, no_grad=True)
+        return masked_mse(hidden, ref, part["labels"])

@@ -1,0 +1,210 @@
+"""Run configurations for `unlearn run` and `unlearn finetune`: defaults, TOML files, CLI overrides.
+
+Precedence, lowest first: dataclass defaults < the saved config of the run being resumed
+(``--resume``) < ``--config FILE.toml`` < command-line flags. A TOML file holds the same
+names as the dataclass fields (``lr = 1e-4``, ``objective = "npo"``,
+``[objective_options] beta = 0.2``); unknown keys and wrong types are errors naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import UnlearnError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+
+
+class ConfigError(UnlearnError):
+    """A bad option in a run configuration (the message names the file or flag and the field)."""
+
+
+@dataclass
+class TrainingConfig:
+    """Options shared by unlearning and fine-tuning."""
+
+    out: str | None = None
+    model: str = "smollm2-135m"
+    tofu_dir: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    mixed_precision: str = "auto"
+    trust_remote_code: bool = False
+    max_length: int = 512
+    system_prompt: str | None = None
+    # LoRA (ignored with full_finetune)
+    full_finetune: bool = False
+    lora_r: int = 32
+    lora_alpha: float = 64.0
+    lora_dropout: float = 0.0
+    target_modules: list[str] | None = None  # None: every linear layer of the decoder blocks
+    # optimiser and schedule
+    lr: float = 1e-4
+    epochs: float = 5.0
+    max_steps: int | None = None  # overrides epochs when set
+    batch_size: int = 4
+    grad_accum: int = 4
+    weight_decay: float = 0.01
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    optim: str = "adamw_torch"
+    seed: int = 0
+    # checkpoints, logging, outputs
+    save_steps: int | None = None  # None: a checkpoint per epoch; 0: none
+    save_total_limit: int = 2
+    keep_checkpoints: bool = False  # keep checkpoints/ after a successful run
+    logging_steps: int = 1
+    resume: bool = False
+    overwrite: bool = False
+    merge: bool = False
+
+    #: fields that may differ between an interrupted run and its --resume
+    RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "merge", "out", "device", "tofu_dir",
+                                   "save_total_limit", "logging_steps",
+                                   "keep_checkpoints"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Check ranges that argparse/TOML types cannot express."""
+        def need(ok: bool, name: str, expected: str) -> None:
+            if not ok:
+                raise ConfigError(f"option '{name}' must be {expected}, got {getattr(self, name)!r}")
+
+        need(bool(self.out), "out", "an output folder (--out)")
+        need(self.max_length >= 8, "max_length", ">= 8")
+        need(self.lora_r >= 1, "lora_r", ">= 1")
+        need(self.lora_alpha > 0, "lora_alpha", "> 0")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "in [0, 1)")
+        need(self.lr > 0, "lr", "> 0")
+        need(self.epochs > 0, "epochs", "> 0")
+        need(self.max_steps is None or self.max_steps >= 1, "max_steps", ">= 1")
+        need(self.batch_size >= 1, "batch_size", ">= 1")
+        need(self.grad_accum >= 1, "grad_accum", ">= 1")
+        need(self.save_steps is None or self.save_steps >= 0, "save_steps", ">= 0")
+        need(self.save_total_limit >= 1, "save_total_limit", ">= 1")
+        need(self.logging_steps >= 1, "logging_steps", ">= 1")
+        need(self.warmup_steps >= 0, "warmup_steps", ">= 0")
+        need(self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {', '.join(MIXED_PRECISION)}")
+        need(self.target_modules is None or (isinstance(self.target_modules, list) and all(
+            isinstance(t, str) and t for t in self.target_modules)), "target_modules", "a list of module names")
+
+
+@dataclass
+class UnlearnConfig(TrainingConfig):
+    """`unlearn run`: forget/retain data, objective, initializer, regulariser."""
+
+    forget: str = "tofu:forget01"
+    retain: str | None = "tofu:retain99"
+    objective: str = "grad_diff"
+    objective_options: dict[str, Any] = field(default_factory=dict)
+    retain_loss: str | None = None  # shortcut for objective_options.retain_loss ("nll" or "kl")
+    initializer: str = "gaussian"
+    initializer_options: dict[str, Any] = field(default_factory=dict)
+    regularizer: str | None = None
+    regularizer_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.retain_loss is not None and self.retain_loss not in ("nll", "kl"):
+            raise ConfigError(f"option 'retain_loss' must be 'nll' or 'kl', got {self.retain_loss!r}")
+
+    def objective_kwargs(self) -> dict[str, Any]:
+        options = dict(self.objective_options)
+        if self.retain_loss is not None:
+            options["retain_loss"] = self.retain_loss
+        return options
+
+
+@dataclass
+class FinetuneConfig(TrainingConfig):
+    """`unlearn finetune`: plain NLL training on a TOFU split (to build target models)."""
+
+    data: str = "tofu:full"
+    authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.authors is not None and (not self.authors or not all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)):
+            raise ConfigError(f"option 'authors' must be a non-empty list of author indices >= 0, got {self.authors!r}")
+
+
+# ----------------------------------------------------------------------------- loading and merging
+
+
+def _type_ok(value: Any, annotation: str) -> bool:
+    """Check a TOML value against a field's (string) annotation."""
+    kinds = {
+        "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+        "list[str]": (list,), "list[int]": (list,), "dict[str, Any]": (dict,),
+    }
+    parts = [p.strip() for p in annotation.split("|")]
+    if value is None:
+        return "None" in parts
+    for part in parts:
+        if part == "None":
+            continue
+        allowed = kinds.get(part)
+        if allowed is None:
+            continue
+        if isinstance(value, bool) and part in ("int", "float"):
+            continue
+        if isinstance(value, allowed):
+            if part == "list[str]":
+                return all(isinstance(v, str) for v in value)
+            if part == "list[int]":
+                return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            return True
+    return False
+
+
+def check_values(config_cls, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Validate names and types of ``values`` for ``config_cls``; errors name ``where`` and the field."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    out = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{where}: unknown option {key!r}; known options: {', '.join(sorted(fields))}")
+        annotation = str(fields[name].type)
+        if not _type_ok(value, annotation):
+            raise ConfigError(f"{where}: option {key!r} must be of type {annotation}, got {value!r}")
+        if annotation.startswith("float") and isinstance(value, int):
+            value = float(value)
+        out[name] = value
+    return out
+
+
+def load_toml(path: str | os.PathLike, config_cls) -> dict[str, Any]:
+    """Options from a TOML file, checked against ``config_cls``."""
+    path = Path(path).expanduser()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return check_values(config_cls, data, str(path))
+
+
+def build_config(config_cls, *layers: tuple[str, Mapping[str, Any]]):
+    """A config from (where, values) layers applied in order over the defaults."""
+    merged: dict[str, Any] = {}
+    for where, values in layers:
+        merged.update(check_values(config_cls, values, where))
+    config = config_cls(**merged)
+    config.validate()
+    return config

@@ -1,0 +1,508 @@
+"""`run_unlearning(config)` and `run_finetune(config)`: the library calls behind `unlearn run`
+and `unlearn finetune`.
+
+Output folder layout (``config.out``)::
+
+    adapter_config.json, adapter_model.safetensors   the LoRA adapter (standard PEFT format)
+      or config.json, model.safetensors              the model, with full_finetune
+    tokenizer files
+    merged/                                          base + adapter folded in (merge = true)
+    run.json                                         config, versions, seed, steps, losses, wall time
+    checkpoints/                                     Trainer checkpoints while running (removed at
+                                                     the end unless keep_checkpoints), run_config.json
+
+Order of work: every name and file is checked before the model is loaded, so a typo
+fails in a second, not after the model load.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata as md
+import json
+import platform
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..errors import DataError, UnlearnError
+from ..files import write_json
+from .config import ConfigError, FinetuneConfig, TrainingConfig, UnlearnConfig
+
+CHECKPOINTS = "checkpoints"
+RUN_CONFIG = "run_config.json"
+RUN_JSON = "run.json"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+class TrainingError(UnlearnError):
+    """Training stopped (non-finite loss); the message names the last good checkpoint."""
+
+
+@dataclass
+class RunResult:
+    """Where the outputs went and what run.json says."""
+
+    out: Path
+    record: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- output folder
+
+
+def checkpoint_dir(out: str | Path) -> Path:
+    return Path(out) / CHECKPOINTS
+
+
+def last_complete_checkpoint(folder: str | Path) -> Path | None:
+    """The newest checkpoint whose trainer_state.json (written last by the Trainer) is intact.
+
+    A run killed while saving leaves a checkpoint without it (or with a truncated one):
+    that one is skipped.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    found = []
+    for path in folder.iterdir():
+        match = _CHECKPOINT_RE.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    for step, path in sorted(found, reverse=True):
+        try:
+            state = json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if state.get("global_step") == step:
+            return path
+    return None
+
+
+def saved_config(out: str | Path) -> dict[str, Any] | None:
+    """The config an interrupted run in ``out`` was started with (None if there is none)."""
+    path = checkpoint_dir(out) / RUN_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{path}: unreadable saved run config ({exc})") from None
+
+
+def _prepare_output(config: TrainingConfig, command: str, is_main: bool) -> Path | None:
+    """Check the output folder against resume/overwrite; return the checkpoint to resume from."""
+    out = Path(config.out)
+    ckpt_dir = checkpoint_dir(out)
+    run_json = out / RUN_JSON
+    holds_run = ckpt_dir.exists() or run_json.exists()
+    if config.resume:
+        if run_json.exists():
+            try:
+                status = json.loads(run_json.read_text()).get("status")
+            except (OSError, ValueError):
+                status = None
+            if status == "completed":
+                raise ConfigError(f"--resume: {out} holds a completed run (run.json); nothing to resume")
+        saved = saved_config(out)
+        if saved is not None:
+            current = config.to_dict()
+            changed = [
+                f"{key} ({saved.get(key)!r} -> {current.get(key)!r})"
+                for key in sorted(set(saved) | set(current))
+                if key not in TrainingConfig.RESUME_MAY_CHANGE and saved.get(key) != current.get(key)
+            ]
+            if changed:
+                raise ConfigError(f"--resume: options differ from the interrupted run in {out}: {', '.join(changed)}")
+        return last_complete_checkpoint(ckpt_dir)
+    if holds_run and not config.overwrite:
+        raise ConfigError(f"--out {out} already holds a run ({CHECKPOINTS}/ or {RUN_JSON}); "
+                          f"pass --resume to continue it or --overwrite to start again")
+    if holds_run and is_main:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        shutil.rmtree(out / "merged", ignore_errors=True)
+        run_json.unlink(missing_ok=True)
+    return None
+
+
+def _drop_incomplete_checkpoints(ckpt_dir: Path, keep: Path | None) -> None:
+    """Remove checkpoints newer than the one resumed from (left half-written by a kill)."""
+    keep_step = int(_CHECKPOINT_RE.match(keep.name).group(1)) if keep else -1
+    if not ckpt_dir.is_dir():
+        return
+    for path in ckpt_dir.iterdir():
+        match = _CHECKPOINT_RE.match(path.name)
+        if match and int(match.group(1)) > keep_step:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("unlearn-plugins", "torch", "transformers", "peft", "accelerate", "datasets"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+# ----------------------------------------------------------------------------- set-up pieces
+
+
+def training_arguments(config: TrainingConfig, *, unused_parameters: bool = False):
+    """TrainingArguments with low overhead: no eval, no reporting, workers 0, per-epoch or
+    per-N-step checkpoints. ``unused_parameters``: the loss does not reach every trainable
+    parameter (RMU), so DDP must look for unused ones."""
+    import torch
+    from transformers import TrainingArguments
+
+    device = (config.device or "").lower()
+    if device.startswith("cuda:"):
+        raise ConfigError(f"--device {config.device}: choose the GPU with CUDA_VISIBLE_DEVICES (the Trainer uses "
+                          f"the first visible one, or one per process under accelerate launch)")
+    use_cpu = device == "cpu" or (not device and not torch.cuda.is_available() and not torch.backends.mps.is_available())
+    cuda = not use_cpu and torch.cuda.is_available()
+    precision = config.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "no"
+    if precision != "no" and not cuda:
+        raise ConfigError(f"mixed_precision {precision!r} needs a CUDA device")
+    if config.save_steps == 0:
+        save = {"save_strategy": "no"}
+    elif config.save_steps is None:
+        save = {"save_strategy": "epoch"}
+    else:
+        save = {"save_strategy": "steps", "save_steps": config.save_steps}
+    return TrainingArguments(
+        output_dir=str(checkpoint_dir(config.out)),
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum,
+        learning_rate=config.lr,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps if config.max_steps else -1,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        max_grad_norm=config.max_grad_norm,
+        optim=config.optim,
+        seed=config.seed,
+        data_seed=config.seed,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        use_cpu=use_cpu,
+        logging_strategy="steps",
+        logging_steps=config.logging_steps,
+        logging_nan_inf_filter=False,  # we stop on a non-finite loss instead
+        save_total_limit=config.save_total_limit,
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=cuda,
+        remove_unused_columns=False,
+        ddp_find_unused_parameters=unused_parameters,
+        **save,
+    )
+
+
+def _weight_dtype(config: TrainingConfig, device):
+    """Base weights: the --dtype given; else fp32 on CPU and for full fine-tuning (fp32 master
+    weights, autocast does the rest), bf16 for frozen LoRA base weights on CUDA."""
+    import torch
+
+    from ..models import pick_dtype
+
+    if config.dtype:
+        return pick_dtype(str(device), config.dtype)
+    if device.type == "cuda" and not config.full_finetune:
+        return pick_dtype("cuda")
+    return torch.float32
+
+
+def _load(config: TrainingConfig, device):
+    from transformers import AutoModelForCausalLM
+
+    from ..errors import ModelError
+    from ..models import load_tokenizer, resolve_model
+
+    where = resolve_model(config.model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=_weight_dtype(config, device),
+                                                     trust_remote_code=config.trust_remote_code)
+    except OSError as exc:
+        raise ModelError(f"--model {config.model}: cannot load: {exc}") from None
+    model.config.use_cache = False
+    model.to(device)
+    tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+    return model, tokenizer
+
+
+class UnlearningDataset:
+    """Forget-anchored pairs (:class:`~unlearn_plugins.data.tofu.ForgetRetainPairs`) plus extra
+    per-forget-example views an objective asked for (e.g. ``forget_idk``)."""
+
+    def __init__(self, forget: Sequence[dict], retain: Sequence[dict] | None, seed: int,
+                 views: dict[str, Sequence[dict]] | None = None):
+        from ..data.tofu import ForgetRetainPairs
+
+        self.pairs = ForgetRetainPairs(forget, retain, seed)
+        self.views = dict(views or {})
+        for name, items in self.views.items():
+            if len(items) != len(self.pairs):
+                raise UnlearnError(f"objective view {name!r} has {len(items)} items for {len(self.pairs)} forget examples")
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.pairs[i]
+        for name, items in self.views.items():
+            item[name] = items[i]
+        return item
+
+
+def _losses(log_history: Iterable[dict]) -> list[dict[str, float]]:
+    return [{k: v for k, v in entry.items() if k == "step" or k.startswith("loss")}
+            for entry in log_history if "loss" in entry]
+
+
+# ----------------------------------------------------------------------------- the common run
+
+
+def _train(config: TrainingConfig, *, command: str, objective, build_dataset, initializer=None,
+           samples: dict[str, Sequence[Any]], callbacks: Iterable[Any] = ()) -> RunResult:
+    """Load, wrap, initialise, train with the Trainer, save; write run.json."""
+    from transformers import set_seed
+
+    from ..data.tofu import PaddingCollator, encode_samples
+    from . import lora
+    from .trainer import NonFiniteLossError, UnlearningTrainer
+
+    started = time.time()
+    args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)))
+    is_main = args.process_index == 0
+    out = Path(config.out)
+    ckpt_dir = checkpoint_dir(out)
+    with args.main_process_first(desc="output folder"):
+        resume_from = _prepare_output(config, command, is_main) if is_main else (
+            last_complete_checkpoint(ckpt_dir) if config.resume else None)
+        if is_main:
+            if config.resume:
+                _drop_incomplete_checkpoints(ckpt_dir, resume_from)
+            write_json(ckpt_dir / RUN_CONFIG, {"command": command, "config": config.to_dict()})
+
+    set_seed(config.seed)
+    model, tokenizer = _load(config, args.device)
+    encoded = {name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
+               for name, items in samples.items()}
+
+    needs_ref = bool(getattr(objective, "needs_reference_model", False))
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
+
+    init_result = None
+    initial_adapter = None
+    if config.full_finetune:
+        train_model = model
+    else:
+        set_seed(config.seed)
+        train_model = lora.build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha,
+                                            dropout=config.lora_dropout, target_modules=config.target_modules)
+        if initializer is not None:
+            init_result = initializer.initialize(train_model, forget=encoded.get("forget", []),
+                                                 retain=encoded.get("retain", []), tokenizer=tokenizer)
+            if init_result is not None and init_result.residual:
+                initial_adapter = ckpt_dir / lora.INITIAL_ADAPTER
+                if is_main and not (config.resume and initial_adapter.exists()):
+                    lora.save_initial_adapter(train_model, ckpt_dir)
+
+    from ..objectives.base import ObjectiveContext
+
+    context = ObjectiveContext(
+        model=train_model, tokenizer=tokenizer, forget_samples=samples.get("forget", ()),
+        retain_samples=samples.get("retain", ()), forget=encoded.get("forget", ()), retain=encoded.get("retain", ()),
+        init_result=init_result, max_length=config.max_length, seed=config.seed, system_prompt=config.system_prompt,
+    )
+    prepare = getattr(objective, "prepare", None)
+    views = (prepare(context) or {}) if prepare is not None else {}
+    dataset = build_dataset(encoded, views)
+
+    trainer = UnlearningTrainer(
+        model=train_model, args=args, train_dataset=dataset, data_collator=PaddingCollator(tokenizer.pad_token_id),
+        objective=objective, reference_model=reference, callbacks=list(callbacks),
+    )
+    trainable = sum(p.numel() for p in train_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in train_model.parameters())
+    record: dict[str, Any] = {
+        "status": "running",
+        "command": command,
+        "config": config.to_dict(),
+        "versions": package_versions(),
+        "seed": config.seed,
+        "device": str(args.device),
+        "weight_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "mixed_precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        "num_processes": args.world_size,
+        "samples": {name: len(items) for name, items in samples.items()},
+        "parameters": {"trainable": trainable, "total": total},
+        "objective": repr(objective),
+        "initializer": None if init_result is None else {"residual": init_result.residual, **init_result.info},
+        "context": context.info,
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+    try:
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except NonFiniteLossError as exc:
+        last = last_complete_checkpoint(ckpt_dir)
+        record.update(status="failed", error=str(exc), steps=trainer.state.global_step,
+                      losses=_losses(trainer.state.log_history), last_good_checkpoint=str(last) if last else None,
+                      wall_time_s=round(time.time() - started, 3))
+        if is_main:
+            write_json(out / RUN_JSON, record)
+        where = (f"last good checkpoint: {last}" if last else "no checkpoint was written before it") + \
+            f"; details in {out / RUN_JSON} (start again with a lower --lr and --overwrite)"
+        raise TrainingError(f"training stopped: {exc}; {where}") from None
+
+    trainer.accelerator.wait_for_everyone()
+    outputs: dict[str, str] = {}
+    if is_main:
+        if initial_adapter is not None:
+            lora.save_adapter(train_model, out, initial=initial_adapter)
+        else:
+            trainer.save_model(str(out))
+            (out / "training_args.bin").unlink(missing_ok=True)  # a pickle; run.json has the config
+        tokenizer.save_pretrained(str(out))
+        outputs["adapter" if not config.full_finetune else "model"] = str(out)
+        if config.merge and not config.full_finetune:
+            merged = lora.merge(train_model)
+            merged.config.use_cache = True
+            merged.save_pretrained(str(out / "merged"))
+            tokenizer.save_pretrained(str(out / "merged"))
+            outputs["merged"] = str(out / "merged")
+    losses = _losses(trainer.state.log_history)
+    record.update(
+        status="completed",
+        steps=trainer.state.global_step,
+        epochs=trainer.state.epoch,
+        train_loss=result.training_loss,
+        final_loss=losses[-1]["loss"] if losses else None,
+        losses=losses,
+        wall_time_s=round(time.time() - started, 3),
+        outputs=outputs,
+    )
+    if is_main:
+        write_json(out / RUN_JSON, record)
+        if not config.keep_checkpoints:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    return RunResult(out, record)
+
+
+# ----------------------------------------------------------------------------- public calls
+
+
+def _check_component(kind: str, name: str, options: dict[str, Any]):
+    from ..host import create
+
+    return create(kind, name, **options)
+
+
+def build_objective(config: UnlearnConfig):
+    """The objective of ``config`` combined with its regulariser (names and options checked)."""
+    from ..interfaces import UNLEARNING_OBJECTIVE
+    from ..objectives.base import CombinedObjective
+
+    objective = _check_component(UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs())
+    if getattr(objective, "regularizer", False):
+        raise ConfigError(f"--objective {config.objective}: this is a regulariser; use it as --regularizer "
+                          f"{config.objective} together with a forget objective")
+    regularizers = []
+    if config.regularizer:
+        reg = _check_component(UNLEARNING_OBJECTIVE, config.regularizer, dict(config.regularizer_options))
+        if not getattr(reg, "regularizer", False):
+            raise ConfigError(f"--regularizer {config.regularizer}: this is a forget objective, not a regulariser "
+                              f"(regularisers have regularizer = True, e.g. rol)")
+        regularizers.append(reg)
+    elif config.regularizer_options:
+        raise ConfigError("regularizer options were given without --regularizer")
+    return CombinedObjective(objective, regularizers)
+
+
+def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
+                   callbacks: Iterable[Any] = ()) -> RunResult:
+    """Unlearn ``config.forget`` from ``config.model``; returns where the adapter and run.json went.
+
+    ``objective`` / ``initializer`` replace the configured ones with ready objects (an
+    object with ``loss`` and ``needs_reference_model``; one with ``initialize``);
+    ``callbacks`` are passed to the Trainer.
+    """
+    from ..data.tofu import load_split
+    from ..interfaces import ADAPTER_INITIALIZER
+
+    config.validate()
+    objective = _as_combined(objective) if objective is not None else build_objective(config)
+    if config.full_finetune:
+        if config.initializer != UnlearnConfig.initializer or initializer is not None:
+            raise ConfigError(f"--initializer {config.initializer} needs LoRA; it cannot be used with --full-finetune")
+    elif initializer is None:
+        initializer = _check_component(ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options))
+
+    forget = load_split(config.forget, config.tofu_dir)
+    if not forget:
+        raise DataError(f"--forget {config.forget}: the split is empty: nothing to unlearn")
+    samples: dict[str, Sequence[Any]] = {"forget": forget}
+    if config.retain:
+        samples["retain"] = load_split(config.retain, config.tofu_dir)
+    elif getattr(objective, "needs_retain_data", False):
+        raise ConfigError(f"objective {config.objective!r} has a retain term: give --retain (or set its alpha to 0)")
+
+    def build(encoded, views):
+        return UnlearningDataset(encoded["forget"], encoded.get("retain"), config.seed, views)
+
+    return _train(config, command="run", objective=objective, build_dataset=build, initializer=initializer,
+                  samples=samples, callbacks=callbacks)
+
+
+def _as_combined(objective):
+    """Wrap a bare objective object so the trainer sees one interface."""
+    from ..objectives.base import CombinedObjective
+
+    return objective if isinstance(objective, CombinedObjective) else CombinedObjective(objective)
+
+
+def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -> list[Any]:
+    """The rows of the given TOFU authors (20 QA each, author-major) within a split."""
+    from ..data.tofu import QA_PER_AUTHOR, author_slice
+
+    n_authors = len(samples) // QA_PER_AUTHOR
+    bad = [a for a in authors if a >= n_authors]
+    if bad:
+        raise DataError(f"{where}: author(s) {bad} out of range; the split has {n_authors} authors "
+                        f"({len(samples)} QA, {QA_PER_AUTHOR} per author)")
+    return [samples[i] for i in author_slice(authors)]
+
+
+def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> RunResult:
+    """Plain NLL training on a TOFU split (or some of its authors): builds target models."""
+    from ..data.tofu import load_split
+    from ..initializers.peft_builtin import GaussianInit
+    from ..objectives.gradient import NLL
+
+    config.validate()
+    data = load_split(config.data, config.tofu_dir)
+    if config.authors:
+        data = select_authors(data, config.authors, config.data)
+    if not data:
+        raise DataError(f"--data {config.data}: no samples to train on")
+
+    def build(encoded, views):
+        return list(encoded["train"])
+
+    return _train(config, command="finetune", objective=NLL(), build_dataset=build,
+                  initializer=None if config.full_finetune else GaussianInit(),
+                  samples={"train": data}, callbacks=callbacks)
+
+
+__all__ = ["run_unlearning", "run_finetune", "RunResult", "TrainingError", "last_complete_checkpoint",
+           "saved_config", "build_objective", "UnlearnConfig", "FinetuneConfig"]

@@ -1,0 +1,89 @@
+"""The transformers Trainer, with the loss delegated to an unlearning objective.
+
+Everything else - checkpoints, resume, gradient accumulation, mixed precision, logging,
+accelerate/DeepSpeed/FSDP - is the Trainer's. Additions: a frozen reference model when the
+objective needs one, a stop on a non-finite loss (before the optimizer step, so the
+checkpoints on disk stay good), and a progress bar that shows the loss instead of printing
+a line per log.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import Trainer
+from transformers.trainer_callback import ProgressCallback
+
+from ..errors import UnlearnError
+
+
+class NonFiniteLossError(UnlearnError):
+    """The training loss became NaN or infinite."""
+
+    def __init__(self, step: int, value: float, terms: dict[str, float]):
+        self.step, self.value, self.terms = step, value, terms
+        detail = ", ".join(f"{k}={v:.4g}" for k, v in terms.items())
+        super().__init__(f"loss is {value} at optimizer step {step}" + (f" ({detail})" if detail else ""))
+
+
+class LossBar(ProgressCallback):
+    """Trainer's tqdm bar, with the latest loss as a postfix rather than a printed line per log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{logs['loss']:.4g}", refresh=False)
+
+
+class UnlearningTrainer(Trainer):
+    """``compute_loss`` = ``objective.loss(model, batch, reference_model)``.
+
+    The objective returns a per-batch mean, so the Trainer divides it by the number of
+    accumulation steps (``loss_is_scaled_for_ga = False``).
+    """
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args, objective, reference_model=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objective = objective
+        self.reference_model = reference_model
+        if reference_model is not None:
+            reference_model.to(self.args.device)
+            reference_model.eval()
+            reference_model.requires_grad_(False)
+        if self.args.disable_tqdm is False:
+            self.remove_callback(ProgressCallback)
+            self.add_callback(LossBar)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = self.objective.loss(model, inputs, reference_model=self.reference_model)
+        return (loss, None) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._stop_if_not_finite(loss)
+        return loss
+
+    def _stop_if_not_finite(self, loss) -> None:
+        """Raise before the optimizer step when any process saw a NaN/inf loss (one flag per step)."""
+        finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+        if self.args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        if finite.item() < 1:
+            terms = {k: float(v) for k, v in (getattr(self.objective, "last_terms", None) or {}).items()}
+            value = float(loss.detach())
+            raise NonFiniteLossError(self.state.global_step + 1, value if not math.isfinite(value) else float("nan"), terms)
+
+    def log(self, logs, start_time=None):
+        if "loss" in logs:
+            for name, value in (getattr(self.objective, "last_terms", None) or {}).items():
+                logs[f"loss_{name}"] = float(value)
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model, trial):
+        # Never write a checkpoint with non-finite weights: it would replace a good one.
+        for name, param in self.model.named_parameters():
+            if param.requires_grad and not torch.isfinite(param.detach()).all():
+                raise NonFiniteLossError(self.state.global_step, float("nan"), {f"weights of {name}": float("nan")})
+        super()._save_checkpoint(model, trial)
