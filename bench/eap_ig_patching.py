@@ -42,7 +42,7 @@ def fit(model, examples, steps: int, pad_id: int):
         loss.backward()
         opt.step()
     model.eval()
-    return float(loss)
+    return float(loss.detach())
 
 
 def main(argv=None) -> int:
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--train-steps", type=int, default=300)
     parser.add_argument("--baseline", default="zero", choices=["zero", "other"])
+    parser.add_argument("--mode", default="inputs", choices=["inputs", "activations"])
     args = parser.parse_args(argv)
 
     import torch
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     loss = fit(model, examples, args.train_steps, tok.pad_token_id) if args.train_steps else None
     for p in model.parameters():
         p.requires_grad_(False)
-    engine = EAPIG(model, steps=args.steps, baseline=args.baseline, pad_token_id=tok.pad_token_id)
+    engine = EAPIG(model, mode=args.mode, steps=args.steps, baseline=args.baseline, pad_token_id=tok.pad_token_id)
     scores = engine.score(examples)
     corrupt = engine._other_samples(examples) if args.baseline == "other" else None
     mask = engine.graph.edge_mask
@@ -77,7 +78,8 @@ def main(argv=None) -> int:
                                None if corrupt is None else torch.tensor(corrupt[i]))
         a, b = scores[i][mask].double(), exact[mask]
         per_sample.append({"pearson": round(float(pearsonr(a, b)[0]), 4),
-                           "spearman": round(float(spearmanr(a, b)[0]), 4)})
+                           "spearman": round(float(spearmanr(a, b)[0]), 4),
+                           "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4)})
         all_eap.append(a)
         all_exact.append(b)
     a, b = torch.cat(all_eap), torch.cat(all_exact)
@@ -89,9 +91,10 @@ def main(argv=None) -> int:
         overlap.append(len(tx & ty) / top)
     print(json.dumps({
         "bench": "eap_ig_patching", "model": "tiny-llama 2 layers x 4 heads (2 kv)", "edges": int(mask.sum()),
-        "samples": len(examples), "steps": args.steps, "baseline": args.baseline,
+        "samples": len(examples), "mode": args.mode, "steps": args.steps, "baseline": args.baseline,
         "train_steps": args.train_steps, "train_loss": None if loss is None else round(loss, 4),
         "pearson": round(float(pearsonr(a, b)[0]), 4), "spearman": round(float(spearmanr(a, b)[0]), 4),
+        "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4),
         "top10pct_overlap": round(sum(overlap) / len(overlap), 3), "per_sample": per_sample,
     }))
     return 0

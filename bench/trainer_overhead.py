@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 
-def trainer_steps(config, recorded: list) -> list[float]:
-    """Step times of run_unlearning; records the examples of every batch it collates."""
+def trainer_steps(config, recorded: list) -> tuple[list[float], list[float]]:
+    """Step times and losses of run_unlearning; records the examples of every batch it collates."""
     from transformers import TrainerCallback
 
     from unlearn_plugins.data import tofu
@@ -44,13 +44,13 @@ def trainer_steps(config, recorded: list) -> list[float]:
 
     tofu.PaddingCollator.__call__ = recording_call
     try:
-        run_unlearning(config, callbacks=[StepTimer()])
+        result = run_unlearning(config, callbacks=[StepTimer()])
     finally:
         tofu.PaddingCollator.__call__ = original
-    return [b - a for a, b in zip(marks, marks[1:])]
+    return [b - a for a, b in zip(marks, marks[1:])], [e["loss"] for e in result.record["losses"]]
 
 
-def bare_steps(config, batches: list) -> list[float]:
+def bare_steps(config, batches: list) -> tuple[list[float], list[float]]:
     """The same computation as a plain loop: LoRA model, objective loss, backward, clip, AdamW."""
     import torch
     from transformers import AutoModelForCausalLM, set_seed
@@ -75,7 +75,7 @@ def bare_steps(config, batches: list) -> list[float]:
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     collate = PaddingCollator(tokenizer.pad_token_id)
     model.train()
-    times = []
+    times, losses = [], []
     start = time.perf_counter()
     for examples in batches:
         batch = {k: {n: t.to(device) for n, t in v.items()} for k, v in collate(examples).items()}
@@ -88,8 +88,9 @@ def bare_steps(config, batches: list) -> list[float]:
             torch.cuda.synchronize()
         now = time.perf_counter()
         times.append(now - start)
+        losses.append(loss.detach())
         start = now
-    return times
+    return times, [float(v) for v in losses]
 
 
 def main() -> None:
@@ -105,7 +106,7 @@ def main() -> None:
 
     from unlearn_plugins.training import UnlearnConfig
 
-    trainer_times, bare_times = [], []
+    trainer_times, bare_times, loss_gap = [], [], 0.0
     with tempfile.TemporaryDirectory(prefix="unlearn-bench-") as tmp:
         for round_ in range(args.rounds):
             config = UnlearnConfig(
@@ -115,14 +116,19 @@ def main() -> None:
                 save_steps=0, seed=round_,
             )
             recorded: list = []
-            trainer_times += trainer_steps(config, recorded)[args.warmup:]
-            bare_times += bare_steps(config, recorded)[args.warmup:]
+            times, trainer_losses = trainer_steps(config, recorded)
+            trainer_times += times[args.warmup:]
+            times, bare_losses = bare_steps(config, recorded)
+            bare_times += times[args.warmup:]
+            # same computation: the per-step losses agree
+            loss_gap = max(loss_gap, max(abs(a - b) / max(abs(a), 1e-8) for a, b in zip(trainer_losses, bare_losses)))
     trainer_median, bare_median = statistics.median(trainer_times), statistics.median(bare_times)
     print(json.dumps({
         "trainer_over_bare_loop": round(trainer_median / bare_median, 4),
         "trainer_step_s": round(trainer_median, 4),
         "bare_step_s": round(bare_median, 4),
         "timed_steps": len(trainer_times),
+        "max_relative_loss_gap": float(f"{loss_gap:.2e}"),
         "model": args.model, "objective": "grad_diff", "lora_r": 8, "batch_size": 4, "max_length": 64,
         "device": "cuda" if torch.cuda.is_available() else "cpu", "threads": torch.get_num_threads(),
     }))

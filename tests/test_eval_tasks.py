@@ -293,6 +293,25 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
     assert "has 3 samples but tofu_forget01_truth_ratio will evaluate 2" in capsys.readouterr().err
 
 
+def test_custom_forget_split_in_tofus_format(tiny, tiny_model_dir, tofu_dir, tmp_path):
+    """tofu_forget_* read any split in TOFU's format (e.g. a stratified one); the truth-ratio
+    task takes NAME_perturbed.json from beside it."""
+    model, _ = tiny
+    split = tmp_path / "hard_authors.json"
+    split.write_text("".join((tofu_dir / "forget01.json").read_text().splitlines(keepends=True)[:3]))
+    (tmp_path / "hard_authors_perturbed.json").write_text(
+        "".join((tofu_dir / "forget01_perturbed.json").read_text().splitlines(keepends=True)[:3]))
+    custom = run_tasks(model, tiny_model_dir, ["tofu_forget_prob", "tofu_forget_truth_ratio"], limit=None,
+                       tofu_dir=tofu_dir, metadata={"forget_split": str(split)})
+    named = run_tasks(model, tiny_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio"], limit=3,
+                      tofu_dir=tofu_dir)
+    assert per_sample(custom, "tofu_forget_prob", "prob") == pytest.approx(
+        per_sample(named, "tofu_forget01_prob", "prob"), rel=1e-6)
+    assert per_sample(custom, "tofu_forget_truth_ratio", "truth_ratio") == pytest.approx(
+        per_sample(named, "tofu_forget01_truth_ratio", "truth_ratio"), rel=1e-6)
+    assert custom.summary["forget_quality"]["tofu_forget_truth_ratio"]["split"] == str(tmp_path / "hard_authors_perturbed.json")
+
+
 def test_model_utility_is_computed_after_the_run(tiny, tiny_model_dir, tofu_dir):
     model, _ = tiny
     ev = run_tasks(model, tiny_model_dir, ["tofu_model_utility"], limit=2, tofu_dir=tofu_dir)

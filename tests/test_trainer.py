@@ -358,3 +358,22 @@ def test_embedded_model_finetune_then_unlearn(embedded_model_dir, tofu_dir, tmp_
                  "--objective", "grad_diff", "--max-steps", "2", "--out", str(un)]) == 0
     after = mean_prob(un / "merged")
     assert after < tuned - 0.05, (tuned, after)
+
+
+def test_reglu_preset_sets_the_recipe_and_flags_override_it():
+    import argparse
+
+    from unlearn_plugins.commands import run as run_cmd
+    from unlearn_plugins.training import UnlearnConfig
+
+    parser = argparse.ArgumentParser()
+    run_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["run", "--preset", "reglu", "--out", "x", "--lr", "3e-4", "--regularizer-option", "weight=1.0"])
+    config = run_cmd.resolve_config(UnlearnConfig, args)
+    assert (config.objective, config.initializer, config.regularizer) == ("ihl", "rila", "rol")
+    assert (config.lora_r, config.lora_alpha, config.epochs) == (32, 64.0, 5.0)
+    assert config.initializer_options == {"beta": 0.7, "rol_rank": 128}
+    assert config.lr == 3e-4 and config.regularizer_options == {"weight": 1.0, "rank": 128}
+    bad = parser.parse_args(["run", "--preset", "nope", "--out", "x"])
+    with pytest.raises(Exception, match="unknown preset 'nope'; presets: reglu"):
+        run_cmd.resolve_config(UnlearnConfig, bad)

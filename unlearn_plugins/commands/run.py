@@ -72,6 +72,8 @@ def add_parser(sub) -> None:
     g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     g = p.add_argument_group("method")
+    g.add_argument("--preset", default=S, help="a named recipe applied below --config and flags: reglu "
+                   "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults)")
     g.add_argument("--objective", default=S, help="unlearning objective (default: grad_diff; see `unlearn plugins`)")
     g.add_argument("--objective-option", action="append", default=S, metavar="KEY=VALUE", help="objective option (repeatable)")
     g.add_argument("--retain-loss", choices=["nll", "kl"], default=S, help="retain term: NLL or KL to the reference model")
@@ -90,7 +92,7 @@ _DICT_FLAGS = {"objective_option": "objective_options", "initializer_option": "i
 
 def cli_values(args: argparse.Namespace) -> dict:
     """The options given on the command line, as config field names."""
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "debug", "config")}
+    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "debug", "config", "preset")}
     for flag, key in _DICT_FLAGS.items():
         if flag in values:
             values[key] = parse_options(values.pop(flag))
@@ -107,6 +109,10 @@ def resolve_config(config_cls, args: argparse.Namespace):
     cli = cli_values(args)
     toml = load_toml(args.config, config_cls) if args.config else {}
     layers = []
+    if getattr(args, "preset", None):
+        from ..training.presets import preset
+
+        layers.append((f"preset {args.preset}", preset(args.preset)))
     if cli.get("resume") or toml.get("resume"):
         out = cli.get("out") or toml.get("out")
         saved = saved_config(out) if out else None

@@ -2,6 +2,7 @@
 
 from .. import hookimpl
 from .baselines import LengthScorer, LossScorer
+from .cud import CUDScorer
 from .mrd import MRDScorer
 
 
@@ -10,3 +11,4 @@ def register_difficulty_scorers(register):
     register("length", LengthScorer)
     register("loss", LossScorer)
     register("mrd", MRDScorer)
+    register("cud", CUDScorer)

@@ -1,0 +1,29 @@
+"""Named method recipes for `unlearn run --preset NAME`: the published defaults of a method,
+applied below any --config file and command-line flag."""
+
+from __future__ import annotations
+
+from ..errors import UnlearnError
+
+PRESETS: dict[str, dict] = {
+    # ReGLU (Findings of ACL 2026), TOFU defaults of the reference code:
+    # RILA init + IHL forget loss + ROL regulariser, LoRA r 32 / alpha 64 on q,k,v,o,gate,up,down.
+    "reglu": {
+        "objective": "ihl",
+        "initializer": "rila",
+        "initializer_options": {"beta": 0.7, "rol_rank": 128},
+        "regularizer": "rol",
+        "regularizer_options": {"weight": 0.5, "rank": 128},
+        "lora_r": 32,
+        "lora_alpha": 64.0,
+        "lr": 1e-4,
+        "epochs": 5.0,
+    },
+}
+
+
+def preset(name: str) -> dict:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnlearnError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}") from None
