@@ -122,3 +122,24 @@ def test_cli_score_with_cud_writes_s_e_and_s_h(tiny_model_dir, tofu_dir, tmp_pat
     assert [r["index"] for r in rows] == list(range(6))
     assert all({"score", "s_E", "s_H", "anchor"} <= set(r) for r in rows)
     assert rows[0]["anchor"] == "easy" and rows[5]["anchor"] is None
+
+
+@pytest.mark.slow
+def test_anchor_run_through_run_unlearning(tiny_model_dir, tofu_dir, tmp_path):
+    """The default anchor runner: a real (tiny, 2-step) LoRA unlearning run per objective."""
+    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.models import load_model
+
+    model, tok = load_model(str(tiny_model_dir), device="cpu")
+    samples = load_split("tofu:forget01[0:6]", tofu_dir)
+    options = {"max_steps": 2, "retain": "tofu:retain99[0:8]", "tofu_dir": str(tofu_dir), "batch_size": 2,
+               "grad_accum": 1, "lr": 1e-2}
+    scorer = CUDScorer(objectives=["grad_diff"], seeds=[0], k=2, steps=1, unlearn_options=options,
+                       cache_dir=str(tmp_path))
+    rows = scorer.score(samples, model=model, tokenizer=tok)
+    assert len(rows) == 6 and all(0 <= r["score"] <= 1 for r in rows)
+    (cached,) = list((tmp_path / "anchors").glob("*.json"))
+    losses = json.loads(cached.read_text())["losses"]
+    assert len(losses) == 6 and all(x > 0 for x in losses)
+    order = sorted(range(6), key=lambda i: (-losses[i], i))
+    assert scorer.last_anchors["easy"] == sorted(order[:2]) and scorer.last_anchors["hard"] == sorted(order[-2:])

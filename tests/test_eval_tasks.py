@@ -321,7 +321,7 @@ def test_model_utility_is_computed_after_the_run(tiny, tiny_model_dir, tofu_dir)
     assert mu["value"] == pytest.approx(expected) and len(mu["parts"]) == 9
 
 
-def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_path, capsys):
+def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_path, capsys, monkeypatch):
     bad = tmp_path / "split.json"
     good = (tofu_dir / "forget01.json").read_text().splitlines()[:2]
     bad.write_text("\n".join(good + ['{"question": "Who?", "answer": '] ) + "\n")
@@ -343,6 +343,7 @@ def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_p
         '"answer": 0}\n]\n')
     with pytest.raises(DataError, match=r"wmdp-bio\.json:3: field 'choices' must be a list of 4 strings"):
         wmdp_dataset(wmdp_config="wmdp-bio", wmdp_dir=str(tmp_path / "wmdp"))
+    monkeypatch.delenv("UNLEARN_MMLU_DIR", raising=False)
     with pytest.raises(DataError, match="UNLEARN_MMLU_DIR"):
         mmlu_dataset(mmlu_subject="anatomy", mmlu_dir=None)
 

@@ -154,10 +154,14 @@ class EAPIG:
     outside answer tokens) as built by :func:`unlearn_plugins.data.tofu.encode_samples`.
     The metric is the mean answer-token probability exp(-mean NLL) (``prob``) or the
     mean answer-token log-probability (``logprob``), answer tokens only.
+    ``max_rows`` bounds the rows of one forward/backward (memory): samples per batch =
+    max_rows // rows per sample (or ``batch_size``); activations mode splits a sample's
+    rows over several passes. ``mean_examples``: the data set of the ``mean`` baseline
+    (default: the scored examples).
     """
 
     def __init__(self, model, *, mode: str = "inputs", steps: int = 5, baseline: str = "zero",
-                 metric: str = "prob", max_rows: int = 32, batch_size: int | None = None,
+                 metric: str = "prob", max_rows: int = 20, batch_size: int | None = None,
                  mean_examples: Sequence[dict] | None = None, pad_token_id: int | None = None,
                  progress: bool = False):
         if mode not in MODES:
@@ -522,12 +526,15 @@ class EAPIG:
             rhs = G.reshape(B, n_cols, T * D).transpose(1, 2)
             scores[:, :n_src_used, cols_start: cols_start + n_cols] += torch.bmm(lhs, rhs)
 
+        def inv_rms(x, eps):
+            return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square_().div_(D).add_(eps))  # (V, B, T)
+
         def norm_grad_identity(x, grad, w, eps):
             """Sum over variants of d metric / d x through y = w x r (W = identity): (B, T, D)."""
-            r = torch.rsqrt(x.pow(2).mean(-1) + eps)                          # (V, B, T)
-            first = w * (r[..., None] * grad).sum(0)
-            coef = r.pow(3) * (grad * (w * x)).sum(-1) / D                    # (V, B, T)
-            return first - torch.einsum("vbt,vbtd->btd", coef, x)
+            r = inv_rms(x, eps)
+            first = torch.einsum("vbt,vbtd->btd", r, grad).mul_(w)
+            coef = torch.einsum("vbtd,vbtd->vbt", grad * w, x).mul_(r.pow(3)).div_(D)
+            return first.sub_(torch.einsum("vbt,vbtd->btd", coef, x))
 
         def finish_layer(l):
             """Destinations of layer l: per-head q/k/v inputs and the MLP input, (B, 3H+1, T, D).
@@ -543,24 +550,30 @@ class EAPIG:
             done.add(l)
             layer = a.layers[l]
             x = vbt(s.pop("x_in"))                                             # (V, B, T, D)
-            r = torch.rsqrt(x.pow(2).mean(-1) + self.eps_in[l])               # (V, B, T)
-            gs, ps = [], []
+            r = inv_rms(x, self.eps_in[l])                                     # (V, B, T)
+            coefs, gbars = [], []
             for which in "qkv":
                 out = s.pop(which)
                 bias = s.pop(f"b_{which}", None)
                 if bias is not None:
                     out = out - bias
-                if which != "q" and a.groups > 1:                               # per query head
-                    lead = out.shape[:-1]
-                    out = out.view(*lead, a.n_kv_heads, 1, dh).expand(*lead, a.n_kv_heads, a.groups, dh)
-                    out = out.reshape(*lead, H * dh)
                 gr = s.pop(f"g_{which}", None)
-                gs.append(torch.zeros_like(out) if gr is None else gr)
-                ps.append(out)
-            gr = vbt(torch.cat(gs, -1)).view(Vc, B, T, 3 * H, dh)
-            proj = vbt(torch.cat(ps, -1)).view(Vc, B, T, 3 * H, dh)
-            coef = (gr * proj).sum(-1).mul_((r.pow(2) / D)[..., None])          # (V, B, T, 3H)
-            gbar = (r[..., None, None] * gr).sum(0)                             # (B, T, 3H, dh)
+                if gr is None:
+                    coefs.append(torch.zeros((Vc, B, T, H), device=dev))
+                    gbars.append(torch.zeros((B, T, H, dh), device=dev))
+                    continue
+                gr = vbt(gr)
+                proj = vbt(out)
+                if which != "q" and a.groups > 1:  # k/v heads shared by `groups` query heads: no copy
+                    gr = gr.view(Vc, B, T, a.n_kv_heads, a.groups, dh)
+                    c = torch.einsum("vbtkge,vbtke->vbtkg", gr, proj.view(Vc, B, T, a.n_kv_heads, dh))
+                else:
+                    gr = gr.view(Vc, B, T, H, dh)
+                    c = torch.einsum("vbthe,vbthe->vbth", gr, proj.view(Vc, B, T, H, dh))
+                coefs.append(c.reshape(Vc, B, T, H))
+                gbars.append(torch.einsum("vbt,vbt...->bt...", r, gr).reshape(B, T, H, dh))
+            coef = torch.cat(coefs, -1).mul_((r.pow(2) / D)[..., None])         # (V, B, T, 3H)
+            gbar = torch.cat(gbars, 2)                                          # (B, T, 3H, dh)
             G = torch.empty((B, g.dst_per_layer, T, D), dtype=torch.float32, device=dev)
             first = torch.einsum("bthe,hed->bhtd", gbar, self._w[l]["qkv"]).mul_(layer.input_layernorm.weight.float())
             G[:, : 3 * H] = first.sub_(torch.einsum("vbth,vbtd->bhtd", coef, x))

@@ -24,6 +24,8 @@ def run(args) -> int:
     from ..models import load_model
 
     options = parse_options(args.option)
+    if "progress" not in options and _accepts_progress(args.scorer):
+        options["progress"] = True  # scorers with a progress option show a bar on the command line
     scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
     samples = load_split(args.data, args.tofu_dir)
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
@@ -33,3 +35,15 @@ def run(args) -> int:
     print(f"scored {len(rows)} samples with {args.scorer!r}: min {min(scores):.4g}, "
           f"mean {sum(scores) / len(scores):.4g}, max {max(scores):.4g} -> {args.out}")
     return 0
+
+
+def _accepts_progress(name: str) -> bool:
+    import inspect
+
+    from ..host import get_component
+    from ..interfaces import DIFFICULTY_SCORER
+
+    try:
+        return "progress" in inspect.signature(get_component(DIFFICULTY_SCORER, name)).parameters
+    except (TypeError, ValueError, KeyError):
+        return False

@@ -373,7 +373,9 @@ def evaluate_model(
     prepared = prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
     loaded, tokenizer = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                                    adapter=adapter)
-    lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=trust_remote_code)
+    # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
+    lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=trust_remote_code,
+              softmax_dtype="float32")
     chosen = pick_device(device)
     describe = {"model": model, "adapter": adapter, "device": chosen, "dtype": str(pick_dtype(chosen, dtype)),
                 "limit": limit, "batch_size": batch_size, "retain_references": list(retain_references)}

@@ -165,7 +165,7 @@ class CUDScorer:
                  model_spec: str | None = None, unlearn_options: dict | None = None,
                  similarity: str = "cosine", circuit: str = "greedy", n_edges: int = 75, tau: float | None = None,
                  mode: str = "inputs", steps: int = 5, baseline: str = "zero", metric: str = "prob",
-                 max_rows: int = 32, max_length: int = 512, cache: bool = True, cache_dir: str | None = None,
+                 max_rows: int = 20, max_length: int = 512, cache: bool = True, cache_dir: str | None = None,
                  progress: bool = False):
         from ..circuits.eap_ig import BASELINES, METRICS, MODES
         from ..circuits.similarity import SIMILARITIES

@@ -1,0 +1,46 @@
+"""`unlearn stratify`: easy / hard forget splits (TOFU format) from a score file."""
+
+from __future__ import annotations
+
+from .common import add_data_options
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("stratify", help="write the N easiest and N hardest samples of a score file as TOFU splits")
+    p.add_argument("scores", help="JSON-lines output of `unlearn score`")
+    p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples")
+    p.add_argument("--hard", type=int, required=True, help="number of highest-score samples")
+    add_data_options(p)
+    p.add_argument("--out", required=True, help="folder for easy.json, hard.json, stratify.json")
+    p.add_argument("--plot", action="store_true",
+                   help="also write circuits.png (easy vs hard circuit edges by layer; needs cud scores)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..data.tofu import load_split
+    from ..files import write_json
+    from ..stratify import read_scores, stratify, with_perturbed_fields, write_split
+
+    rows = read_scores(args.scores)
+    samples = with_perturbed_fields(load_split(args.data, args.tofu_dir), args.data, args.tofu_dir)
+    easy, hard = stratify(rows, samples, args.easy, args.hard, where=args.scores)
+    out = Path(args.out)
+    write_split(out / "easy.json", easy)
+    write_split(out / "hard.json", hard)
+    score_of = {r["index"]: r["score"] for r in rows}
+    write_json(out / "stratify.json", {
+        "scores": str(args.scores), "data": args.data,
+        "easy": [{"index": s.index, "score": score_of[s.index]} for s in easy],
+        "hard": [{"index": s.index, "score": score_of[s.index]} for s in hard],
+    })
+    print(f"easy: {len(easy)} samples -> {out / 'easy.json'}; hard: {len(hard)} samples -> {out / 'hard.json'}")
+    if args.plot:
+        from ..circuits.plot import plot_easy_hard
+
+        picked = {r["index"]: r for r in rows}
+        plot_easy_hard([picked[s.index] for s in easy], [picked[s.index] for s in hard], out / "circuits.png")
+        print(f"circuit plot -> {out / 'circuits.png'}")
+    return 0
