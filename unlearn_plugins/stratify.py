@@ -4,11 +4,11 @@ that `unlearn run --forget FILE` and the `tofu_forget_*` lm-eval tasks accept.""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Sequence
 
+from .data.jsonl import iter_jsonl
 from .errors import DataError
 from .interfaces import QASample
 
@@ -21,13 +21,9 @@ def read_scores(path: str | os.PathLike) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: score file not found")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: malformed JSON: {exc.msg}") from None
+    for lineno, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object")
         for key, kind in (("index", int), ("score", (int, float))):
             if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
                 raise DataError(f"{path}:{lineno}: field '{key}' is missing or not a number")

@@ -9,7 +9,6 @@ any NAME.json in the folder, such as a CUD-stratified split), optionally sliced
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -18,6 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import DataError
 from ..interfaces import QASample
+from .jsonl import iter_jsonl
 
 HUB_ID = "locuslab/TOFU"
 SPLITS = (
@@ -56,29 +56,22 @@ def read_jsonl(path: str | os.PathLike, *, require: Sequence[str] = ("question",
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     samples: list[QASample] = []
-    with path.open("r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            for key in require:
-                if key not in record:
-                    raise DataError(f"{path}:{lineno}: field '{key}' is missing")
-            for key in ("question", "answer"):
-                value = record.get(key)
-                if not isinstance(value, str) or not value.strip():
-                    raise DataError(f"{path}:{lineno}: field '{key}' must be a non-empty string")
-            if "perturbed_answer" in require:
-                pert = record["perturbed_answer"]
-                if not isinstance(pert, list) or not pert or not all(isinstance(p, str) and p.strip() for p in pert):
-                    raise DataError(f"{path}:{lineno}: field 'perturbed_answer' must be a non-empty list of strings")
-            extra = {k: v for k, v in record.items() if k not in ("question", "answer")}
-            samples.append(QASample(record["question"], record["answer"], len(samples), str(path), lineno, extra))
+    for lineno, record in iter_jsonl(path):
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        for key in require:
+            if key not in record:
+                raise DataError(f"{path}:{lineno}: field '{key}' is missing")
+        for key in ("question", "answer"):
+            value = record.get(key)
+            if not isinstance(value, str) or not value.strip():
+                raise DataError(f"{path}:{lineno}: field '{key}' must be a non-empty string")
+        if "perturbed_answer" in require:
+            pert = record["perturbed_answer"]
+            if not isinstance(pert, list) or not pert or not all(isinstance(p, str) and p.strip() for p in pert):
+                raise DataError(f"{path}:{lineno}: field 'perturbed_answer' must be a non-empty list of strings")
+        extra = {k: v for k, v in record.items() if k not in ("question", "answer")}
+        samples.append(QASample(record["question"], record["answer"], len(samples), str(path), lineno, extra))
     if not samples:
         raise DataError(f"{path}: split is empty")
     return samples

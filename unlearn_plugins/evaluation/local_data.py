@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..data.jsonl import iter_jsonl
 from ..errors import DataError
 
 MMLU_HEADER = ["question", "choice0", "choice1", "choice2", "choice3", "answer"]
@@ -105,13 +106,7 @@ def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
                 raise DataError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
             yield f"{path}:{line}", record
     else:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+        for lineno, record in iter_jsonl(path):
             yield f"{path}:{lineno}", record
 
 
