@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[Any]:
     """Open a temporary file next to ``path``; it replaces ``path`` only if the block succeeds."""
@@ -22,6 +28,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
