@@ -33,6 +33,18 @@ def _fresh_host(monkeypatch):
     unlearn_plugins.reset_host()
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for modules of tiny-tensor tests: OpenMP spin-waits make tiny ops
+    up to ~150x slower when the machine's cores are shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tofu_dir() -> Path:
     if not (SHARED_TOFU / "forget01.json").exists():

@@ -30,14 +30,7 @@ TOL = 1e-4
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small models gain nothing from intra-op threads, and on a shared 2-core machine
-    two OpenMP threads per process make attention ~100x slower (spin-waiting)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def direct_scores(model, tok, question: str, answer: str):

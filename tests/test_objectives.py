@@ -18,13 +18,7 @@ OBJECTIVES = ["grad_ascent", "grad_diff", "npo", "simnpo", "idk_dpo", "undial", 
 IGNORE = -100
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # ----------------------------------------------------------------------------- hand computations
