@@ -22,6 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+def assert_adapter_reproduces_merged(model_dir, out):
+    """The saved adapter on the ORIGINAL base model equals the saved merged model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
+
+
 def tiny_args(model_dir, tofu_dir, out, *extra):
     """A small run: 8 forget QA, 16 retain QA, 64 tokens, LoRA r 4."""
     return ["run", "--model", str(model_dir), "--tofu-dir", str(tofu_dir), "--forget", "tofu:forget01[0:8]",
@@ -50,9 +63,6 @@ def child_env():
 
 
 def test_run_writes_adapter_merged_model_and_run_json(tiny_model_dir, tofu_dir, tmp_path, capsys):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     config = tmp_path / "run.toml"
     config.write_text('objective = "npo"\nlr = 5e-4\nmax_steps = 3\n[objective_options]\nbeta = 0.2\nalpha = 0.5\n')
     out = tmp_path / "out"
@@ -76,12 +86,7 @@ def test_run_writes_adapter_merged_model_and_run_json(tiny_model_dir, tofu_dir, 
     # a standard PEFT adapter: loads on the base model and equals the merged model
     weights = adapter_weights(out)
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in weights.items())
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
-    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
-    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
-    with torch.no_grad():
-        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
+    assert_adapter_reproduces_merged(tiny_model_dir, out)
 
 
 def test_default_lora_targets_every_decoder_linear(tiny_model):
@@ -280,9 +285,6 @@ class ToyResidualInit:
 
 
 def test_residual_init_saves_a_plain_adapter_and_feeds_rol(tiny_model_dir, tofu_dir, tmp_path):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     out = tmp_path / "res"
@@ -296,12 +298,7 @@ def test_residual_init_saves_a_plain_adapter_and_feeds_rol(tiny_model_dir, tofu_
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["r"] == 8  # PEFT's conversion: [A; A0], [B, -B0]
     # the saved adapter applies to the ORIGINAL base weights and reproduces the trained model
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    peft_model = PeftModel.from_pretrained(base, str(out)).eval()
-    merged = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()
-    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
-    with torch.no_grad():
-        assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
+    assert_adapter_reproduces_merged(tiny_model_dir, out)
 
 
 # ----------------------------------------------------------------------------- finetune
