@@ -63,6 +63,24 @@ class DifficultyScorer(Protocol):
         ...
 
 
+@runtime_checkable
+class ShardedScorer(DifficultyScorer, Protocol):
+    """Optional extension for scorers whose scores depend on the whole sample set (CUD's
+    anchors), used under ``accelerate launch`` (:func:`unlearn_plugins.scoring.score_sharded`).
+
+    Scorers without ``prepare_shard`` are treated as per-sample: each process scores a
+    contiguous shard and the main process merges the rows. With it, every process first calls
+    ``prepare_shard`` (its share of the expensive work, left where ``score`` finds it, e.g. a
+    disk cache all processes see), then the main process alone calls ``score(samples)``.
+    """
+
+    def prepare_shard(self, samples: Sequence[QASample], shard: Sequence[int], *, model: Any, tokenizer: Any,
+                      group: Any) -> None:
+        """``shard``: this process's sample positions (contiguous); ``group``: a
+        :class:`unlearn_plugins.sharding.Group` (index, count, is_main, device, barrier())."""
+        ...
+
+
 @dataclass
 class InitResult:
     """What an initializer hands on to training.

@@ -229,20 +229,24 @@ class EAPIG:
             out[idx] = scores
         return out
 
-    def iter_scores(self, examples: Sequence[dict]) -> Iterator[tuple[list[int], Any]]:
-        """Yield (indices, (b, n_src, n_dst) CPU scores) batch by batch, shortest first."""
+    def iter_scores(self, examples: Sequence[dict], indices: Sequence[int] | None = None
+                    ) -> Iterator[tuple[list[int], Any]]:
+        """Yield (indices, (b, n_src, n_dst) CPU scores) batch by batch, shortest first.
+        ``indices``: score only these examples; the ``mean`` and ``other`` baselines still use
+        all of ``examples`` (so a shard of a set gets the same corrupt inputs as the whole set)."""
         import torch
 
-        if not examples:
+        targets = range(len(examples)) if indices is None else list(indices)
+        if not examples or not targets:
             return
-        for i, e in enumerate(examples):
-            if not any(x != -100 for x in e["labels"][1:]):
+        for i in targets:
+            if not any(x != -100 for x in examples[i]["labels"][1:]):
                 raise ValueError(f"EAP-IG: example {i} has no answer tokens (labels are all -100)")
         if self.baseline == "mean" and self._means is None:
             self._means = self._mean_sources(self.mean_examples or examples)
         corrupt_ids = self._other_samples(examples) if self.baseline == "other" else None
         batch = self.batch_size or max(1, self.max_rows // self.variants)
-        order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
+        order = sorted(targets, key=lambda i: len(examples[i]["input_ids"]))
         batches = [order[i: i + batch] for i in range(0, len(order), batch)]
         if self.progress:
             from tqdm.auto import tqdm

@@ -1,6 +1,6 @@
 """Where easy and hard circuits put their edges: mean edge counts per destination layer x
 component (q, k, v, MLP, logits), from the ``circuit_by_layer`` field the ``cud`` scorer
-writes per sample. Needs matplotlib (the ``plots`` extra)."""
+writes per sample."""
 
 from __future__ import annotations
 
@@ -26,13 +26,11 @@ def mean_placement(rows: Sequence[dict]):
 def plot_easy_hard(easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: str | os.PathLike,
                    title: str = "CUD circuits") -> None:
     """A PNG with three heatmaps: easy, hard, hard - easy (layer x component)."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UnlearnError("the circuit plot needs matplotlib: pip install 'unlearn-plugins[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     easy, hard = mean_placement(easy_rows), mean_placement(hard_rows)
     layers = easy.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(12, max(4, layers * 0.22)), sharey=True)

@@ -19,20 +19,40 @@ def run(args) -> int:
     from ..files import write_jsonl
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER
-    from ..scoring import score_samples
+    from ..scoring import score_samples, score_sharded
     from ..data.tofu import load_split
     from ..models import load_model
+    from ..sharding import launch_group, process_device
 
+    # under `accelerate launch` / torchrun: one shard per process, one merged output (main process)
+    group = launch_group(cpu=(args.device or "").startswith("cpu"))
+    is_main = group is None or group.is_main
     options = parse_options(args.option)
-    if "progress" not in options and _accepts_progress(args.scorer):
-        options["progress"] = True  # scorers with a progress option show a bar on the command line
-    scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
-    samples = load_split(args.data, args.tofu_dir)
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
-    rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer)
-    write_jsonl(args.out, rows)
+    if _accepts_progress(args.scorer) and ("progress" not in options or not is_main):
+        options["progress"] = is_main  # a progress bar on the command line, from the main process only
+
+    def setup():
+        scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
+        samples = load_split(args.data, args.tofu_dir)
+        model, tok = load_model(args.model, device=process_device(group, args.device), dtype=args.dtype,
+                                trust_remote_code=args.trust_remote_code)
+        return scorer, samples, model, tok
+
+    if group is None:
+        scorer, samples, model, tok = setup()
+        rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer)
+        write_jsonl(args.out, rows)
+    else:
+        result = {}
+        group.everywhere(lambda: result.update(zip(("scorer", "samples", "model", "tok"), setup())), "loading")
+        rows = score_sharded(result["scorer"], result["samples"], model=result["model"], tokenizer=result["tok"],
+                             group=group, scorer_name=args.scorer)
+        group.everywhere(lambda: write_jsonl(args.out, rows) if is_main else None, f"writing {args.out}")
+        if not is_main:
+            return 0
     scores = [r["score"] for r in rows]
-    print(f"scored {len(rows)} samples with {args.scorer!r}: min {min(scores):.4g}, "
+    where = f" ({group.count} processes)" if group is not None else ""
+    print(f"scored {len(rows)} samples with {args.scorer!r}{where}: min {min(scores):.4g}, "
           f"mean {sum(scores) / len(scores):.4g}, max {max(scores):.4g} -> {args.out}")
     return 0
 

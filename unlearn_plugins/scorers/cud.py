@@ -15,6 +15,9 @@ Anchor runs go through a small interface, :class:`AnchorRunner` (``losses(sample
 :func:`unlearn_plugins.training.run.run_unlearning`. Anchor losses and per-sample score
 matrices are cached on disk (``$UNLEARN_CACHE_DIR/cud``), keyed by a fingerprint of the
 model weights, the samples and the settings, so a second scoring skips both.
+
+Under ``accelerate launch`` (:meth:`CUDScorer.prepare_shard`) the processes share the anchor
+runs and the matrices through that cache, then the main process scores from it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -123,6 +127,22 @@ class TrainerAnchorRunner:
         return {"runner": "run_unlearning", "model_spec": self.model_spec, "options": self.options}
 
     def losses(self, samples, *, model, tokenizer, objective, seed):
+        from ..sharding import launched_processes
+
+        spec = self.model_spec or getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not spec:
+            raise UnlearnError("CUD anchor runs need the model's folder or hub id: pass the scorer option model_spec")
+        device = next(model.parameters()).device
+        gpu = (device.index or 0) if device.type == "cuda" else None
+        if launched_processes() > 1 or gpu:  # in a launcher's group, or on a GPU other than the first
+            return self.losses_in_child(samples, spec=spec, gpu=gpu, objective=objective, seed=seed)
+        # the Trainer takes "cuda" (its first visible GPU), not "cuda:0"
+        return self.losses_here(samples, spec=spec, device=device.type, tokenizer=tokenizer, objective=objective,
+                                seed=seed)
+
+    def losses_here(self, samples, *, spec: str, device: str, tokenizer, objective: str, seed: int) -> list[float]:
+        """One run in this process (which must not be one of several launched ones: the Trainer
+        would join their group)."""
         import torch
 
         from ..data.tofu import encode_samples
@@ -132,10 +152,6 @@ class TrainerAnchorRunner:
         from ..training.config import UnlearnConfig
         from ..training.run import run_unlearning
 
-        spec = self.model_spec or getattr(getattr(model, "config", None), "_name_or_path", None)
-        if not spec:
-            raise UnlearnError("CUD anchor runs need the model's folder or hub id: pass the scorer option model_spec")
-        device = str(next(model.parameters()).device)
         with tempfile.TemporaryDirectory(prefix="cud-anchor-") as tmp:
             forget = Path(tmp) / "forget.json"
             write_jsonl(forget, [s.to_record() for s in samples])
@@ -153,8 +169,40 @@ class TrainerAnchorRunner:
                 torch.cuda.empty_cache()
         return [s / max(n, 1) for s, n in stats]
 
+    def losses_in_child(self, samples, *, spec: str, gpu: int | None, objective: str, seed: int) -> list[float]:
+        """One run in a fresh single-process Python (:mod:`unlearn_plugins.scorers.anchor_job`):
+        under ``accelerate launch`` each process does its own anchor runs, and an in-process
+        Trainer would join the launcher's group (DDP across unrelated runs). ``gpu``: this
+        process's CUDA index, made the child's only visible GPU."""
+        import os
+        import subprocess
+
+        from ..files import write_json
+        from ..sharding import single_process_env
+
+        env = single_process_env()
+        if gpu is not None:
+            visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
+        with tempfile.TemporaryDirectory(prefix="cud-anchor-job-") as tmp:
+            job, out = Path(tmp) / "job.json", Path(tmp) / "losses.json"
+            write_json(job, {"model_spec": spec, "options": self.options, "batch_size": self.batch_size,
+                             "device": "cpu" if gpu is None else "cuda", "objective": objective, "seed": seed,
+                             "samples": [s.to_record() for s in samples]})
+            done = subprocess.run([sys.executable, "-m", "unlearn_plugins.scorers.anchor_job", str(job), str(out)],
+                                  env=env, check=False)
+            if done.returncode != 0 or not out.is_file():
+                raise UnlearnError(f"CUD anchor run {objective}/seed {seed} failed in its child process "
+                                   f"(exit code {done.returncode}; its output is above)")
+            return json.loads(out.read_text())["losses"]
+
 
 # ----------------------------------------------------------------------------- the scorer
+
+def _check_count(samples) -> None:
+    if len(samples) < 4:
+        raise UnlearnError(f"scorer cud needs at least 4 samples (2 easy + 2 hard anchors), got {len(samples)}")
+
 
 class CUDScorer:
     """Difficulty scorer ``cud``: returns per sample {score, s_E, s_H, anchor, circuit}."""
@@ -190,36 +238,43 @@ class CUDScorer:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self.progress = progress
         self.last_anchors: dict[str, Any] = {}
+        self._shards: tuple[str, int] | None = None  # (run id, processes) after prepare_shard on the main process
 
     # ------------------------------------------------------------------ pieces
     def _cache_root(self) -> Path:
         return self.cache_dir or default_cache_dir()
 
-    def anchor_loss_runs(self, samples, *, model, tokenizer, model_fp: str) -> list[list[float]]:
-        """Per (objective, seed) run, the per-sample post-unlearning losses (cached)."""
+    def anchor_runs(self) -> list[tuple[str, int]]:
+        """The (objective, seed) unlearning runs that choose the anchors, in order."""
+        return [(objective, seed) for objective in self.objectives for seed in self.seeds]
+
+    def anchor_loss_runs(self, samples, *, model, tokenizer, model_fp: str,
+                         only: Sequence[int] | None = None) -> list[list[float]]:
+        """Per (objective, seed) run, the per-sample post-unlearning losses (cached).
+        ``only``: positions in :meth:`anchor_runs` to do (a process's share under a launcher)."""
+        runs = self.anchor_runs()
+        return [self._anchor_run(samples, objective, seed, model=model, tokenizer=tokenizer, model_fp=model_fp)
+                for j, (objective, seed) in enumerate(runs) if only is None or j in only]
+
+    def _anchor_run(self, samples, objective: str, seed: int, *, model, tokenizer, model_fp: str) -> list[float]:
         from ..files import write_json
 
-        runs = []
         describe = getattr(self.runner, "describe", lambda: {"runner": type(self.runner).__name__})()
-        for objective in self.objectives:
-            for seed in self.seeds:
-                key = _digest("anchor-run", model_fp, samples_fingerprint(samples), objective, seed, describe)
-                path = self._cache_root() / "anchors" / f"{key}.json"
-                if self.cache and path.is_file():
-                    try:
-                        runs.append(json.loads(path.read_text())["losses"])
-                        continue
-                    except (OSError, ValueError, KeyError):
-                        pass  # unreadable: redo the run
-                losses = [float(x) for x in self.runner.losses(samples, model=model, tokenizer=tokenizer,
-                                                                objective=objective, seed=seed)]
-                if len(losses) != len(samples):
-                    raise UnlearnError(f"CUD anchor run {objective}/seed {seed} returned {len(losses)} losses "
-                                       f"for {len(samples)} samples")
-                if self.cache:
-                    write_json(path, {"objective": objective, "seed": seed, "losses": losses, "runner": describe})
-                runs.append(losses)
-        return runs
+        key = _digest("anchor-run", model_fp, samples_fingerprint(samples), objective, seed, describe)
+        path = self._cache_root() / "anchors" / f"{key}.json"
+        if self.cache and path.is_file():
+            try:
+                return json.loads(path.read_text())["losses"]
+            except (OSError, ValueError, KeyError):
+                pass  # unreadable: redo the run
+        losses = [float(x) for x in self.runner.losses(samples, model=model, tokenizer=tokenizer,
+                                                        objective=objective, seed=seed)]
+        if len(losses) != len(samples):
+            raise UnlearnError(f"CUD anchor run {objective}/seed {seed} returned {len(losses)} losses "
+                               f"for {len(samples)} samples")
+        if self.cache:
+            write_json(path, {"objective": objective, "seed": seed, "losses": losses, "runner": describe})
+        return losses
 
     def choose_anchors(self, samples, *, model, tokenizer, model_fp: str) -> tuple[list[int], list[int]]:
         if self.anchors is not None:
@@ -242,8 +297,9 @@ class CUDScorer:
         self.last_anchors = {"easy": easy, "hard": hard, "loss_runs": runs}
         return easy, hard
 
-    def score_matrices(self, samples, *, model, tokenizer, model_fp: str):
-        """(n, n_src, n_dst) EAP-IG matrices, cached per sample."""
+    def score_matrices(self, samples, *, model, tokenizer, model_fp: str, only: Sequence[int] | None = None):
+        """(n, n_src, n_dst) EAP-IG matrices, cached per sample. ``only``: load or compute just
+        these positions (the other rows stay zero); the baselines still see every sample."""
         import torch
 
         from ..circuits.eap_ig import EAPIG
@@ -259,8 +315,8 @@ class CUDScorer:
         root = self._cache_root() / "matrices"
         out = torch.zeros((len(samples), g.n_src, g.n_dst), dtype=torch.float32)
         missing = []
-        for i, key in enumerate(keys):
-            path = root / f"{key}.pt"
+        for i in range(len(samples)) if only is None else only:
+            path = root / f"{keys[i]}.pt"
             if self.cache and path.is_file():
                 try:
                     out[i][g.edge_mask] = torch.load(path, map_location="cpu", weights_only=True)
@@ -269,12 +325,17 @@ class CUDScorer:
                     pass
             missing.append(i)
         if missing:
-            if self.eap["baseline"] != "zero":
-                missing = list(range(len(samples)))  # the corrupt inputs need every sample
-            encoded = encode_samples(tokenizer, [samples[i] for i in missing], max_length=self.max_length)
-            for idx, scores in engine.iter_scores(encoded):
+            if self.eap["baseline"] == "zero":
+                encoded = encode_samples(tokenizer, [samples[i] for i in missing], max_length=self.max_length)
+                batches = engine.iter_scores(encoded)
+                position = missing
+            else:  # the corrupt inputs of 'mean' / 'other' need every sample
+                encoded = encode_samples(tokenizer, samples, max_length=self.max_length)
+                batches = engine.iter_scores(encoded, indices=missing)
+                position = range(len(samples))
+            for idx, scores in batches:
                 for j, m in zip(idx, scores):
-                    i = missing[j]
+                    i = position[j]
                     out[i] = m
                     if self.cache:
                         self._save(root / f"{keys[i]}.pt", m[g.edge_mask].contiguous())
@@ -294,13 +355,63 @@ class CUDScorer:
 
         return select(matrix, graph, method=self.circuit, n=self.n_edges, tau=self.tau)
 
+    # ------------------------------------------------------------------ under accelerate launch
+    def prepare_shard(self, samples: Sequence[QASample], shard: Sequence[int], *, model, tokenizer, group) -> None:
+        """This process's share, into the disk cache: anchor run j of :meth:`anchor_runs` on
+        process j mod N, and the EAP-IG matrices of ``shard``. The main process's :meth:`score`
+        then finds everything there (and checks that every process wrote to the same cache
+        folder with the same weights)."""
+        from ..files import write_json
+
+        _check_count(samples)
+        if not self.cache:
+            raise UnlearnError("scorer cud: scoring under accelerate launch needs cache=true (the processes hand "
+                               "their anchor runs and score matrices to the main process through the cache)")
+        model_fp = model_fingerprint(model)
+        write_json(self._marker(group.run_id, group.index), {"model_fp": model_fp, "cache": str(self._cache_root())})
+        runs = self.anchor_runs() if self.anchors is None and self.anchor_losses is None else []
+        mine = [j for j in range(len(runs)) if j % group.count == group.index]
+        print(f"cud: process {group.index} of {group.count}: anchor runs "
+              f"{[f'{runs[j][0]}/{runs[j][1]}' for j in mine]}, score matrices of samples "
+              f"{f'{shard[0]}..{shard[-1]}' if shard else 'none'}", file=sys.stderr, flush=True)
+        if mine:
+            self.anchor_loss_runs(samples, model=model, tokenizer=tokenizer, model_fp=model_fp, only=mine)
+        if shard:
+            self.score_matrices(samples, model=model, tokenizer=tokenizer, model_fp=model_fp, only=shard)
+        if group.is_main:
+            self._shards = (group.run_id, group.count)
+
+    def _marker(self, run_id: str, index: int) -> Path:
+        return self._cache_root() / "shards" / f"{run_id}-{index}.json"
+
+    def _check_shards(self, model_fp: str) -> None:
+        """On the main process after prepare_shard: every process used this cache folder and these weights."""
+        run_id, count = self._shards
+        self._shards = None
+        markers = [self._marker(run_id, i) for i in range(count)]
+        try:
+            for i, marker in enumerate(markers):
+                if not marker.is_file():
+                    raise UnlearnError(
+                        f"scorer cud: process {i} did not write to the cache folder {self._cache_root()} of the main "
+                        f"process: under accelerate launch every process needs the same cache folder (set "
+                        f"UNLEARN_CACHE_DIR or the option cache_dir to a folder they all see)")
+                theirs = json.loads(marker.read_text())["model_fp"]
+                if theirs != model_fp:
+                    raise UnlearnError(f"scorer cud: process {i} loaded other weights than the main process "
+                                       f"(fingerprint {theirs} vs {model_fp})")
+        finally:
+            for marker in markers:
+                marker.unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ the protocol
     def score(self, samples: Sequence[QASample], *, model, tokenizer) -> list[dict]:
         from ..circuits.similarity import circuit_similarity, cud
 
-        if len(samples) < 4:
-            raise UnlearnError(f"scorer cud needs at least 4 samples (2 easy + 2 hard anchors), got {len(samples)}")
+        _check_count(samples)
         model_fp = model_fingerprint(model)
+        if self._shards is not None:
+            self._check_shards(model_fp)
         easy, hard = self.choose_anchors(samples, model=model, tokenizer=tokenizer, model_fp=model_fp)
         matrices, graph = self.score_matrices(samples, model=model, tokenizer=tokenizer, model_fp=model_fp)
         sums = {"easy": matrices[easy].sum(0), "hard": matrices[hard].sum(0)}

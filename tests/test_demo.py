@@ -1,0 +1,166 @@
+"""`unlearn demo`: every stage end to end on the tiny model (--fast), the report's files and
+ranges, the stage cache (rerun, Ctrl-C), the benchmark folder and the generated data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unlearn_plugins.cli import main
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+MODELS = ["full", "retain", "reglu", "grad_diff", "ihl_fila"]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, tiny_model_dir):
+    """One cold --fast run on generated data (no TOFU, no hub), shared by the tests below."""
+    root = tmp_path_factory.mktemp("demo")
+    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated",
+            "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
+    return root, args
+
+
+def _run(args, capsys):
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_fast_demo_writes_a_complete_report(demo_run, capsys):
+    root, args = demo_run
+    code, out, err = _run(args, capsys)
+    assert code == 0, err[-2000:]
+    assert "notice: no TOFU data found" in err
+    report = root / "report"
+    for name in ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json"):
+        assert (report / name).stat().st_size > 0, name
+    for name in ("fq_vs_mu.png", "cud_histogram.png", "circuit_depth.png"):
+        data = (report / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+    results = json.loads((report / "results.json").read_text())
+    rows = {r["name"]: r for r in results["models"]}
+    assert list(rows) == MODELS
+    for name, r in rows.items():
+        assert 0 <= r["forget_quality"] <= 1, name
+        assert 0 <= r["model_utility"] <= 1, name
+        assert 0 < r["forget_prob"] < 1 and 0 <= r["forget_rougeL_recall"] <= 1, name
+        assert len(r["forget_prob_per_sample"]) == 20 and all(0 < p < 1 for p in r["forget_prob_per_sample"])
+        assert set(r["model_utility_parts"]) and all(0 <= v <= 1 or "truth_ratio" in k
+                                                      for k, v in r["model_utility_parts"].items())
+    assert rows["retain"]["forget_quality"] == pytest.approx(1.0)  # its own reference
+    # unlearning changed the full model's answers (each method its own way)
+    full = rows["full"]["forget_prob_per_sample"]
+    for name in ("reglu", "grad_diff", "ihl_fila"):
+        assert max(abs(a - b) for a, b in zip(rows[name]["forget_prob_per_sample"], full)) > 1e-6, name
+
+    cud = results["cud"]
+    scores = {s["index"]: s["score"] for s in cud["scores"]}
+    assert sorted(scores) == list(range(20)) and all(0 <= v <= 1 for v in scores.values())
+    assert len(cud["easy"]) == len(cud["hard"]) == 3 and not set(cud["easy"]) & set(cud["hard"])
+    assert max(scores[i] for i in cud["easy"]) <= min(scores[i] for i in cud["hard"])
+    assert results["benchmark"]["source"] == "generated" and results["benchmark"]["sizes"]["forget"] == 20
+
+    # the terminal table and the Markdown summary show the same five models
+    table = [line for line in out.splitlines() if line.startswith(("full", "retain", "ReGLU", "GradDiff", "IHL"))]
+    assert len(table) == 5
+    summary = (report / "summary.md").read_text()
+    assert "generated fictitious authors" in summary and summary.count("\n| ") == 6
+    assert f"| {rows['reglu']['label']} | {rows['reglu']['forget_quality']:.3f} |" in summary
+
+
+def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
+    root, args = demo_run
+    before = json.loads((root / "report" / "results.json").read_text())["models"]
+    code, _, err = _run(args, capsys)
+    assert code == 0
+    assert err.count(": cached (") == 12  # every stage but the report
+    after = json.loads((root / "report" / "results.json").read_text())["models"]
+    assert after == before
+
+
+def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypatch):
+    from unlearn_plugins.demo import pipeline
+
+    root, args = demo_run
+    cache = root / "cache"
+    evals = sorted(p for p in cache.iterdir() if p.name.startswith("eval-grad_diff-"))
+    assert len(evals) == 1
+    import shutil
+
+    shutil.rmtree(evals[0])
+
+    def interrupted(*a, **k):
+        tmp = a[4]
+        (tmp / "summary.json").write_text("{half")  # a half-written stage...
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "_evaluate", interrupted)
+    code, _, err = _run(args, capsys)
+    assert code == 130 and "interrupted" in err
+    # ...leaves neither a finished folder nor its temporary one
+    assert not list(cache.glob("eval-grad_diff-*"))
+    monkeypatch.undo()
+    code, _, err = _run(args, capsys)
+    assert code == 0
+    assert err.count(": cached (") == 11 and "evaluate GradDiff (PEFT default init): done" in err
+    assert json.loads((root / "report" / "results.json").read_text())["models"][3]["name"] == "grad_diff"
+
+
+def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
+    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.demo.benchmark import build_benchmark, find_tofu
+
+    bench = build_benchmark(tmp_path / "b", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=3, n_forget=1,
+                            eval_size=7)
+    assert bench.authors == [197, 198, 199] and bench.forget_authors == [199] and bench.retain_authors == [197, 198]
+    forget = read_jsonl(bench.forget, require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+    tofu_forget01 = read_jsonl(tofu_dir / "forget01.json")
+    assert [s.question for s in forget] == [s.question for s in tofu_forget01[20:]]  # author 199
+    assert bench.sizes == {"full": 60, "retain": 40, "forget": 20, "retain_perturbed": 7,
+                           "real_authors_perturbed": 7, "world_facts_perturbed": 7}
+    retain_eval = {s.question for s in read_jsonl(bench.folder / "retain_perturbed.json")}
+    assert retain_eval <= {s.question for s in read_jsonl(bench.retain)}
+
+
+def test_benchmark_rejects_bad_sizes(tmp_path):
+    from unlearn_plugins.errors import UnlearnError
+    from unlearn_plugins.demo.benchmark import build_benchmark
+
+    with pytest.raises(UnlearnError, match="at least 2 authors"):
+        build_benchmark(tmp_path, tofu=None, n_authors=1, n_forget=1, eval_size=4)
+    with pytest.raises(UnlearnError, match="forget authors must be between 1 and"):
+        build_benchmark(tmp_path, tofu=None, n_authors=3, n_forget=3, eval_size=4)
+    with pytest.raises(UnlearnError, match="has 20 authors"):
+        build_benchmark(tmp_path, tofu=None, n_authors=21, n_forget=1, eval_size=4)
+
+
+def test_missing_tofu_falls_back_only_in_auto_mode(tmp_path, monkeypatch):
+    from unlearn_plugins.demo.benchmark import find_tofu
+    from unlearn_plugins.errors import DataError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)
+    assert find_tofu("generated", None) is None
+    assert find_tofu("auto", str(tmp_path / "nowhere")) is None
+    with pytest.raises(DataError, match="TOFU folder not found"):
+        find_tofu("tofu", str(tmp_path / "nowhere"))
+
+
+def test_generated_authors_look_like_tofu():
+    from unlearn_plugins.data.synthetic import generate_authors
+
+    rows = generate_authors(4, seed=3)
+    assert rows == generate_authors(4, seed=3) and rows != generate_authors(4, seed=4)
+    assert len(rows) == 80 and [r["author"] for r in rows[::20]] == [0, 1, 2, 3]
+    names = set()
+    for r in rows:
+        assert r["question"].endswith("?") and r["answer"] and r["paraphrased_answer"] != r["answer"]
+        wrong = r["perturbed_answer"]
+        assert len(wrong) == 5 and len(set(wrong)) == 5 and r["paraphrased_answer"] not in wrong
+        if r["question"].startswith("What is the full name"):
+            names.add(r["answer"].split(" is ")[-1])
+    assert len(names) == 4  # one distinct author per profile

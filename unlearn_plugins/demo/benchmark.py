@@ -1,0 +1,164 @@
+"""The demo's TOFU-style benchmark: N authors (20 QA each), the last ``n_forget`` of them
+to forget and the rest to retain, written as a folder in TOFU's format that every other
+part of the project reads (``unlearn finetune --data``, ``unlearn run --forget``, the
+``tofu_*`` lm-eval tasks with ``tofu_dir`` = this folder).
+
+Files: ``full.json`` (all N authors, to train the "full" model), ``retain.json`` (the
+retain authors: the "retain" model and the unlearning retain set), ``forget.json`` (with
+the paraphrased/perturbed answers the truth ratio needs), and for Model Utility
+``retain_perturbed.json`` (``eval_size`` retain QA, spread over the retain authors),
+``real_authors_perturbed.json`` and ``world_facts_perturbed.json`` (the first
+``eval_size`` rows).
+
+Source: TOFU's ``forget10_perturbed`` split (authors 180-199, the only authors with every
+field), taking the last N; without TOFU, the generated fictitious authors of
+:mod:`unlearn_plugins.data.synthetic`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data.tofu import QA_PER_AUTHOR, read_jsonl, resolve_tofu_dir
+from ..errors import DataError, UnlearnError
+from ..files import write_json, write_jsonl
+
+SOURCE_AUTHORS_SPLIT = "forget10_perturbed"
+FORMAT = 1
+
+
+@dataclass
+class Benchmark:
+    folder: Path
+    source: str  # "tofu" or "generated"
+    source_dir: str | None
+    authors: list[int]  # author numbers in the source
+    forget_authors: list[int]
+    retain_authors: list[int]
+    sizes: dict[str, int]
+
+    @property
+    def forget(self) -> Path:
+        return self.folder / "forget.json"
+
+    @property
+    def retain(self) -> Path:
+        return self.folder / "retain.json"
+
+    @property
+    def full(self) -> Path:
+        return self.folder / "full.json"
+
+    def describe(self) -> dict:
+        where = f"TOFU ({self.source_dir})" if self.source == "tofu" else "generated fictitious authors"
+        return {"source": self.source, "source_dir": self.source_dir, "description": where,
+                "authors": self.authors, "forget_authors": self.forget_authors,
+                "retain_authors": self.retain_authors, "sizes": self.sizes}
+
+
+def find_tofu(data: str, tofu_dir: str | None) -> Path | None:
+    """The TOFU folder to use, or None for the generated data. ``data``: auto | tofu | generated."""
+    if data == "generated":
+        return None
+    try:
+        folder = resolve_tofu_dir(tofu_dir)
+    except DataError:
+        if data == "tofu":
+            raise
+        return None
+    if not (folder / f"{SOURCE_AUTHORS_SPLIT}.json").is_file():
+        if data == "tofu":
+            raise DataError(f"{folder}: TOFU's {SOURCE_AUTHORS_SPLIT}.json is missing (the demo takes its authors from it)")
+        return None
+    return folder
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def source_fingerprint(tofu: Path | None) -> str:
+    """Changes when the source data changes (another TOFU copy, a new generator version)."""
+    if tofu is None:
+        from ..data import synthetic
+
+        return f"generated-{_file_digest(Path(synthetic.__file__))}"
+    parts = [_file_digest(tofu / f"{name}.json") for name in
+             (SOURCE_AUTHORS_SPLIT, "real_authors_perturbed", "world_facts_perturbed")]
+    return "tofu-" + "-".join(parts)
+
+
+def _rows(path: Path, require=("question", "answer")) -> list[dict]:
+    return [s.to_record() for s in read_jsonl(path, require=require)]
+
+
+def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_forget: int,
+                    eval_size: int) -> Benchmark:
+    """Write the benchmark folder (atomic files) and return its description."""
+    if n_authors < 2:
+        raise UnlearnError(f"the demo needs at least 2 authors (1 to forget, 1 to retain), got --authors {n_authors}")
+    if not 1 <= n_forget < n_authors:
+        raise UnlearnError(f"forget authors must be between 1 and --authors - 1 ({n_authors - 1}), got {n_forget}")
+    if eval_size < 2:
+        raise UnlearnError(f"eval_size must be >= 2, got {eval_size}")
+    folder = Path(folder)
+    if tofu is not None:
+        rows = _rows(tofu / f"{SOURCE_AUTHORS_SPLIT}.json",
+                     require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+        available = len(rows) // QA_PER_AUTHOR
+        first_author = 200 - available  # forget10 holds TOFU's last 20 authors
+        real = _rows(tofu / "real_authors_perturbed.json", require=("question", "answer", "perturbed_answer"))
+        world = _rows(tofu / "world_facts_perturbed.json", require=("question", "answer", "perturbed_answer"))
+        source, source_dir = "tofu", str(tofu)
+    else:
+        from ..data import synthetic
+
+        rows = synthetic.generate_authors(synthetic.N_AUTHORS)
+        available, first_author = len(rows) // QA_PER_AUTHOR, 0
+        real, world = synthetic.options_rows(synthetic.REAL_AUTHORS), synthetic.options_rows(synthetic.WORLD_FACTS)
+        source, source_dir = "generated", None
+    if n_authors > available:
+        raise UnlearnError(f"--authors {n_authors}: the {source} source has {available} authors with every field")
+    chosen = list(range(available - n_authors, available))  # the last N
+    by_author = {a: rows[a * QA_PER_AUTHOR:(a + 1) * QA_PER_AUTHOR] for a in chosen}
+    forget_ids, retain_ids = chosen[-n_forget:], chosen[:-n_forget]
+    forget = [r for a in forget_ids for r in by_author[a]]
+    retain = [r for a in retain_ids for r in by_author[a]]
+    # Model Utility's retain part: eval_size QA spread evenly over the retain authors
+    step = max(1, len(retain) // eval_size)
+    retain_eval = retain[::step][:eval_size]
+    files = {
+        "full.json": [r for a in chosen for r in by_author[a]],
+        "retain.json": retain,
+        "forget.json": forget,
+        "retain_perturbed.json": retain_eval,
+        "real_authors_perturbed.json": real[:eval_size],
+        "world_facts_perturbed.json": world[:eval_size],
+    }
+    for name, items in files.items():
+        write_jsonl(folder / name, items)
+    bench = Benchmark(folder, source, source_dir, [first_author + a for a in chosen],
+                      [first_author + a for a in forget_ids], [first_author + a for a in retain_ids],
+                      {name.removesuffix(".json"): len(items) for name, items in files.items()})
+    write_json(folder / "benchmark.json", {"format": FORMAT, **bench.describe()})
+    return bench
+
+
+def load_benchmark(folder: str | Path) -> Benchmark | None:
+    """A benchmark folder written earlier, or None if it is missing or incomplete."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / "benchmark.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if info.get("format") != FORMAT or not all((folder / f"{n}.json").is_file() for n in info.get("sizes", {})):
+        return None
+    return Benchmark(folder, info["source"], info["source_dir"], info["authors"], info["forget_authors"],
+                     info["retain_authors"], info["sizes"])

@@ -1,0 +1,355 @@
+"""The demo's stages, each a plain call into the library (run_finetune, the cud scorer,
+run_unlearning, evaluate_model), each cached.
+
+Cache: ``$UNLEARN_CACHE_DIR/demo/<stage>-<name>-<key>/``. The key digests everything the
+stage's result depends on (base model files, benchmark data, the budget, the keys of the
+stages it reads), so a change of any of them recomputes that stage and the ones after it,
+and nothing else. A stage is built in ``<folder>.tmp-<pid>`` and renamed into place when
+complete, so Ctrl-C leaves either a finished stage or a temporary folder that the next
+run deletes: a rerun continues with the first unfinished stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import UnlearnError
+from ..files import write_json, write_jsonl
+from .benchmark import Benchmark, build_benchmark, find_tofu, load_benchmark, source_fingerprint
+
+DONE = "stage.json"
+CACHE_FORMAT = 1
+#: the TOFU tasks the demo evaluates (extraction strength left out: one request per answer token)
+EVAL_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much work each stage does; the same unlearning budget for every method."""
+
+    authors: int
+    eval_size: int
+    max_length: int
+    finetune: dict
+    unlearn: dict
+    anchor_unlearn: dict
+    cud: dict
+    easy_hard: int
+    eval_batch_size: int = 8
+
+
+BUDGETS = {
+    # sized so a cold run of the embedded model fits 15 minutes on 2 CPU cores
+    "default": Budget(
+        authors=3, eval_size=20, max_length=192,
+        finetune=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=8, grad_accum=1),
+        unlearn=dict(lr=1e-3, epochs=4.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
+        anchor_unlearn=dict(lr=1e-3, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
+        cud=dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0], k=3),
+        easy_hard=5,
+    ),
+    # --fast: a smoke test of every stage (CI runs it on a tiny model)
+    "fast": Budget(
+        authors=2, eval_size=4, max_length=128,
+        finetune=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=8, grad_accum=1),
+        unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
+        anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
+        cud=dict(steps=2, n_edges=20, objectives=["grad_diff", "npo"], seeds=[0], k=3),
+        easy_hard=3,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    settings: dict
+
+
+#: ReGLU and two baselines, each with the same unlearning budget
+METHODS = (
+    Method("reglu", "ReGLU (rila + ihl + rol)", {"preset": "reglu"}),
+    Method("grad_diff", "GradDiff (PEFT default init)", {"objective": "grad_diff", "initializer": "gaussian"}),
+    Method("ihl_fila", "IHL + FILA", {"objective": "ihl", "initializer": "fila"}),
+)
+
+
+@dataclass
+class DemoConfig:
+    out: str = "unlearn-demo"
+    model: str = "smollm2-135m"
+    authors: int | None = None  # None: the budget's
+    forget_authors: int = 1
+    fast: bool = False
+    data: str = "auto"  # auto | tofu | generated
+    tofu_dir: str | None = None
+    device: str | None = None
+    seed: int = 0
+    cache_dir: str | None = None  # None: $UNLEARN_CACHE_DIR/demo
+
+    @property
+    def budget(self) -> Budget:
+        return BUDGETS["fast" if self.fast else "default"]
+
+
+# ----------------------------------------------------------------------------- cache helpers
+
+def digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def model_key(spec: str) -> str:
+    """The base model's identity: the alias/hub id, or a folder's file names, sizes and mtimes."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return digest("model", spec)
+    files = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                   for p in path.rglob("*") if p.is_file())
+    return digest("model-dir", str(path.resolve()), files)
+
+
+class Stages:
+    """Numbered stage headers with timings, and the build-then-rename cache of a stage."""
+
+    def __init__(self, root: Path, total: int, stream=None):
+        self.root, self.total, self.n = root, total, 0
+        self.stream = stream or sys.stderr
+        self.timings: dict[str, dict] = {}
+
+    def folder(self, kind: str, name: str, key: str) -> Path:
+        return self.root / f"{kind}-{name}-{key}"
+
+    def run(self, label: str, folder: Path, build: Callable[[Path], Any]) -> Path:
+        """``build(tmp)`` fills a temporary folder, which becomes ``folder`` when it returns."""
+        self.n += 1
+        head = f"[{self.n}/{self.total}] {label}"
+        if (folder / DONE).is_file():
+            print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
+            self.timings[label] = {"seconds": 0.0, "cached": True}
+            return folder
+        print(f"{head} ...", file=self.stream, flush=True)
+        for stale in folder.parent.glob(f"{folder.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted run
+        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        tmp.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        try:
+            build(tmp)
+            write_json(tmp / DONE, {"format": CACHE_FORMAT, "label": label,
+                                    "seconds": round(time.perf_counter() - started, 2)})
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        seconds = time.perf_counter() - started
+        self.timings[label] = {"seconds": round(seconds, 2), "cached": False}
+        print(f"{head}: done in {seconds:.0f} s", file=self.stream, flush=True)
+        return folder
+
+
+# ----------------------------------------------------------------------------- stages
+
+def _finetune(config: DemoConfig, bench: Benchmark, data: Path, out: Path) -> None:
+    from ..training import FinetuneConfig, run_finetune
+
+    b = config.budget
+    run_finetune(FinetuneConfig(out=str(out / "run"), model=config.model, data=str(data), merge=True,
+                                save_steps=0, max_length=b.max_length, seed=config.seed, device=config.device,
+                                **b.finetune))
+
+
+def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Method, out: Path,
+             budget: dict) -> None:
+    from ..training import UnlearnConfig, run_unlearning
+    from ..training.presets import preset
+
+    settings = dict(method.settings)
+    base = preset(settings.pop("preset")) if "preset" in settings else {}
+    values = {**base, **settings, **budget}  # the shared budget wins over a preset's lr/epochs/rank
+    run_unlearning(UnlearnConfig(out=str(out / "run"), model=full_model, forget=str(bench.forget),
+                                 retain=str(bench.retain), save_steps=0, max_length=config.budget.max_length,
+                                 seed=config.seed, device=config.device, **values))
+
+
+def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
+    from ..circuits.plot import mean_placement  # noqa: F401  (fails early without numpy)
+    from ..data.tofu import load_split
+    from ..models import load_model
+    from ..scorers.cud import CUDScorer
+    from ..scoring import score_samples
+    from ..stratify import stratify, write_split
+
+    b = config.budget
+    cud = dict(b.cud)
+    anchor_options = {**b.anchor_unlearn, "retain": str(bench.retain), "max_length": b.max_length,
+                      "save_steps": 0}
+    scorer = CUDScorer(objectives=cud.pop("objectives"), seeds=cud.pop("seeds"), model_spec=full_model,
+                       unlearn_options=anchor_options, max_length=b.max_length, progress=True, **cud)
+    samples = load_split(str(bench.forget))
+    model, tok = load_model(full_model, device=config.device)
+    rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name="cud")
+    del model
+    write_jsonl(out / "scores.jsonl", rows)
+    n = min(b.easy_hard, len(rows) // 2)
+    easy, hard = stratify(rows, samples, n, n, where=str(out / "scores.jsonl"))
+    write_split(out / "easy.json", easy)
+    write_split(out / "hard.json", hard)
+    write_json(out / "anchors.json", {k: v for k, v in scorer.last_anchors.items()})
+
+
+def _evaluate(config: DemoConfig, bench: Benchmark, model: str, adapter: str | None, out: Path,
+              references: list[str], save_reference: bool) -> None:
+    from ..evaluation import lm_eval_runner as runner
+
+    evaluation = runner.evaluate_model(
+        model, list(EVAL_TASKS), adapter=adapter, device=config.device, batch_size=config.budget.eval_batch_size,
+        retain_references=references, tofu_dir=str(bench.folder), forget_split=str(bench.forget))
+    if save_reference:
+        runner.save_reference(evaluation, out / "reference.json", model=model, adapter=adapter)
+    runner.write_outputs(out, evaluation)
+
+
+# ----------------------------------------------------------------------------- the run
+
+@dataclass
+class DemoResult:
+    out: Path
+    results: dict
+    table: str
+    files: dict = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """Keep the demo's output to its stage lines and progress bars: lm-eval's per-task
+    warnings and deprecation notices are for people calling those libraries directly."""
+    import warnings
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "transformers", "peft", "accelerate")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
+    """Every stage (cached), then the report in ``config.out``."""
+    with quiet_libraries():
+        return _run_demo(config, stream=stream)
+
+
+def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
+    from ..models import cache_dir, resolve_model
+    from . import report
+
+    stream = stream or sys.stderr
+    b = config.budget
+    n_authors = config.authors or b.authors
+    if config.data not in ("auto", "tofu", "generated"):
+        raise UnlearnError(f"--data {config.data!r}: choose auto, tofu or generated")
+    root = Path(config.cache_dir).expanduser() if config.cache_dir else cache_dir() / "demo"
+    stages = Stages(root, total=7 + 2 * len(METHODS), stream=stream)
+    started = time.perf_counter()
+
+    # 1. data and base model
+    tofu = find_tofu(config.data, config.tofu_dir)
+    notice = None
+    if tofu is None:
+        notice = ("no TOFU data found (UNLEARN_TOFU_DIR / --tofu-dir unset and the hub unreachable, or "
+                  "--data generated): using generated fictitious authors in TOFU's format")
+        print(f"notice: {notice}", file=stream, flush=True)
+    bench_key = digest(source_fingerprint(tofu), n_authors, config.forget_authors, b.eval_size)
+
+    def build_bench(tmp: Path) -> None:
+        build_benchmark(tmp, tofu=tofu, n_authors=n_authors, n_forget=config.forget_authors,
+                        eval_size=b.eval_size)
+
+    bench_dir = stages.run(f"benchmark: {n_authors} authors, {config.forget_authors} to forget",
+                           stages.folder("bench", "tofu" if tofu else "generated", bench_key), build_bench)
+    bench = load_benchmark(bench_dir)
+    if bench is None:
+        raise UnlearnError(f"{bench_dir}: benchmark folder unreadable; delete it and run again")
+    bench.folder = bench_dir
+    base_path = resolve_model(config.model)  # converts the embedded model once (cached)
+    base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
+
+    # 2. target models
+    targets = {}
+    for name, data in (("full", bench.full), ("retain", bench.retain)):
+        key = digest(base_key, bench_key, name, b.finetune, b.max_length, config.seed)
+        folder = stages.run(f"fine-tune the {name} model on {bench.sizes[name]} QA",
+                            stages.folder("target", name, key),
+                            lambda tmp, data=data: _finetune(config, bench, data, tmp))
+        targets[name] = {"key": key, "model": str(folder / "run" / "merged")}
+    full_model = targets["full"]["model"]
+
+    # 3. CUD scores of the forget samples
+    cud_key = digest(targets["full"]["key"], b.cud, b.anchor_unlearn, b.easy_hard)
+    cud_dir = stages.run(f"CUD scores of the {bench.sizes['forget']} forget samples",
+                         stages.folder("cud", "forget", cud_key),
+                         lambda tmp: _score_cud(config, bench, full_model, tmp))
+
+    # 4. unlearning, same budget for every method
+    runs = {}
+    for method in METHODS:
+        key = digest(targets["full"]["key"], method.settings, b.unlearn, b.max_length, config.seed)
+        folder = stages.run(f"unlearn with {method.label}", stages.folder("run", method.name, key),
+                            lambda tmp, m=method: _unlearn(config, bench, full_model, m, tmp, b.unlearn))
+        runs[method.name] = {"key": key, "adapter": str(folder / "run")}
+
+    # 5. evaluation: the retain model first (its truth ratios are the Forget Quality reference)
+    evals = {}
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size)
+    key = digest(targets["retain"]["key"], bench_key, eval_settings)
+    folder = stages.run("evaluate the retain model (and save the Forget Quality reference)",
+                        stages.folder("eval", "retain", key),
+                        lambda tmp: _evaluate(config, bench, targets["retain"]["model"], None, tmp, [], True))
+    evals["retain"] = folder
+    reference = str(folder / "reference.json")
+    models = [("full", "the full model", full_model, None, targets["full"]["key"])]
+    models += [(m.name, m.label, full_model, runs[m.name]["adapter"], runs[m.name]["key"]) for m in METHODS]
+    for name, label, model, adapter, model_k in models:
+        key = digest(model_k, key_of_reference(reference), bench_key, eval_settings)
+        evals[name] = stages.run(f"evaluate {label}", stages.folder("eval", name, key),
+                                 lambda tmp, m=model, a=adapter: _evaluate(config, bench, m, a, tmp, [reference],
+                                                                           False))
+
+    # 6. report
+    stages.n += 1
+    print(f"[{stages.n}/{stages.total}] report -> {config.out}", file=stream, flush=True)
+    results, table, files = report.write_report(
+        Path(config.out), config=config, bench=bench, notice=notice, targets=targets, runs=runs,
+        methods=METHODS, evals=evals, cud_dir=cud_dir, timings=stages.timings,
+        wall_s=time.perf_counter() - started)
+    return DemoResult(Path(config.out), results, table, files)
+
+
+def key_of_reference(path: str) -> str:
+    """The reference's content (another retain model gives another Forget Quality)."""
+    try:
+        return digest(Path(path).read_text())
+    except OSError:
+        return "missing"
+
+
+__all__ = ["DemoConfig", "run_demo", "METHODS", "BUDGETS", "Budget", "Method", "EVAL_TASKS", "asdict"]

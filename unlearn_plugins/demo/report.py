@@ -1,0 +1,243 @@
+"""The demo's report: a table for the terminal and, in the report folder, results.json,
+summary.md and three PNG plots (Forget Quality vs Model Utility per method, the CUD score
+histogram, easy vs hard circuit depth profiles), plus the CUD scores and the CUD-easy /
+CUD-hard splits. Reads only the cached stage folders; every file is written atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..files import atomic_open, write_json, write_jsonl
+
+COLUMNS = ("model", "Forget Quality", "Model Utility", "forget prob", "forget ROUGE-L",
+           "prob CUD-easy", "prob CUD-hard")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _per_sample(eval_dir: Path, task: str, metric: str) -> dict[int, float]:
+    path = eval_dir / "samples" / f"{task}.jsonl"
+    return {row["doc_id"]: float(row[metric]) for row in _jsonl(path)} if path.is_file() else {}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: Sequence[int]) -> dict[str, Any]:
+    """One model's numbers from its evaluation folder."""
+    from ..evaluation import tofu_metrics as tm
+    from ..evaluation.reference import read_reference
+
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    metrics = summary["metrics"]
+    fq = next(iter(summary["forget_quality"].values()), {}).get("value")
+    if fq is None and (eval_dir / "reference.json").is_file():  # the retain model is its own reference
+        ratios = read_reference(eval_dir / "reference.json").truth_ratios
+        fq = tm.forget_quality(ratios, ratios)
+    probs = _per_sample(eval_dir, "tofu_forget_prob", "prob")
+    return {
+        "name": name, "label": label,
+        "forget_quality": fq,
+        "model_utility": summary["model_utility"]["value"],
+        "model_utility_parts": summary["model_utility"]["parts"],
+        "forget_prob": metrics.get("tofu_forget_prob", {}).get("prob"),
+        "forget_rougeL_recall": metrics.get("tofu_forget_rouge", {}).get("rougeL_recall"),
+        "forget_truth_ratio": metrics.get("tofu_forget_truth_ratio", {}).get("truth_ratio"),
+        "forget_prob_cud_easy": _mean([probs.get(i) for i in easy]),
+        "forget_prob_cud_hard": _mean([probs.get(i) for i in hard]),
+        "forget_prob_per_sample": [probs.get(i) for i in sorted(probs)],
+        "eval_seconds": summary.get("elapsed_s"),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
+    return str(value)
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    cells = [[r["label"], *(_fmt(r[k]) for k in ("forget_quality", "model_utility", "forget_prob",
+                                                 "forget_rougeL_recall", "forget_prob_cud_easy",
+                                                 "forget_prob_cud_hard"))] for r in rows]
+    widths = [max(len(c[i]) for c in cells + [list(COLUMNS)]) for i in range(len(COLUMNS))]
+    line = lambda c: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
+    return "\n".join([line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)])
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        out.append("| " + " | ".join([r["label"], *(_fmt(r[k]) for k in (
+            "forget_quality", "model_utility", "forget_prob", "forget_rougeL_recall", "forget_prob_cud_easy",
+            "forget_prob_cud_hard"))]) + " |")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- plots
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=110)
+
+
+def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for r in rows:
+        if r["forget_quality"] is None or r["model_utility"] is None:
+            continue
+        fq = max(r["forget_quality"], 1e-12)
+        marker = {"full": "s", "retain": "*"}.get(r["name"], "o")
+        ax.scatter(fq, r["model_utility"], s=120 if marker == "*" else 70, marker=marker, label=r["label"])
+    ax.set_xscale("log")
+    ax.set_xlabel("Forget Quality (KS p-value vs the retain model, log scale; higher is better)")
+    ax.set_ylabel("Model Utility (higher is better)")
+    ax.set_title("TOFU: Forget Quality vs Model Utility")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    groups = {"CUD-easy": [r["score"] for r in scores if r["index"] in set(easy)],
+              "CUD-hard": [r["score"] for r in scores if r["index"] in set(hard)],
+              "other": [r["score"] for r in scores if r["index"] not in set(easy) | set(hard)]}
+    bins = [i / 20 for i in range(21)]
+    ax.hist([groups["CUD-easy"], groups["other"], groups["CUD-hard"]], bins=bins, stacked=True,
+            label=[f"{k} (n={len(v)})" for k, v in (("CUD-easy", groups["CUD-easy"]), ("other", groups["other"]),
+                                                    ("CUD-hard", groups["CUD-hard"]))],
+            color=["tab:green", "tab:gray", "tab:red"])
+    ax.set_xlabel("CUD score (0 = like the easy anchors, 1 = like the hard anchors)")
+    ax.set_ylabel("forget samples")
+    ax.set_title("CUD difficulty of the forget samples")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
+    """Mean circuit edges per destination layer (all components), easy vs hard."""
+    import numpy as np
+
+    from ..circuits.plot import mean_placement
+
+    plt = _pyplot()
+    by_index = {r["index"]: r for r in scores}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, group, color in (("CUD-easy", easy, "tab:green"), ("CUD-hard", hard, "tab:red")):
+        profile = np.asarray(mean_placement([by_index[i] for i in group])).sum(axis=1)
+        ax.plot(range(len(profile)), profile, marker="o", color=color, label=f"{name} (n={len(group)})")
+    ax.set_xlabel(f"destination layer ({len(profile) - 1} = logits)")
+    ax.set_ylabel("mean circuit edges per sample")
+    ax.set_title("Where the circuits sit: easy vs hard samples")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the report
+
+def write_report(out: Path, *, config, bench, notice, targets, runs, methods, evals, cud_dir: Path,
+                 timings: dict, wall_s: float) -> tuple[dict, str, dict]:
+    from dataclasses import asdict
+
+    scores = _jsonl(cud_dir / "scores.jsonl")
+    by_question = {r["question"]: r["index"] for r in scores}
+    easy = [by_question[r["question"]] for r in _jsonl(cud_dir / "easy.json")]
+    hard = [by_question[r["question"]] for r in _jsonl(cud_dir / "hard.json")]
+    labels = [("full", "full (before unlearning)"), ("retain", "retain (never saw the forget set)")]
+    labels += [(m.name, m.label) for m in methods]
+    rows = [model_row(name, label, evals[name], easy, hard) for name, label in labels]
+    table = format_table(rows)
+    anchors = json.loads((cud_dir / "anchors.json").read_text())
+    results = {
+        "config": asdict(config),
+        "budget": asdict(config.budget),
+        "benchmark": bench.describe(),
+        "notice": notice,
+        "models": rows,
+        "targets": targets,
+        "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
+        "cud": {"scores": [{k: r[k] for k in ("index", "score", "s_E", "s_H", "anchor", "circuit_depth")}
+                           for r in scores],
+                "easy": easy, "hard": hard, "anchors": {k: anchors.get(k) for k in ("easy", "hard")}},
+        "stages": timings,
+        "wall_time_s": round(wall_s, 1),
+    }
+    out = Path(out)
+    files = {"results.json": out / "results.json", "summary.md": out / "summary.md",
+             "fq_vs_mu.png": out / "fq_vs_mu.png", "cud_histogram.png": out / "cud_histogram.png",
+             "circuit_depth.png": out / "circuit_depth.png", "cud_scores.jsonl": out / "cud_scores.jsonl",
+             "cud_easy.json": out / "cud_easy.json", "cud_hard.json": out / "cud_hard.json"}
+    write_json(files["results.json"], results)
+    write_jsonl(files["cud_scores.jsonl"], scores)
+    write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
+    write_jsonl(files["cud_hard.json"], _jsonl(cud_dir / "hard.json"))
+    plot_fq_mu(rows, files["fq_vs_mu.png"])
+    plot_cud_histogram(scores, easy, hard, files["cud_histogram.png"])
+    plot_depth_profile(scores, easy, hard, files["circuit_depth.png"])
+    with atomic_open(files["summary.md"]) as handle:
+        handle.write(markdown_summary(results, rows))
+    return results, table, {k: str(v) for k, v in files.items()}
+
+
+def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
+    b, bench = results["budget"], results["benchmark"]
+    cfg = results["config"]
+    lines = [
+        "# unlearn-plugins demo",
+        "",
+        f"Model `{cfg['model']}`; data: {bench['description']}; {len(bench['authors'])} authors "
+        f"(20 QA each), forget author(s) {bench['forget_authors']}, retain author(s) {bench['retain_authors']}.",
+    ]
+    if results.get("notice"):
+        lines += ["", f"**Notice:** {results['notice']}."]
+    lines += [
+        "",
+        f"Every method unlearned the {bench['sizes']['forget']} forget QA with the same budget: LoRA r "
+        f"{b['unlearn']['lora_r']}, lr {b['unlearn']['lr']}, {b['unlearn']['epochs']:g} epochs, batch "
+        f"{b['unlearn']['batch_size']} x {b['unlearn']['grad_accum']}. Forget Quality is the KS-test p-value of "
+        f"the forget truth ratios against the retain model's; Model Utility is the harmonic mean of prob, "
+        f"ROUGE-L and truth ratio on retain QA ({bench['sizes']['retain_perturbed']}), real authors and world facts "
+        f"({bench['sizes']['real_authors_perturbed']} each). Columns 'prob CUD-easy/hard': mean answer "
+        f"probability on the {len(results['cud']['easy'])} lowest / highest CUD-scored forget samples.",
+        "",
+        markdown_table(rows),
+        "",
+        "![Forget Quality vs Model Utility](fq_vs_mu.png)",
+        "![CUD scores](cud_histogram.png)",
+        "![Circuit depth, easy vs hard](circuit_depth.png)",
+        "",
+        f"Wall time {results['wall_time_s']:.0f} s; stages: "
+        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "")
+                    for k, v in results["stages"].items()) + ".",
+        "",
+    ]
+    return "\n".join(lines)
