@@ -164,3 +164,17 @@ def test_generated_authors_look_like_tofu():
         if r["question"].startswith("What is the full name"):
             names.add(r["answer"].split(" is ")[-1])
     assert len(names) == 4  # one distinct author per profile
+
+
+def test_orphaned_temporary_stage_folders_are_removed(tmp_path):
+    import os
+
+    from unlearn_plugins.demo.pipeline import Stages
+
+    gone = tmp_path / "run-x-abc.tmp-99999999"  # no such process
+    mine = tmp_path / f"run-y-abc.tmp-{os.getpid()}"
+    done = tmp_path / "run-z-abc"
+    for folder in (gone, mine, done):
+        folder.mkdir()
+    Stages(tmp_path, total=1)
+    assert not gone.exists() and mine.exists() and done.exists()

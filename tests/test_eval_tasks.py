@@ -228,6 +228,20 @@ def test_rouge_matches_direct_greedy_generation(tiny, tiny_model_dir, tofu_dir):
         assert row["rougeL_recall"] == tm.rouge_recall(text.strip(), rec["answer"])["rougeL_recall"]
 
 
+def test_max_gen_toks_caps_the_rouge_generations(tiny, tiny_model_dir, tofu_dir):
+    model, tok = tiny
+    capped = run_tasks(model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1,
+                       max_gen_toks=5)
+    full = run_tasks(model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1)
+    for short, long in zip(*(sorted(e.samples["tofu_forget01_rouge"], key=lambda s: s["doc_id"])
+                             for e in (capped, full))):
+        short_text, long_text = short["filtered_resps"][0], long["filtered_resps"][0]
+        # greedy decoding: the capped generation is the start of the uncapped one (the random
+        # tiny model rambles on without the cap)
+        assert long_text.startswith(short_text) and len(short_text) < len(long_text)
+        assert len(tok(short_text, add_special_tokens=False)["input_ids"]) <= 6  # 5 tokens, re-tokenised
+
+
 @pytest.mark.slow
 def test_tofu_metrics_match_direct_pytorch_embedded(embedded_model_dir, tofu_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -47,6 +47,19 @@ def _score_args(scorer: str, model_dir, tofu_dir, out, *options: str) -> list[st
     return args
 
 
+def _one_and_launched(scorer, model_dir, tofu_dir, tmp_path, *options):
+    """The same scoring in this process (cache c1) and launched over 2 processes (cache c2):
+    (rows of one process, the launch, rows of the launch)."""
+    from unlearn_plugins.cli import main
+
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert main(_score_args(scorer, model_dir, tofu_dir, one, *options, f"cache_dir={tmp_path / 'c1'}")) == 0
+    done = _launch(_score_args(scorer, model_dir, tofu_dir, two, *options, f"cache_dir={tmp_path / 'c2'}"),
+                   tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return _rows(one), done, _rows(two)
+
+
 # ----------------------------------------------------------------------------- no processes
 
 
@@ -89,20 +102,13 @@ def test_loss_scores_over_two_processes_equal_one_process(tiny_model_dir, tofu_d
 
 
 def test_cud_shares_matrices_through_the_cache_and_matches_one_process(tiny_model_dir, tofu_dir, tmp_path):
-    from unlearn_plugins.cli import main
-
-    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     options = ['anchors={"easy": [0, 1], "hard": [2, 3]}', "steps=2", "baseline=other"]
-    assert main(_score_args("cud", tiny_model_dir, tofu_dir, one, *options, f"cache_dir={tmp_path / 'c1'}")) == 0
-    done = _launch(_score_args("cud", tiny_model_dir, tofu_dir, two, *options, f"cache_dir={tmp_path / 'c2'}"),
-                   tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    a, done, b = _one_and_launched("cud", tiny_model_dir, tofu_dir, tmp_path, *options)
     # each process computed the matrices of its own shard; the main process found them all cached
     assert "process 0 of 2: anchor runs [], score matrices of samples 0..3" in done.stderr
     assert "process 1 of 2: anchor runs [], score matrices of samples 4..6" in done.stderr
     assert len(list((tmp_path / "c2" / "matrices").glob("*.pt"))) == 7
     assert not list((tmp_path / "c2" / "shards").glob("*"))  # the consistency markers are cleaned up
-    a, b = _rows(one), _rows(two)
     assert [r["index"] for r in b] == list(range(7))
     for x, y in zip(a, b):
         assert (y["anchor"], y["circuit_edges"], y["circuit_by_layer"]) == (x["anchor"], x["circuit_edges"],
@@ -125,17 +131,11 @@ def test_anchor_runs_are_split_over_processes(tiny_model_dir, tofu_dir, tmp_path
     """Real LoRA anchor runs (2 steps each): grad_diff on process 0, npo on process 1, each in a
     single-process child (an in-process Trainer would join the launcher's group); anchors,
     losses and scores as in one process."""
-    from unlearn_plugins.cli import main
-
     unlearn = {"max_steps": 2, "retain": "tofu:retain99[0:8]", "tofu_dir": str(tofu_dir), "batch_size": 2,
                "grad_accum": 1, "lr": 1e-2}
     options = ['objectives=["grad_diff", "npo"]', "k=2", "min_votes=1", "steps=1",
                f"unlearn_options={json.dumps(unlearn)}"]
-    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    assert main(_score_args("cud", tiny_model_dir, tofu_dir, one, *options, f"cache_dir={tmp_path / 'c1'}")) == 0
-    done = _launch(_score_args("cud", tiny_model_dir, tofu_dir, two, *options, f"cache_dir={tmp_path / 'c2'}"),
-                   tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    a, done, b = _one_and_launched("cud", tiny_model_dir, tofu_dir, tmp_path, *options)
     assert "process 0 of 2: anchor runs ['grad_diff/0']" in done.stderr
     assert "process 1 of 2: anchor runs ['npo/0']" in done.stderr
 
@@ -147,7 +147,6 @@ def test_anchor_runs_are_split_over_processes(tiny_model_dir, tofu_dir, tmp_path
     assert set(l1) == set(l2) == {"grad_diff", "npo"}
     for objective in l1:  # measured: equal; 2 training steps may add some fp32 rounding elsewhere
         assert l2[objective] == pytest.approx(l1[objective], rel=1e-5)
-    a, b = _rows(one), _rows(two)
     assert [r["anchor"] for r in b] == [r["anchor"] for r in a]
     for x, y in zip(a, b):
         assert y["score"] == pytest.approx(x["score"], abs=1e-6)

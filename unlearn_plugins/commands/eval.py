@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
                    help="write this model's forget-split truth ratios as a retain reference")
     p.add_argument("--limit", type=float, default=None, help="first N documents per task (N < 1: a fraction)")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-gen-toks", type=int, default=None,
+                   help="cap on new tokens in generation tasks (TOFU's ROUGE tasks: 200 unless capped)")
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)")
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument("--forget-split", default=None,
@@ -44,6 +46,8 @@ def run(args) -> int:
                if not value]
     if missing:
         raise UnlearnError(f"unlearn eval: {', '.join(missing)} required")
+    if args.max_gen_toks is not None and args.max_gen_toks < 1:
+        raise UnlearnError("--max-gen-toks must be >= 1")
     limit = args.limit
     if limit is not None:
         if limit <= 0:
@@ -54,7 +58,7 @@ def run(args) -> int:
         dtype=args.dtype, trust_remote_code=args.trust_remote_code, batch_size=args.batch_size, limit=limit,
         retain_references=args.retain_reference, num_fewshot=args.num_fewshot, tofu_dir=args.tofu_dir,
         forget_split=args.forget_split, mmlu_dir=args.mmlu_dir, wmdp_dir=args.wmdp_dir,
-        system_prompt=args.system_prompt,
+        system_prompt=args.system_prompt, max_gen_toks=args.max_gen_toks,
     )
     if args.save_reference:
         task = runner.save_reference(evaluation, args.save_reference, model=args.model, adapter=args.adapter)

@@ -76,7 +76,7 @@ def find_tofu(data: str, tofu_dir: str | None) -> Path | None:
     return folder
 
 
-def _file_digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -89,8 +89,8 @@ def source_fingerprint(tofu: Path | None) -> str:
     if tofu is None:
         from ..data import synthetic
 
-        return f"generated-{_file_digest(Path(synthetic.__file__))}"
-    parts = [_file_digest(tofu / f"{name}.json") for name in
+        return f"generated-{file_digest(Path(synthetic.__file__))}"
+    parts = [file_digest(tofu / f"{name}.json") for name in
              (SOURCE_AUTHORS_SPLIT, "real_authors_perturbed", "world_facts_perturbed")]
     return "tofu-" + "-".join(parts)
 

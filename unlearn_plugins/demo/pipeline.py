@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ..errors import UnlearnError
 from ..files import write_json, write_jsonl
-from .benchmark import Benchmark, build_benchmark, find_tofu, load_benchmark, source_fingerprint
+from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
 DONE = "stage.json"
 CACHE_FORMAT = 1
@@ -38,7 +38,7 @@ class Budget:
     """How much work each stage does; the same unlearning budget for every method."""
 
     authors: int
-    eval_size: int
+    eval_size: int  # QA per Model Utility set (retain, real authors, world facts); all forget QA are used
     max_length: int
     finetune: dict
     unlearn: dict
@@ -46,21 +46,25 @@ class Budget:
     cud: dict
     easy_hard: int
     eval_batch_size: int = 8
+    #: new tokens for the ROUGE generations: the longest reference answer of the benchmark plus
+    #: this margin (TOFU allows 200; the demo's answers have 1 to 83 SmolLM2 tokens, so a
+    #: complete answer always fits while runaway generations of unlearned models stop early)
+    gen_margin: int = 16
 
 
 BUDGETS = {
     # sized so a cold run of the embedded model fits 15 minutes on 2 CPU cores
     "default": Budget(
-        authors=3, eval_size=20, max_length=192,
+        authors=3, eval_size=8, max_length=192,
         finetune=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=8, grad_accum=1),
-        unlearn=dict(lr=1e-3, epochs=4.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
-        anchor_unlearn=dict(lr=1e-3, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
+        unlearn=dict(lr=2.5e-4, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
+        anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
         cud=dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0], k=3),
         easy_hard=5,
     ),
     # --fast: a smoke test of every stage (CI runs it on a tiny model)
     "fast": Budget(
-        authors=2, eval_size=4, max_length=128,
+        authors=2, eval_size=4, max_length=128, gen_margin=4,
         finetune=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=8, grad_accum=1),
         unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
         anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
@@ -119,6 +123,18 @@ def model_key(spec: str) -> str:
     return digest("model-dir", str(path.resolve()), files)
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
 class Stages:
     """Numbered stage headers with timings, and the build-then-rename cache of a stage."""
 
@@ -126,6 +142,17 @@ class Stages:
         self.root, self.total, self.n = root, total, 0
         self.stream = stream or sys.stderr
         self.timings: dict[str, dict] = {}
+        self.remove_orphans()
+
+    def remove_orphans(self) -> None:
+        """Temporary stage folders of processes that are gone (killed without a chance to
+        clean up, e.g. SIGKILL or a power cut; Ctrl-C cleans up after itself)."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.glob("*.tmp-*"):
+            pid = path.name.rsplit(".tmp-", 1)[1]
+            if not pid.isdigit() or not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
 
     def folder(self, kind: str, name: str, key: str) -> Path:
         return self.root / f"{kind}-{name}-{key}"
@@ -185,7 +212,6 @@ def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Meth
 
 
 def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
-    from ..circuits.plot import mean_placement  # noqa: F401  (fails early without numpy)
     from ..data.tofu import load_split
     from ..models import load_model
     from ..scorers.cud import CUDScorer
@@ -210,13 +236,25 @@ def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path)
     write_json(out / "anchors.json", {k: v for k, v in scorer.last_anchors.items()})
 
 
+def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
+    """max_gen_toks for the ROUGE tasks: the longest reference answer they score, plus ``margin``."""
+    from ..data.tofu import read_jsonl
+
+    longest = 0
+    for name in ("forget", "retain_perturbed", "real_authors_perturbed", "world_facts_perturbed"):
+        for sample in read_jsonl(bench.folder / f"{name}.json"):
+            longest = max(longest, len(tokenizer(sample.answer, add_special_tokens=False)["input_ids"]))
+    return longest + 1 + margin  # + the end token
+
+
 def _evaluate(config: DemoConfig, bench: Benchmark, model: str, adapter: str | None, out: Path,
-              references: list[str], save_reference: bool) -> None:
+              references: list[str], save_reference: bool, max_gen_toks: int) -> None:
     from ..evaluation import lm_eval_runner as runner
 
     evaluation = runner.evaluate_model(
         model, list(EVAL_TASKS), adapter=adapter, device=config.device, batch_size=config.budget.eval_batch_size,
-        retain_references=references, tofu_dir=str(bench.folder), forget_split=str(bench.forget))
+        retain_references=references, tofu_dir=str(bench.folder), forget_split=str(bench.forget),
+        max_gen_toks=max_gen_toks)
     if save_reference:
         runner.save_reference(evaluation, out / "reference.json", model=model, adapter=adapter)
     runner.write_outputs(out, evaluation)
@@ -238,7 +276,9 @@ def quiet_libraries():
     warnings and deprecation notices are for people calling those libraries directly."""
     import warnings
 
-    loggers = [logging.getLogger(name) for name in ("lm_eval", "transformers", "peft", "accelerate")]
+    # (and our TOFU tasks' "no retain reference" warning: the retain model's evaluation makes it)
+    names = ("lm_eval", "transformers", "peft", "accelerate", "unlearn_plugins.evaluation.tofu_tasks")
+    loggers = [logging.getLogger(name) for name in names]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -259,7 +299,7 @@ def run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
 
 
 def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
-    from ..models import cache_dir, resolve_model
+    from ..models import cache_dir, load_tokenizer, resolve_model
     from . import report
 
     stream = stream or sys.stderr
@@ -290,13 +330,16 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     if bench is None:
         raise UnlearnError(f"{bench_dir}: benchmark folder unreadable; delete it and run again")
     bench.folder = bench_dir
+    # later stages key on the content of the files they read: another eval_size, say,
+    # re-runs the evaluations but keeps the target models, CUD scores and unlearning runs
+    content = {name: file_digest(bench.folder / f"{name}.json") for name in ("full", "retain", "forget")}
     base_path = resolve_model(config.model)  # converts the embedded model once (cached)
     base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
 
     # 2. target models
     targets = {}
     for name, data in (("full", bench.full), ("retain", bench.retain)):
-        key = digest(base_key, bench_key, name, b.finetune, b.max_length, config.seed)
+        key = digest(base_key, content[name], b.finetune, b.max_length, config.seed)
         folder = stages.run(f"fine-tune the {name} model on {bench.sizes[name]} QA",
                             stages.folder("target", name, key),
                             lambda tmp, data=data: _finetune(config, bench, data, tmp))
@@ -304,7 +347,8 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     full_model = targets["full"]["model"]
 
     # 3. CUD scores of the forget samples
-    cud_key = digest(targets["full"]["key"], b.cud, b.anchor_unlearn, b.easy_hard)
+    cud_key = digest(targets["full"]["key"], content["forget"], content["retain"], b.cud, b.anchor_unlearn,
+                     b.easy_hard, b.max_length)
     cud_dir = stages.run(f"CUD scores of the {bench.sizes['forget']} forget samples",
                          stages.folder("cud", "forget", cud_key),
                          lambda tmp: _score_cud(config, bench, full_model, tmp))
@@ -312,18 +356,21 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     # 4. unlearning, same budget for every method
     runs = {}
     for method in METHODS:
-        key = digest(targets["full"]["key"], method.settings, b.unlearn, b.max_length, config.seed)
+        key = digest(targets["full"]["key"], content["forget"], content["retain"], method.settings, b.unlearn,
+                     b.max_length, config.seed)
         folder = stages.run(f"unlearn with {method.label}", stages.folder("run", method.name, key),
                             lambda tmp, m=method: _unlearn(config, bench, full_model, m, tmp, b.unlearn))
         runs[method.name] = {"key": key, "adapter": str(folder / "run")}
 
     # 5. evaluation: the retain model first (its truth ratios are the Forget Quality reference)
     evals = {}
-    eval_settings = (list(EVAL_TASKS), b.eval_batch_size)
+    max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks)
     key = digest(targets["retain"]["key"], bench_key, eval_settings)
     folder = stages.run("evaluate the retain model (and save the Forget Quality reference)",
                         stages.folder("eval", "retain", key),
-                        lambda tmp: _evaluate(config, bench, targets["retain"]["model"], None, tmp, [], True))
+                        lambda tmp: _evaluate(config, bench, targets["retain"]["model"], None, tmp, [], True,
+                                              max_gen_toks))
     evals["retain"] = folder
     reference = str(folder / "reference.json")
     models = [("full", "the full model", full_model, None, targets["full"]["key"])]
@@ -332,7 +379,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         key = digest(model_k, key_of_reference(reference), bench_key, eval_settings)
         evals[name] = stages.run(f"evaluate {label}", stages.folder("eval", name, key),
                                  lambda tmp, m=model, a=adapter: _evaluate(config, bench, m, a, tmp, [reference],
-                                                                           False))
+                                                                           False, max_gen_toks))
 
     # 6. report
     stages.n += 1
@@ -340,6 +387,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     results, table, files = report.write_report(
         Path(config.out), config=config, bench=bench, notice=notice, targets=targets, runs=runs,
         methods=METHODS, evals=evals, cud_dir=cud_dir, timings=stages.timings,
+        evaluation={"tasks": list(EVAL_TASKS), "batch_size": b.eval_batch_size, "max_gen_toks": max_gen_toks},
         wall_s=time.perf_counter() - started)
     return DemoResult(Path(config.out), results, table, files)
 

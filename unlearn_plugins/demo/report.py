@@ -165,7 +165,7 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
 # ----------------------------------------------------------------------------- the report
 
 def write_report(out: Path, *, config, bench, notice, targets, runs, methods, evals, cud_dir: Path,
-                 timings: dict, wall_s: float) -> tuple[dict, str, dict]:
+                 timings: dict, wall_s: float, evaluation: dict) -> tuple[dict, str, dict]:
     from dataclasses import asdict
 
     scores = _jsonl(cud_dir / "scores.jsonl")
@@ -183,6 +183,7 @@ def write_report(out: Path, *, config, bench, notice, targets, runs, methods, ev
         "benchmark": bench.describe(),
         "notice": notice,
         "models": rows,
+        "evaluation": evaluation,
         "targets": targets,
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
         "cud": {"scores": [{k: r[k] for k in ("index", "score", "s_E", "s_H", "anchor", "circuit_depth")}
@@ -226,7 +227,9 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         f"{b['unlearn']['batch_size']} x {b['unlearn']['grad_accum']}. Forget Quality is the KS-test p-value of "
         f"the forget truth ratios against the retain model's; Model Utility is the harmonic mean of prob, "
         f"ROUGE-L and truth ratio on retain QA ({bench['sizes']['retain_perturbed']}), real authors and world facts "
-        f"({bench['sizes']['real_authors_perturbed']} each). Columns 'prob CUD-easy/hard': mean answer "
+        f"({bench['sizes']['real_authors_perturbed']} each); ROUGE generations stop after "
+        f"{results['evaluation']['max_gen_toks']} new tokens (the longest reference answer + a margin). "
+        f"Columns 'prob CUD-easy/hard': mean answer "
         f"probability on the {len(results['cud']['easy'])} lowest / highest CUD-scored forget samples.",
         "",
         markdown_table(rows),

@@ -177,8 +177,10 @@ def evaluate(
     num_fewshot: int | None = None,
     bootstrap_iters: int = 1000,
     describe: dict[str, Any] | None = None,
+    max_gen_toks: int | None = None,
 ) -> Evaluation:
-    """Evaluate an lm-eval LM (e.g. HFLM) on task/group/tag names (or :func:`prepare`'s result)."""
+    """Evaluate an lm-eval LM (e.g. HFLM) on task/group/tag names (or :func:`prepare`'s result).
+    ``max_gen_toks`` caps the generation tasks' new tokens (TOFU's ROUGE tasks allow 200)."""
     import lm_eval
 
     prepared = tasks if isinstance(tasks, Prepared) else prepare(
@@ -192,6 +194,7 @@ def evaluate(
         num_fewshot=num_fewshot,
         log_samples=True,
         bootstrap_iters=bootstrap_iters,
+        gen_kwargs={"max_gen_toks": int(max_gen_toks)} if max_gen_toks else None,
     )
     elapsed = time.perf_counter() - started
     samples = out.pop("samples", None) or {}
@@ -356,6 +359,7 @@ def evaluate_model(
     mmlu_dir: str | None = None,
     wmdp_dir: str | None = None,
     system_prompt: str | None = None,
+    max_gen_toks: int | None = None,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
@@ -378,5 +382,6 @@ def evaluate_model(
               softmax_dtype="float32")
     chosen = pick_device(device)
     describe = {"model": model, "adapter": adapter, "device": chosen, "dtype": str(pick_dtype(chosen, dtype)),
-                "limit": limit, "batch_size": batch_size, "retain_references": list(retain_references)}
-    return evaluate(lm, prepared, num_fewshot=num_fewshot, describe=describe)
+                "limit": limit, "batch_size": batch_size, "retain_references": list(retain_references),
+                "max_gen_toks": max_gen_toks}
+    return evaluate(lm, prepared, num_fewshot=num_fewshot, describe=describe, max_gen_toks=max_gen_toks)
