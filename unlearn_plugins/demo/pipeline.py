@@ -166,8 +166,7 @@ class Stages:
             self.timings[label] = {"seconds": 0.0, "cached": True}
             return folder
         print(f"{head} ...", file=self.stream, flush=True)
-        for stale in folder.parent.glob(f"{folder.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted run
+        self.remove_orphans()  # e.g. this stage's folder from a killed run
         tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
         tmp.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
