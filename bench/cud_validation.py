@@ -28,7 +28,9 @@ from pathlib import Path
 
 
 def read_scores(path: Path) -> dict[int, dict]:
-    return {r["index"]: r for r in map(json.loads, path.read_text().splitlines())}
+    from unlearn_plugins.stratify import read_scores as rows
+
+    return {r["index"]: r for r in rows(path)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -188,7 +188,7 @@ class Stages:
 
 # ----------------------------------------------------------------------------- stages
 
-def _finetune(config: DemoConfig, bench: Benchmark, data: Path, out: Path) -> None:
+def _finetune(config: DemoConfig, data: Path, out: Path) -> None:
     from ..training import FinetuneConfig, run_finetune
 
     b = config.budget
@@ -232,7 +232,7 @@ def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path)
     easy, hard = stratify(rows, samples, n, n, where=str(out / "scores.jsonl"))
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
-    write_json(out / "anchors.json", {k: v for k, v in scorer.last_anchors.items()})
+    write_json(out / "anchors.json", dict(scorer.last_anchors))
 
 
 def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
@@ -341,7 +341,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         key = digest(base_key, content[name], b.finetune, b.max_length, config.seed)
         folder = stages.run(f"fine-tune the {name} model on {bench.sizes[name]} QA",
                             stages.folder("target", name, key),
-                            lambda tmp, data=data: _finetune(config, bench, data, tmp))
+                            lambda tmp, data=data: _finetune(config, data, tmp))
         targets[name] = {"key": key, "model": str(folder / "run" / "merged")}
     full_model = targets["full"]["model"]
 
@@ -399,4 +399,4 @@ def key_of_reference(path: str) -> str:
         return "missing"
 
 
-__all__ = ["DemoConfig", "run_demo", "METHODS", "BUDGETS", "Budget", "Method", "EVAL_TASKS", "asdict"]
+__all__ = ["DemoConfig", "run_demo", "METHODS", "BUDGETS", "Budget", "Method", "EVAL_TASKS"]

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
 
 COLUMNS = ("model", "Forget Quality", "Model Utility", "forget prob", "forget ROUGE-L",
@@ -17,8 +18,7 @@ COLUMNS = ("model", "Forget Quality", "Model Utility", "forget prob", "forget RO
 
 
 def _jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    return [row for _, row in iter_jsonl(path)]
 
 
 def _per_sample(eval_dir: Path, task: str, metric: str) -> dict[int, float]:
