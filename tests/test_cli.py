@@ -29,7 +29,7 @@ def test_score_writes_jsonl_atomically(tiny_model_dir, tofu_dir, tmp_path):
     # a failing run leaves the previous file untouched and no temporary behind
     assert main(args + ["--data", "tofu:nosuchsplit", "--out", str(out)]) == 1
     assert len(out.read_text().splitlines()) == 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.jsonl", "scores.jsonl.meta.json"]
 
 
 def test_errors_are_one_line(tmp_path, capsys):

@@ -62,6 +62,18 @@ def test_fast_demo_writes_a_complete_report(demo_run, capsys):
     assert sorted(scores) == list(range(20)) and all(0 <= v <= 1 for v in scores.values())
     assert len(cud["easy"]) == len(cud["hard"]) == 3 and not set(cud["easy"]) & set(cud["hard"])
     assert max(scores[i] for i in cud["easy"]) <= min(scores[i] for i in cud["hard"])
+    # CUD's anchors come from a pool of retain QA: no scored forget sample is an anchor; every
+    # anchor's votes, every anchor run (3 seeds x 2 objectives, stopped by stop_prob) are recorded
+    assert cud["anchor_pool"]["size"] == 10 and not cud["anchor_pool"]["in_sample"]
+    assert all(s["anchor"] is None for s in cud["scores"])
+    forget = {json.loads(line)["question"] for line in (report / "cud_scores.jsonl").read_text().splitlines()}
+    votes = cud["anchor_votes"]["all"]
+    assert votes["easy"] and votes["hard"] and all(e["runs"] >= 2 for e in votes["easy"] + votes["hard"])
+    assert not {e["question"] for e in votes["easy"] + votes["hard"]} & forget
+    assert [(r["objective"], r["seed"]) for r in cud["anchor_runs"]] == [
+        (o, s) for o in ("grad_diff", "npo") for s in (0, 1, 2)]
+    assert all(r["stopped_at_step"] == r["steps"] for r in cud["anchor_runs"])  # the tiny model: first check
+    assert set(cud["seed_agreement"]) == {"grad_diff", "npo"}
     assert results["benchmark"]["source"] == "generated" and results["benchmark"]["sizes"]["forget"] == 20
 
     # the terminal table and the Markdown summary show the same five models

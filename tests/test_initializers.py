@@ -75,7 +75,7 @@ def test_rila_subspace_and_function(tiny_model, tiny_tokenizer, path, mode):
     hr = independent_outputs(model, retain, tok, mode)
     weights_before = {n: m.base_layer.weight.detach().clone() for n, m in lora_modules(model)}
 
-    result = RILAInit(beta=beta, mode=mode, rol_rank=8, path=path).initialize(
+    result = RILAInit(beta=beta, mode=mode, rol_rank=8, path=path, n_samples="all").initialize(
         model, forget=forget, retain=retain, tokenizer=tok)
     if path is None:  # automatic: gate/up (d_in < d_out) take the factored path
         assert result.info["paths"]["factored"] == 4
@@ -164,7 +164,7 @@ def test_weighted_lowrank_matches_definition():
     assert torch.allclose(rows.unsqueeze(1) * (2.0 * b3 @ a3), best, atol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["gaussian", "pissa", "olora", "eva", "corda"])
+@pytest.mark.parametrize("name", ["kaiming", "gaussian", "pissa", "olora", "eva", "corda"])
 def test_peft_inits_by_name_preserve_function(tiny_model, tiny_tokenizer, name):
     from unlearn_plugins import ADAPTER_INITIALIZER, create
 

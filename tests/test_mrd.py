@@ -1,4 +1,5 @@
-"""MRD scorer: the definition recomputed independently, weight restoration, fp32, clipping."""
+"""MRD scorer: the definition recomputed independently, the model left untouched, bf16 input,
+clipping, options (precision: tests/test_fidelity_mrd_eapig.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from unlearn_plugins.data.tofu import encode_samples
+from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.interfaces import QASample
 from unlearn_plugins.scorers.mrd import MRDScorer, mrd_scores
 
@@ -50,24 +52,24 @@ def test_mrd_matches_the_definition(tiny_model, tiny_tokenizer):
     assert len(set(got)) == 3 and min(got) > 0
 
 
-def test_weights_are_restored_and_zero_noise_gives_zero(tiny_model, tiny_tokenizer):
+def test_model_is_untouched_and_zero_noise_gives_zero(tiny_model, tiny_tokenizer):
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
     examples = encode_samples(tiny_tokenizer, SAMPLES)
-    mrd_scores(tiny_model, examples, tiny_tokenizer.pad_token_id, perturbations=4, sigma=1e-5)
+    for precision in ("fp64", "fp32"):
+        mrd_scores(tiny_model, examples, tiny_tokenizer.pad_token_id, perturbations=4, sigma=1e-5, precision=precision)
     for n, p in tiny_model.named_parameters():
-        # float rounding of +noise -noise only (a few ulps; the noise itself is 1e-5)
-        assert torch.allclose(p, before[n], rtol=1e-6, atol=1e-9), n
+        assert torch.equal(p, before[n]), n  # the scorer perturbs a copy
     assert mrd_scores(tiny_model, examples, tiny_tokenizer.pad_token_id, perturbations=2, sigma=0.0) == [0.0] * 3
 
 
-def test_bf16_model_is_scored_in_fp32_and_left_untouched(tiny_model, tiny_tokenizer):
+def test_bf16_model_is_scored_on_an_upcast_copy_and_left_untouched(tiny_model, tiny_tokenizer):
     examples = encode_samples(tiny_tokenizer, SAMPLES[:2])
     bf16 = copy.deepcopy(tiny_model).to(torch.bfloat16)
     want = mrd_scores(copy.deepcopy(bf16).float(), examples, tiny_tokenizer.pad_token_id, perturbations=2)
     got = mrd_scores(bf16, examples, tiny_tokenizer.pad_token_id, perturbations=2)
     assert got == pytest.approx(want, rel=1e-9)
     assert all(p.dtype == torch.bfloat16 for p in bf16.parameters())
-    assert all(v > 0 for v in got)  # sigma = 1e-5 is visible in fp32
+    assert all(v > 0 for v in got)  # sigma = 1e-5 is visible in the upcast copy
 
 
 def test_clip_and_registered_scorer(tiny_model, tiny_tokenizer):
@@ -79,5 +81,7 @@ def test_clip_and_registered_scorer(tiny_model, tiny_tokenizer):
     assert isinstance(scorer, MRDScorer)
     rows = score_samples(scorer, SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer, scorer_name="mrd")
     assert [r["index"] for r in rows] == [0, 1, 2] and all(0 < r["score"] <= 1e-12 for r in rows)
-    with pytest.raises(ValueError, match="perturbation"):
+    with pytest.raises(UnlearnError, match="perturbation"):
         mrd_scores(tiny_model, [], 0, perturbations=0)
+    with pytest.raises(UnlearnError, match="precision: 'bf16'"):
+        create(DIFFICULTY_SCORER, "mrd", precision="bf16")

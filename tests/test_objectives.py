@@ -212,9 +212,12 @@ def test_rmu():
     control = [0.3, -0.4, 0.5]
     obj.control = torch.tensor(control)
 
-    def mse(h, target, labels):
-        rows = [(b, t) for b in range(len(labels)) for t in range(4) if labels[b][t] != IGNORE]
-        return sum(sum((h[b][t][d] - target(b, t)[d]) ** 2 for d in range(3)) / 3 for b, t in rows) / len(rows)
+    def mse(h, target, labels):  # over the hidden size, then each sequence's answer positions, then the batch
+        per_seq = []
+        for b in range(len(labels)):
+            rows = [t for t in range(4) if labels[b][t] != IGNORE]
+            per_seq.append(sum(sum((h[b][t][d] - target(b, t)[d]) ** 2 for d in range(3)) / 3 for t in rows) / len(rows))
+        return sum(per_seq) / len(per_seq)
 
     forget = mse(hid_f, lambda b, t: control, LABELS_F)
     retain = mse(hid_r, lambda b, t: ref_r[b][t], LABELS_R)

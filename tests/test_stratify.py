@@ -67,3 +67,77 @@ def test_questions_must_match(tofu_dir, tmp_path, capsys, spec):
     assert main(["stratify", str(scores), "--easy", "1", "--hard", "1", "--data", spec, "--tofu-dir", str(tofu_dir),
                  "--out", str(tmp_path / "o")]) == 1
     assert "s.jsonl:3: index 2 has another question" in capsys.readouterr().err
+
+
+def test_anchor_rows_never_enter_a_split(tofu_dir, tmp_path, capsys):
+    """CUD anchors were picked for how they behaved under unlearning: the old stratify put the
+    lowest- and highest-scored anchors straight into easy.json / hard.json."""
+    samples = load_split("tofu:forget01[0:6]", tofu_dir)
+    scores = [0.5, 0.05, 0.4, 0.3, 0.99, 0.6]
+    path = write_scores(tmp_path / "s.jsonl", samples, scores, with_circuits=False)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["anchor"], rows[4]["anchor"] = "easy", "hard"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    by_score = sorted(range(6), key=lambda i: scores[i])
+    assert {by_score[0], by_score[-1]} == {1, 4}  # what the old code would have picked
+    out = tmp_path / "strata"
+    assert main(["stratify", str(path), "--easy", "2", "--hard", "2", "--data", "tofu:forget01[0:6]",
+                 "--tofu-dir", str(tofu_dir), "--out", str(out)]) == 0
+    easy, hard = load_split(str(out / "easy.json")), load_split(str(out / "hard.json"))
+    assert [s.question for s in easy] == [samples[3].question, samples[2].question]
+    assert [s.question for s in hard] == [samples[5].question, samples[0].question]
+    assert "dropped 2 of 6 rows: CUD anchors" in capsys.readouterr().out
+    assert json.loads((out / "stratify.json").read_text())["dropped_anchors"] == [1, 4]
+    assert main(["stratify", str(path), "--easy", "3", "--hard", "2", "--data", "tofu:forget01[0:6]",
+                 "--tofu-dir", str(tofu_dir), "--out", str(out)]) == 1
+    assert "exceeds the 4 scored samples left after dropping 2 CUD anchors" in capsys.readouterr().err
+
+
+def test_anchors_listed_in_the_metadata_are_dropped(tofu_dir, tmp_path, capsys):
+    from unlearn_plugins.stratify import read_scores, stratify
+
+    samples = load_split("tofu:forget01[0:6]", tofu_dir)
+    path = write_scores(tmp_path / "s.jsonl", samples, [0.5, 0.05, 0.4, 0.3, 0.99, 0.6], with_circuits=False)
+    anchor = {"pool_index": 1, "question": samples[1].question, "answer": samples[1].answer, "runs": 5}
+    meta = {"scorer": "cud", "anchors": {"all": {"easy": [], "hard": []}},
+            "stable_by_objective": {"npo": {"easy": [anchor], "hard": []}}}
+    (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
+    easy, hard = stratify(read_scores(path), samples, 1, 1, meta=meta)
+    assert easy == [samples[3]] and hard == [samples[4]]
+    assert main(["stratify", str(path), "--easy", "1", "--hard", "1", "--data", "tofu:forget01[0:6]",
+                 "--tofu-dir", str(tofu_dir), "--out", str(tmp_path / "o")]) == 0
+    assert "dropped 1 of 6 rows" in capsys.readouterr().out
+    assert load_split(str(tmp_path / "o" / "easy.json"))[0].question == samples[3].question
+
+
+def test_stratify_by_one_objective(tofu_dir, tmp_path, capsys):
+    samples = load_split("tofu:forget01[0:4]", tofu_dir)
+    path = write_scores(tmp_path / "s.jsonl", samples, [0.5, 0.5, 0.5, 0.5], with_circuits=False)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, npo in zip(rows, [0.9, 0.1, 0.2, 0.8]):
+        row["score_by_objective"] = {"npo": npo, "grad_diff": 1 - npo}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["stratify", str(path), "--easy", "1", "--hard", "1", "--data", "tofu:forget01[0:4]",
+            "--tofu-dir", str(tofu_dir), "--out", str(tmp_path / "o")]
+    assert main(base + ["--objective", "npo"]) == 0
+    assert load_split(str(tmp_path / "o" / "easy.json"))[0].question == samples[1].question
+    assert load_split(str(tmp_path / "o" / "hard.json"))[0].question == samples[0].question
+    assert main(base + ["--objective", "rmu"]) == 1
+    assert "s.jsonl:1: no score for objective 'rmu' (score_by_objective has: npo, grad_diff)" in capsys.readouterr().err
+
+
+def test_stratify_a_cud_score_file_with_in_sample_anchors(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """End to end: `unlearn score --scorer cud --anchor-data self` marks its anchors; stratify drops them."""
+    scores = tmp_path / "cud.jsonl"
+    anchors = json.dumps({"easy": [0, 1], "hard": [2, 3]})
+    assert main(["score", "--scorer", "cud", "--model", str(tiny_model_dir), "--tofu-dir", str(tofu_dir),
+                 "--data", "tofu:forget01[0:6]", "--anchor-data", "self", "--option", f"anchors={anchors}",
+                 "--option", "steps=1", "--option", f"cache_dir={tmp_path / 'cache'}", "--out", str(scores)]) == 0
+    assert (tmp_path / "cud.jsonl.meta.json").is_file()
+    capsys.readouterr()
+    assert main(["stratify", str(scores), "--easy", "1", "--hard", "1", "--data", "tofu:forget01[0:6]",
+                 "--tofu-dir", str(tofu_dir), "--out", str(tmp_path / "o")]) == 0
+    assert "dropped 4 of 6 rows" in capsys.readouterr().out
+    picked = load_split(str(tmp_path / "o" / "easy.json")) + load_split(str(tmp_path / "o" / "hard.json"))
+    samples = load_split("tofu:forget01[0:6]", tofu_dir)
+    assert sorted(s.question for s in picked) == sorted([samples[4].question, samples[5].question])

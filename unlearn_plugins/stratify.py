@@ -1,12 +1,18 @@
 """Stratifying a forget set by difficulty scores: the N easiest and N hardest samples,
 written as TOFU JSON-lines splits (with the perturbed fields the truth-ratio tasks need)
-that `unlearn run --forget FILE` and the `tofu_forget_*` lm-eval tasks accept."""
+that `unlearn run --forget FILE` and the `tofu_forget_*` lm-eval tasks accept.
+
+CUD anchors never enter a split: they were chosen *because* of how they behaved under
+unlearning, so a "hard" split holding them would be circular. Rows marked ``anchor`` and
+samples the score file's metadata (``FILE.meta.json``) lists as anchors are dropped first.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from .data.jsonl import iter_jsonl
 from .errors import DataError
@@ -32,6 +38,50 @@ def read_scores(path: str | os.PathLike) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: no score rows")
     return rows
+
+
+def metadata_path(path: str | os.PathLike) -> Path:
+    """The sidecar of a score file: ``FILE.meta.json`` next to ``FILE`` (what the scorer recorded)."""
+    path = Path(path)
+    return path.with_name(path.name + ".meta.json")
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The score file's sidecar metadata, or None when there is none."""
+    meta = metadata_path(path)
+    if not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{meta}: unreadable score metadata ({exc})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{meta}: expected a JSON object")
+    return data
+
+
+def anchor_keys(meta: dict[str, Any] | None) -> set[tuple[str, str]]:
+    """(question, answer) of every anchor the metadata lists (used ones and each objective's)."""
+    keys: set[tuple[str, str]] = set()
+    for section in ("anchors", "stable_by_objective"):
+        for group in ((meta or {}).get(section) or {}).values():
+            for kind in ("easy", "hard"):
+                for entry in group.get(kind) or ():
+                    keys.add((entry.get("question"), entry.get("answer")))
+    return keys
+
+
+def split_anchor_rows(rows: Sequence[dict], samples: Sequence[QASample],
+                      meta: dict[str, Any] | None = None) -> tuple[list[dict], list[dict]]:
+    """(kept, dropped): rows that are CUD anchors (``anchor`` set, or listed in ``meta``) are dropped."""
+    keys = anchor_keys(meta)
+    by_index = {s.index: s for s in samples}
+    kept, dropped = [], []
+    for row in rows:
+        sample = by_index.get(row["index"])
+        is_anchor = bool(row.get("anchor")) or (sample is not None and (sample.question, sample.answer) in keys)
+        (dropped if is_anchor else kept).append(row)
+    return kept, dropped
 
 
 def with_perturbed_fields(samples: Sequence[QASample], spec: str, tofu_dir=None) -> list[QASample]:
@@ -60,8 +110,11 @@ def with_perturbed_fields(samples: Sequence[QASample], spec: str, tofu_dir=None)
 
 
 def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_hard: int,
-             where: str = "scores") -> tuple[list[QASample], list[QASample]]:
-    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first)."""
+             where: str = "scores", meta: dict[str, Any] | None = None,
+             objective: str | None = None) -> tuple[list[QASample], list[QASample]]:
+    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first),
+    CUD anchors left out (:func:`split_anchor_rows`). ``objective``: rank by a per-objective
+    CUD score (``score_by_objective``) instead of ``score``."""
     by_index = {s.index: s for s in samples}
     for row in rows:
         sample = by_index.get(row["index"])
@@ -71,12 +124,26 @@ def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_h
         if "question" in row and row["question"] != sample.question:
             raise DataError(f"{where}:{row.get('_line', '?')}: index {row['index']} has another question than "
                             f"the data ({sample.where}): score file and --data do not match")
+    rows, dropped = split_anchor_rows(rows, samples, meta)
     if n_easy < 0 or n_hard < 0 or n_easy + n_hard > len(rows):
-        raise DataError(f"--easy {n_easy} + --hard {n_hard} exceeds the {len(rows)} scored samples")
-    order = sorted(rows, key=lambda r: (r["score"], r["index"]))
+        left = f" left after dropping {len(dropped)} CUD anchors" if dropped else ""
+        raise DataError(f"--easy {n_easy} + --hard {n_hard} exceeds the {len(rows)} scored samples{left}")
+    value = {r["index"]: _score_of(r, objective, where) for r in rows}
+    order = sorted(rows, key=lambda r: (value[r["index"]], r["index"]))
     easy = [by_index[r["index"]] for r in order[:n_easy]]
-    hard = [by_index[r["index"]] for r in sorted(rows, key=lambda r: (-r["score"], r["index"]))[:n_hard]]
+    hard = [by_index[r["index"]] for r in sorted(rows, key=lambda r: (-value[r["index"]], r["index"]))[:n_hard]]
     return easy, hard
+
+
+def _score_of(row: dict, objective: str | None, where: str) -> float:
+    if objective is None:
+        return row["score"]
+    value = (row.get("score_by_objective") or {}).get(objective)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        have = ", ".join(row.get("score_by_objective") or {}) or "none (score with per_objective=true)"
+        raise DataError(f"{where}:{row.get('_line', '?')}: no score for objective {objective!r} "
+                        f"(score_by_objective has: {have})")
+    return value
 
 
 def write_split(path: str | os.PathLike, samples: Sequence[QASample]) -> None:

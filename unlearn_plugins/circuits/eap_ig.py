@@ -5,7 +5,7 @@ score(u -> d) = (a_u(corrupt) - a_u(clean)) . sum over IG steps of grad_d(metric
 summed over positions and divided by the number of steps, one matrix per sample
 (layout: :mod:`unlearn_plugins.circuits.graph`).
 
-Modes (section 3 of docs/reference.md):
+Modes (docs/methods.md, "EAP-IG baselines"):
 
 - ``inputs`` (default): the input embedding is interpolated from the baseline to the
   clean input, alpha = k/m for k = 0..m-1 (k = 1..m with the zero baseline, see
@@ -16,8 +16,12 @@ Modes (section 3 of docs/reference.md):
   clean run; gradients of every run count for every edge; (2L+1) m rows per sample.
 
 Baselines: ``zero`` (every source's corrupt activation is 0: zero ablation, as in the
-paper code), ``mean`` (each source's mean over a data set's tokens), ``other`` (the
-nearest-length other sample, cut or padded with the pad token to the same length).
+paper code), ``mean``, ``other`` (the nearest-length other sample, cut or padded with the
+pad token to the same length). ``mean`` in ``inputs`` mode: the corrupt input is the mean
+input embedding over a data set's tokens at every position, and the corrupt activations
+are that input's own forward pass, as for any corrupt input (docs/methods.md); in
+``activations`` mode each node is mean-ablated: its corrupt output is its mean over the
+data set's tokens.
 
 Why it is fast: clean and corrupt source activations come from one no-grad forward
 per batch; the model runs once per batch of (step x sample) rows with frozen weights;
@@ -425,8 +429,13 @@ class EAPIG:
                 base_emb = torch.zeros_like(clean_emb)
             elif self.baseline == "mean":
                 means = self._means.to(diff.device)
-                diff += means[None, :, None, :]
                 base_emb = means[0].to(clean_emb.dtype).expand_as(clean_emb)
+                if keep:  # activations mode: every node is mean-ablated, its corrupt output is its mean
+                    diff += means[None, :, None, :]
+                elif one_pass:  # inputs mode: the alpha = 0 row is the mean-embedding input itself
+                    capture[0] = 1.0
+                else:  # inputs mode: corrupt sources from a forward of the mean-embedding input
+                    self._sources(ids, mask, sign=1.0, buf=diff, inputs_embeds=base_emb)
             else:
                 base_emb = a.base.embed_tokens(corrupt_ids)
                 if one_pass:

@@ -49,8 +49,13 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=S, help="per-device batch size (default: 4)")
     g.add_argument("--grad-accum", type=int, default=S, help="gradient accumulation steps (default: 4)")
     g.add_argument("--weight-decay", type=float, default=S, help="default: 0.01")
-    g.add_argument("--lr-scheduler", default=S, help="transformers scheduler name (default: constant)")
-    g.add_argument("--warmup-steps", type=int, default=S)
+    g.add_argument("--lr-scheduler", default=S, metavar="NAME",
+                   help="transformers scheduler: linear, cosine, constant, constant_with_warmup, ... (default: constant)")
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--warmup-steps", type=int, default=S, metavar="N", help="linear warmup over N optimizer steps (default: none)")
+    w.add_argument("--warmup-ratio", type=float, default=S, metavar="F", help="warmup over this fraction of all steps, in [0, 1)")
+    w.add_argument("--warmup-epochs", type=float, default=S, metavar="E",
+                   help="warmup over E epochs' optimizer steps, counted as the Trainer counts them")
     g.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default: 1.0; 0 = off)")
     g.add_argument("--optim", default=S, help="transformers optimizer name (default: adamw_torch)")
     g.add_argument("--seed", type=int, default=S, help="default: 0")
@@ -73,11 +78,11 @@ def add_parser(sub) -> None:
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     g = p.add_argument_group("method")
     g.add_argument("--preset", default=S, help="a named recipe applied below --config and flags: reglu "
-                   "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults)")
+                   "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults and schedule)")
     g.add_argument("--objective", default=S, help="unlearning objective (default: grad_diff; see `unlearn plugins`)")
     g.add_argument("--objective-option", action="append", default=S, metavar="KEY=VALUE", help="objective option (repeatable)")
     g.add_argument("--retain-loss", choices=["nll", "kl"], default=S, help="retain term: NLL or KL to the reference model")
-    g.add_argument("--initializer", default=S, help="LoRA adapter initializer (default: gaussian)")
+    g.add_argument("--initializer", default=S, help="LoRA adapter initializer (default: kaiming, PEFT's default)")
     g.add_argument("--initializer-option", action="append", default=S, metavar="KEY=VALUE")
     g.add_argument("--regularizer", default=S, help="regulariser added to the objective, e.g. rol")
     g.add_argument("--regularizer-option", action="append", default=S, metavar="KEY=VALUE",

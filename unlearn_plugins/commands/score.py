@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import UnlearnError
 from .common import add_data_options, add_model_options, parse_options
 
 
@@ -11,15 +12,19 @@ def add_parser(sub) -> None:
     add_model_options(p)
     add_data_options(p)
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scorer option (repeatable)")
-    p.add_argument("--out", required=True, help="output JSON-lines file")
+    p.add_argument("--anchor-data", default=None, metavar="SPEC",
+                   help="cud: the anchor pool (tofu:SPLIT, a file, or 'self'), disjoint from --data "
+                        "(default for TOFU data: tofu:forget10, else tofu:retain90[3200:3600])")
+    p.add_argument("--out", required=True, help="output JSON-lines file (plus OUT.meta.json, what the scorer recorded)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..files import write_jsonl
+    from ..files import write_json, write_jsonl
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER
     from ..scoring import score_samples, score_sharded
+    from ..stratify import metadata_path
     from ..data.tofu import load_split
     from ..models import load_model
     from ..sharding import launch_group, process_device
@@ -28,8 +33,14 @@ def run(args) -> int:
     group = launch_group(cpu=(args.device or "").startswith("cpu"))
     is_main = group is None or group.is_main
     options = parse_options(args.option)
-    if _accepts_progress(args.scorer) and ("progress" not in options or not is_main):
+    if _accepts(args.scorer, "progress") and ("progress" not in options or not is_main):
         options["progress"] = is_main  # a progress bar on the command line, from the main process only
+    if args.anchor_data is not None:
+        if not _accepts(args.scorer, "anchor_data"):
+            raise UnlearnError(f"--anchor-data: scorer {args.scorer!r} has no anchor pool (option anchor_data)")
+        options["anchor_data"] = args.anchor_data
+    if args.tofu_dir and _accepts(args.scorer, "tofu_dir"):
+        options.setdefault("tofu_dir", args.tofu_dir)
 
     def setup():
         scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
@@ -42,12 +53,18 @@ def run(args) -> int:
         scorer, samples, model, tok = setup()
         rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer)
         write_jsonl(args.out, rows)
+        write_json(metadata_path(args.out), _metadata(args, scorer, rows))
     else:
         result = {}
         group.everywhere(lambda: result.update(zip(("scorer", "samples", "model", "tok"), setup())), "loading")
         rows = score_sharded(result["scorer"], result["samples"], model=result["model"], tokenizer=result["tok"],
                              group=group, scorer_name=args.scorer)
-        group.everywhere(lambda: write_jsonl(args.out, rows) if is_main else None, f"writing {args.out}")
+        def write():
+            if is_main:
+                write_jsonl(args.out, rows)
+                write_json(metadata_path(args.out), _metadata(args, result["scorer"], rows))
+
+        group.everywhere(write, f"writing {args.out}")
         if not is_main:
             return 0
     scores = [r["score"] for r in rows]
@@ -57,13 +74,20 @@ def run(args) -> int:
     return 0
 
 
-def _accepts_progress(name: str) -> bool:
+def _metadata(args, scorer, rows) -> dict:
+    """The sidecar OUT.meta.json: what was scored, plus what the scorer recorded (``last_metadata``),
+    e.g. cud's anchors and their votes; always written, so a stale one never describes new rows."""
+    return {"scorer": args.scorer, "model": args.model, "data": args.data, "rows": len(rows),
+            **(getattr(scorer, "last_metadata", None) or {})}
+
+
+def _accepts(name: str, option: str) -> bool:
     import inspect
 
     from ..host import get_component
     from ..interfaces import DIFFICULTY_SCORER
 
     try:
-        return "progress" in inspect.signature(get_component(DIFFICULTY_SCORER, name)).parameters
+        return option in inspect.signature(get_component(DIFFICULTY_SCORER, name)).parameters
     except (TypeError, ValueError, KeyError):
         return False

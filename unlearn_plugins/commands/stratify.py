@@ -10,6 +10,8 @@ def add_parser(sub) -> None:
     p.add_argument("scores", help="JSON-lines output of `unlearn score`")
     p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples")
     p.add_argument("--hard", type=int, required=True, help="number of highest-score samples")
+    p.add_argument("--objective", default=None,
+                   help="rank by this objective's CUD score (score files of cud with per_objective=true)")
     add_data_options(p)
     p.add_argument("--out", required=True, help="folder for easy.json, hard.json, stratify.json")
     p.add_argument("--plot", action="store_true",
@@ -22,17 +24,23 @@ def run(args) -> int:
 
     from ..data.tofu import load_split
     from ..files import write_json
-    from ..stratify import read_scores, stratify, with_perturbed_fields, write_split
+    from ..stratify import read_metadata, read_scores, split_anchor_rows, stratify, with_perturbed_fields, write_split
 
     rows = read_scores(args.scores)
+    meta = read_metadata(args.scores)
     samples = with_perturbed_fields(load_split(args.data, args.tofu_dir), args.data, args.tofu_dir)
-    easy, hard = stratify(rows, samples, args.easy, args.hard, where=args.scores)
+    easy, hard = stratify(rows, samples, args.easy, args.hard, where=args.scores, meta=meta, objective=args.objective)
+    _, dropped = split_anchor_rows(rows, samples, meta)
+    if dropped:
+        print(f"dropped {len(dropped)} of {len(rows)} rows: CUD anchors (chosen by how they behaved under "
+              f"unlearning) never go into a split (indices {', '.join(str(r['index']) for r in dropped)})")
     out = Path(args.out)
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
     score_of = {r["index"]: r["score"] for r in rows}
     write_json(out / "stratify.json", {
-        "scores": str(args.scores), "data": args.data,
+        "scores": str(args.scores), "data": args.data, "objective": args.objective,
+        "dropped_anchors": [r["index"] for r in dropped],
         "easy": [{"index": s.index, "score": score_of[s.index]} for s in easy],
         "hard": [{"index": s.index, "score": score_of[s.index]} for s in hard],
     })

@@ -9,8 +9,8 @@ any NAME.json in the folder, such as a CUD-stratified split), optionally sliced
 
 from __future__ import annotations
 
+import hashlib
 import os
-import random
 import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -224,11 +224,20 @@ class PaddingCollator:
         return pad_batch(examples, self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
 
 
-class ForgetRetainPairs:
-    """Forget-anchored pairs: item i is forget example i with a seeded random retain example.
+def draw_index(n: int, *key: Any) -> int:
+    """A uniform draw from range(n) that is a pure function of ``key`` (a hash, not an RNG
+    state), so every process, rerun and resumed run draws the same index for the same key."""
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n
 
-    One epoch = len(forget). The retain partner of each item is fixed by the seed,
-    so a resumed run sees the same pairs.
+
+class ForgetRetainPairs:
+    """Forget-anchored pairs: item i is forget example i with a random retain example.
+
+    One epoch = len(forget). As in the reference implementations, which draw a fresh
+    partner on every access, the partner is redrawn every epoch; it is a pure function of
+    (seed, epoch, i) (see ``partner_index``), so a resumed run, or another process, pairs
+    exactly as an uninterrupted run does. The trainer calls ``set_epoch`` when an epoch starts.
     """
 
     def __init__(self, forget: Sequence[dict], retain: Sequence[dict] | None, seed: int = 0):
@@ -236,11 +245,20 @@ class ForgetRetainPairs:
             raise DataError("the forget split is empty: nothing to unlearn")
         self.forget = list(forget)
         self.retain = list(retain) if retain else []
-        rng = random.Random(seed)
-        self.partner = [rng.randrange(len(self.retain)) for _ in self.forget] if self.retain else []
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def partner_index(self, i: int, epoch: int | None = None) -> int | None:
+        """The retain example paired with forget example ``i`` in ``epoch`` (default: the current one)."""
+        if not self.retain:
+            return None
+        return draw_index(len(self.retain), "retain", self.seed, self.epoch if epoch is None else epoch, i)
 
     def __len__(self) -> int:
         return len(self.forget)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"forget": self.forget[i], "retain": self.retain[self.partner[i]] if self.retain else None}
+        return {"forget": self.forget[i], "retain": self.retain[self.partner_index(i)] if self.retain else None}

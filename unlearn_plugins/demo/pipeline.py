@@ -50,6 +50,8 @@ class Budget:
     #: this margin (TOFU allows 200; the demo's answers have 1 to 83 SmolLM2 tokens, so a
     #: complete answer always fits while runaway generations of unlearned models stop early)
     gen_margin: int = 16
+    #: CUD's anchor pool: this many QA of the first retain author (never a forget sample)
+    anchor_pool: int = 10
 
 
 BUDGETS = {
@@ -58,8 +60,11 @@ BUDGETS = {
         authors=3, eval_size=8, max_length=192,
         finetune=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=8, grad_accum=1),
         unlearn=dict(lr=2.5e-4, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
-        anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
-        cud=dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0], k=3),
+        # anchor runs: at most 3 epochs, each stopped at the first check (every 2 steps) where the
+        # pool's mean answer probability is < 0.1 (about step 8 on the embedded model)
+        anchor_unlearn=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=2, grad_accum=1),
+        cud=dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=3, stop_prob=0.1,
+                 check_steps=2),
         easy_hard=5,
     ),
     # --fast: a smoke test of every stage (CI runs it on a tiny model)
@@ -68,7 +73,7 @@ BUDGETS = {
         finetune=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=8, grad_accum=1),
         unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
         anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
-        cud=dict(steps=2, n_edges=20, objectives=["grad_diff", "npo"], seeds=[0], k=3),
+        cud=dict(steps=2, n_edges=20, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=3, stop_prob=0.1),
         easy_hard=3,
     ),
 }
@@ -84,7 +89,7 @@ class Method:
 #: ReGLU and two baselines, each with the same unlearning budget
 METHODS = (
     Method("reglu", "ReGLU (rila + ihl + rol)", {"preset": "reglu"}),
-    Method("grad_diff", "GradDiff (PEFT default init)", {"objective": "grad_diff", "initializer": "gaussian"}),
+    Method("grad_diff", "GradDiff (PEFT default init)", {"objective": "grad_diff", "initializer": "kaiming"}),
     Method("ihl_fila", "IHL + FILA", {"objective": "ihl", "initializer": "fila"}),
 )
 
@@ -210,26 +215,39 @@ def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Meth
                                  seed=config.seed, device=config.device, **values))
 
 
+def anchor_split(bench: Benchmark, size: int) -> tuple[str, str]:
+    """CUD's anchor pool and the retain set of its anchor runs: the first ``size`` retain QA and
+    the second half of the retain QA (the other retain authors; with one, its last QA). The full
+    model knows both; neither holds a forget sample, so no scored sample is ever an anchor."""
+    from ..data.tofu import read_jsonl
+
+    half = len(read_jsonl(bench.retain)) // 2
+    return f"{bench.retain}[0:{min(size, half)}]", f"{bench.retain}[{half}:]"
+
+
 def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
     from ..data.tofu import load_split
     from ..models import load_model
     from ..scorers.cud import CUDScorer
     from ..scoring import score_samples
-    from ..stratify import stratify, write_split
+    from ..stratify import metadata_path, stratify, write_split
 
     b = config.budget
     cud = dict(b.cud)
-    anchor_options = {**b.anchor_unlearn, "retain": str(bench.retain), "max_length": b.max_length,
-                      "save_steps": 0}
-    scorer = CUDScorer(objectives=cud.pop("objectives"), seeds=cud.pop("seeds"), model_spec=full_model,
-                       unlearn_options=anchor_options, max_length=b.max_length, progress=True, **cud)
+    pool, anchor_retain = anchor_split(bench, b.anchor_pool)
+    anchor_options = {**b.anchor_unlearn, "retain": anchor_retain, "max_length": b.max_length, "save_steps": 0}
+    scorer = CUDScorer(anchor_data=pool, objectives=cud.pop("objectives"), seeds=cud.pop("seeds"),
+                       model_spec=full_model, unlearn_options=anchor_options, max_length=b.max_length,
+                       progress=True, **cud)
     samples = load_split(str(bench.forget))
     model, tok = load_model(full_model, device=config.device)
     rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name="cud")
     del model
     write_jsonl(out / "scores.jsonl", rows)
+    meta = {"scorer": "cud", "data": str(bench.forget), "rows": len(rows), **scorer.last_metadata}
+    write_json(metadata_path(out / "scores.jsonl"), meta)
     n = min(b.easy_hard, len(rows) // 2)
-    easy, hard = stratify(rows, samples, n, n, where=str(out / "scores.jsonl"))
+    easy, hard = stratify(rows, samples, n, n, where=str(out / "scores.jsonl"), meta=meta)
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
     write_json(out / "anchors.json", dict(scorer.last_anchors))
@@ -347,7 +365,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
 
     # 3. CUD scores of the forget samples
     cud_key = digest(targets["full"]["key"], content["forget"], content["retain"], b.cud, b.anchor_unlearn,
-                     b.easy_hard, b.max_length)
+                     b.easy_hard, b.max_length, b.anchor_pool)
     cud_dir = stages.run(f"CUD scores of the {bench.sizes['forget']} forget samples",
                          stages.folder("cud", "forget", cud_key),
                          lambda tmp: _score_cud(config, bench, full_model, tmp))

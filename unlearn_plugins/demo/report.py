@@ -177,6 +177,8 @@ def write_report(out: Path, *, config, bench, notice, targets, runs, methods, ev
     rows = [model_row(name, label, evals[name], easy, hard) for name, label in labels]
     table = format_table(rows)
     anchors = json.loads((cud_dir / "anchors.json").read_text())
+    meta_path = cud_dir / "scores.jsonl.meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     results = {
         "config": asdict(config),
         "budget": asdict(config.budget),
@@ -188,7 +190,12 @@ def write_report(out: Path, *, config, bench, notice, targets, runs, methods, ev
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
         "cud": {"scores": [{k: r[k] for k in ("index", "score", "s_E", "s_H", "anchor", "circuit_depth")}
                            for r in scores],
-                "easy": easy, "hard": hard, "anchors": {k: anchors.get(k) for k in ("easy", "hard")}},
+                "easy": easy, "hard": hard, "anchors": {k: anchors.get(k) for k in ("easy", "hard")},
+                "anchor_pool": meta.get("anchor_pool"), "anchor_votes": meta.get("anchors"),
+                "anchor_runs": [{k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
+                                for r in meta.get("runs") or []],
+                "seed_agreement": {o: a.get("mean_spearman") for o, a in (meta.get("seed_agreement") or {}).items()},
+                "objective_agreement": meta.get("objective_agreement")},
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
@@ -231,6 +238,7 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         f"{results['evaluation']['max_gen_toks']} new tokens (the longest reference answer + a margin). "
         f"Columns 'prob CUD-easy/hard': mean answer "
         f"probability on the {len(results['cud']['easy'])} lowest / highest CUD-scored forget samples.",
+        *_cud_anchor_lines(results["cud"]),
         "",
         markdown_table(rows),
         "",
@@ -244,3 +252,21 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _cud_anchor_lines(cud: dict) -> list[str]:
+    """One sentence on where CUD's anchors came from (a pool disjoint from the scored forget QA)."""
+    pool, runs = cud.get("anchor_pool"), cud.get("anchor_runs") or []
+    if not pool or not runs:
+        return []
+    objectives = sorted({r["objective"] for r in runs})
+    seeds = len(runs) // max(len(objectives), 1)
+    steps = sorted(r["steps"] for r in runs if r.get("steps") is not None)
+    span = "n/a" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
+    agree = ", ".join(f"{o} {v:.2f}" for o, v in cud["seed_agreement"].items() if v is not None) or "n/a"
+    votes = cud.get("anchor_votes", {}).get("all", {})
+    return ["", f"CUD anchors were chosen on {pool['size']} retain-author QA that are not scored "
+                f"({len(votes.get('easy', []))} easy, {len(votes.get('hard', []))} hard), by "
+                f"{' and '.join(objectives)} x {seeds} seeds (kept when chosen by at least half the seeds of an "
+                f"objective and half the objectives); the anchor runs stopped after {span} steps; seed-to-seed "
+                f"Spearman of their losses: {agree}."]

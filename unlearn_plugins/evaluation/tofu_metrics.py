@@ -1,4 +1,4 @@
-"""TOFU's metrics as pure functions of per-answer log-likelihoods (reference.md section 4).
+"""TOFU's metrics as pure functions of per-answer log-likelihoods (docs/methods.md, "TOFU metrics").
 
 Every probability is length-normalised the way TOFU defines it: ``exp(-mean answer-token
 NLL)`` over the answer tokens plus the end token. The lm-eval tasks and any direct

@@ -2,13 +2,14 @@
 
 from .. import hookimpl
 from .fila import FILAInit
-from .peft_builtin import CorDAInit, EVAInit, GaussianInit, OLoRAInit, PiSSAInit
+from .peft_builtin import CorDAInit, EVAInit, GaussianInit, KaimingInit, OLoRAInit, PiSSAInit
 from .rila import RILAInit
 from .vila import VILAInit
 
 
 @hookimpl
 def register_adapter_initializers(register):
+    register("kaiming", KaimingInit)  # PEFT's default (init_lora_weights=True), named after A's distribution
     register("gaussian", GaussianInit)
     register("pissa", PiSSAInit)
     register("olora", OLoRAInit)

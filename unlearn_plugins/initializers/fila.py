@@ -1,29 +1,57 @@
 """FILA (Cha et al., ICLR 2025): Fisher-importance-weighted LoRA initialisation.
 
-Per weight element, Fisher importance on forget and retain data (squared gradients of
-the mean answer-token NLL, weighted by each batch's token count, one pass);
-I = (If / nf) / (1e-5 + Ir / nr); row weights w = sqrt(sum_j I_ij); a rank-r randomized
-SVD of diag(w) W gives U, S, V; with S <- S / s: A = (V sqrt(S))^T,
-B = diag(1 / (w + 1e-5)) U sqrt(S), base W - s B A.
+Importance per weight element, gathered as the reference gathers it: model in train mode,
+shuffled forget batches of 4, each forget sample paired with a uniformly drawn retain sample,
+one pass; each batch contributes its token count n_b times the squared gradient of its mean
+answer-token NLL. I = (If / nf) / (1e-5 + Ir / nr) with nf, nr the token totals; row weights
+w = sqrt(sum_j I_ij); rank-r SVD diag(w) W ~ U S V^T; with S <- S / s: A = (V sqrt(S))^T,
+B = diag(1 / (w + 1e-5)) U sqrt(S), base W - s B A. Our default SVD is more accurate than
+the reference's (``niter=2, oversample=0`` restores it); see docs/methods.md, "FILA".
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from ..data.tofu import pad_batch
+from ..errors import UnlearnError
 from ..interfaces import InitResult
 from ..likelihood import token_nll
-from .residual import batches, lora_modules, model_device, sync_from_rank0, write_residual
+from .residual import lora_modules, model_device, sync_from_rank0, write_residual
 
 EPS = 1e-5
+SVD_KINDS = ("randomized", "exact")
+RETAIN_KINDS = ("paired", "all")
 
 
-def weighted_lowrank(weight, importance, r: int, scaling: float, *, niter: int = 4, seed: int = 0):
-    """FILA's decomposition: (A (r x d_in), B (d_out x r)) from W and an importance map."""
+@contextmanager
+def seeded(seed: int):
+    """Seed torch's RNGs for the block and give the caller's RNG state back afterwards."""
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def weighted_lowrank(weight, importance, r: int, scaling: float, *, svd: str = "randomized", niter: int = 4,
+                     oversample: int = 8, seed: int = 0):
+    """FILA's decomposition: (A (r x d_in), B (d_out x r)) from W and an importance map.
+
+    ``svd="randomized"``: torch.svd_lowrank with r + ``oversample`` columns and ``niter`` power
+    iterations (the reference: oversample 0, niter 2); ``svd="exact"``: a full SVD.
+    """
     import torch
 
     w = importance.float().sum(1).clamp_min(0).sqrt()
-    m = w.unsqueeze(1) * weight.float()
-    torch.manual_seed(seed)
-    u, s, v = torch.svd_lowrank(m, q=min(r + 8, min(m.shape)), niter=niter)
+    m = w.unsqueeze(1) * weight.float().to(w.device)
+    if svd == "exact":
+        u, s, vh = torch.linalg.svd(m, full_matrices=False)
+        v = vh.mH
+    else:
+        with seeded(seed):
+            u, s, v = torch.svd_lowrank(m, q=min(r + oversample, min(m.shape)), niter=niter)
     u, s, v = u[:, :r], s[:r] / scaling, v[:, :r]
     root = s.sqrt()
     a = (v * root).T
@@ -31,19 +59,44 @@ def weighted_lowrank(weight, importance, r: int, scaling: float, *, niter: int =
     return a, b
 
 
-def accumulate(model, examples, pad_token_id, params: dict, *, batch_size: int, second_moment_only: bool = True):
-    """Token-weighted sums over batches of g^2 (and g) for each named parameter, and the token count."""
+def sample_batches(n_forget: int, n_retain: int, *, batch_size: int, passes: int, retain: str, seed: int):
+    """(forget batches, retain batches) as index lists, drawn like the reference's data loader:
+    each pass a fresh permutation of the forget set cut into batches (the last may be short);
+    ``retain="paired"``: each forget sample paired with a uniformly drawn retain sample;
+    ``retain="all"``: the whole retain set, freshly shuffled, in its own batches."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    forget, kept = [], []
+    for _ in range(passes):
+        order = torch.randperm(n_forget, generator=gen).tolist()
+        batches = [order[i : i + batch_size] for i in range(0, n_forget, batch_size)]
+        forget += batches
+        if retain == "paired":
+            kept += [torch.randint(n_retain, (len(b),), generator=gen).tolist() for b in batches]
+        else:
+            order = torch.randperm(n_retain, generator=gen).tolist()
+            kept += [order[i : i + batch_size] for i in range(0, n_retain, batch_size)]
+    return forget, kept
+
+
+def accumulate(model, examples, index_batches, pad_token_id, params: dict, *, first_moment: bool = False):
+    """Sums over batches of n_b g_b^2 (and n_b g_b) for each named parameter, and sum n_b, where
+    g_b is the gradient of batch b's mean answer-token NLL and n_b its answer-token count."""
     import torch
 
     sq = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
-    first = None if second_moment_only else {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    first = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()} if first_moment else None
     total, device = 0, model_device(model)
-    for batch in batches(examples, pad_token_id, batch_size, device):
+    for idx in index_batches:
+        batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
         model.zero_grad(set_to_none=True)
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         nll, mask = token_nll(out.logits, batch["labels"])
         n = int(mask.sum())
-        (nll.sum() / max(n, 1)).backward()
+        if n == 0:
+            continue  # no answer tokens: the reference's loss is NaN here; skip the batch
+        (nll.sum() / n).backward()
         for name, p in params.items():
             g = p.grad.float()
             sq[name].add_(g * g, alpha=n)
@@ -54,48 +107,77 @@ def accumulate(model, examples, pad_token_id, params: dict, *, batch_size: int, 
     return sq, first, total
 
 
-class _Grads:
-    """Enable gradients for exactly ``params`` while inside the block."""
-
-    def __init__(self, model, params):
-        self.model, self.params = model, params
-
-    def __enter__(self):
-        self.saved = [(p, p.requires_grad) for p in self.model.parameters()]
-        for p in self.model.parameters():
+@contextmanager
+def measuring(model, params: dict, seed: int):
+    """Gradients for exactly ``params``, train mode (dropout active, as in the reference) and a
+    seeded RNG; requires_grad flags, module modes and the caller's RNG are restored after."""
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        for p in model.parameters():
             p.requires_grad_(False)
-        for p in self.params.values():
+        for p in params.values():
             p.requires_grad_(True)
-
-    def __exit__(self, *exc):
-        for p, flag in self.saved:
+        model.train()
+        with seeded(seed):
+            yield
+    finally:
+        for p, flag in grads:
             p.requires_grad_(flag)
+        for m, flag in modes:
+            m.training = flag
 
 
 class FILAInit:
-    """Fisher-weighted init. Options: batch_size (8), niter (randomized SVD power iterations, 4)."""
+    """Fisher-weighted init. Options: batch_size (4), passes (1), retain ("paired" | "all"),
+    svd ("randomized" | "exact"), niter (4), oversample (8), seed (0); see docs/methods.md."""
 
     residual = True
+    name = "fila"
 
-    def __init__(self, batch_size: int = 8, niter: int = 4):
-        self.batch_size, self.niter = batch_size, niter
+    def __init__(self, batch_size: int = 4, passes: int = 1, retain: str = "paired", svd: str = "randomized",
+                 niter: int = 4, oversample: int = 8, seed: int = 0):
+        self._check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an integer >= 1")
+        self._check("passes", passes, isinstance(passes, int) and passes >= 1, "an integer >= 1")
+        self._check("retain", retain, retain in RETAIN_KINDS, " or ".join(map(repr, RETAIN_KINDS)))
+        self._check("svd", svd, svd in SVD_KINDS, " or ".join(map(repr, SVD_KINDS)))
+        self._check("niter", niter, isinstance(niter, int) and niter >= 0, "an integer >= 0")
+        self._check("oversample", oversample, isinstance(oversample, int) and oversample >= 0, "an integer >= 0")
+        self.batch_size, self.passes, self.retain = batch_size, passes, retain
+        self.svd, self.niter, self.oversample, self.seed = svd, niter, oversample, seed
+
+    def _check(self, option, value, ok, expected):
+        if not ok:
+            raise UnlearnError(f"initializer {self.name!r}: option {option!r} must be {expected}, got {value!r}")
+
+    def plan(self, forget, retain):
+        return sample_batches(len(forget), len(retain), batch_size=self.batch_size, passes=self.passes,
+                              retain=self.retain, seed=self.seed)
+
+    def _counted(self, nf, nr):
+        if nf == 0 or nr == 0:
+            part = "forget" if nf == 0 else "retain"
+            raise UnlearnError(f"initializer {self.name!r}: the {part} examples have no answer tokens")
 
     def importance(self, peft_model, forget, retain, pad_token_id):
         modules = lora_modules(peft_model)
         params = {name: m.get_base_layer().weight for name, m in modules}
-        with _Grads(peft_model, params), peft_model.disable_adapter():
-            f_sq, _, nf = accumulate(peft_model, forget, pad_token_id, params, batch_size=self.batch_size)
-            r_sq, _, nr = accumulate(peft_model, retain, pad_token_id, params, batch_size=self.batch_size)
+        f_batches, r_batches = self.plan(forget, retain)
+        with measuring(peft_model, params, self.seed), peft_model.disable_adapter():
+            f_sq, _, nf = accumulate(peft_model, forget, f_batches, pad_token_id, params)
+            r_sq, _, nr = accumulate(peft_model, retain, r_batches, pad_token_id, params)
+        self._counted(nf, nr)
         return {name: (f_sq[name] / nf) / (EPS + r_sq[name] / nr) for name in params}
 
     def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
         if not forget or not retain:
-            raise ValueError(f"{type(self).__name__} needs both forget and retain examples")
+            raise UnlearnError(f"initializer {self.name!r} needs both forget and retain examples")
         adapter = peft_model.active_adapter
         importance = self.importance(peft_model, forget, retain, tokenizer.pad_token_id)
         for name, module in lora_modules(peft_model):
             w0 = module.get_base_layer().weight
-            a, b = weighted_lowrank(w0, importance.pop(name), module.r[adapter], module.scaling[adapter], niter=self.niter)
+            a, b = weighted_lowrank(w0, importance.pop(name), module.r[adapter], module.scaling[adapter],
+                                    svd=self.svd, niter=self.niter, oversample=self.oversample, seed=self.seed)
             write_residual(module, adapter, a, b)
         sync_from_rank0(peft_model)
-        return InitResult(residual=True, info={"init": type(self).__name__.replace("Init", "").lower()})
+        return InitResult(residual=True, info={"init": self.name})

@@ -12,9 +12,13 @@ def lora_layers(peft_model):
     return [(name, module) for name, module in peft_model.named_modules() if isinstance(module, LoraLayer)]
 
 
-class GaussianInit:
-    """PEFT's ``init_lora_weights="gaussian"``: A ~ N(0, 1/r), B = 0, so training starts
-    from the base model exactly. Draws from torch's global RNG (seeded by the trainer)."""
+class _ResetInit:
+    """Re-draw every LoRA layer through PEFT's own ``reset_lora_parameters(adapter, init)``:
+    B = 0, so training starts from the base model exactly. Draws A from torch's global RNG
+    (seeded by the trainer), layer by layer in model order."""
+
+    name = ""
+    peft_init: object = None
 
     def initialize(self, peft_model, *, forget=None, retain=None, tokenizer=None) -> InitResult:
         import torch
@@ -24,8 +28,24 @@ class GaussianInit:
         with torch.no_grad():
             for _name, module in layers:
                 if adapter in module.lora_A:
-                    module.reset_lora_parameters(adapter, "gaussian")
-        return InitResult(retain_basis={}, residual=False, info={"init": "gaussian", "lora_layers": len(layers)})
+                    module.reset_lora_parameters(adapter, self.peft_init)
+        return InitResult(retain_basis={}, residual=False, info={"init": self.name, "lora_layers": len(layers)})
+
+
+class KaimingInit(_ResetInit):
+    """PEFT's default, ``init_lora_weights=True`` (the LoRA paper's init, and the one the TOFU,
+    FILA and VILA LoRA baselines train with): A ~ kaiming-uniform(a=sqrt(5)), i.e.
+    U(-1/sqrt(d_in), 1/sqrt(d_in)) like a fresh nn.Linear, B = 0. Our default init."""
+
+    name = "kaiming"
+    peft_init = True
+
+
+class GaussianInit(_ResetInit):
+    """PEFT's ``init_lora_weights="gaussian"``: A ~ N(0, std 1/r), B = 0."""
+
+    name = "gaussian"
+    peft_init = "gaussian"
 
 
 class _LayerMethodInit:

@@ -6,9 +6,12 @@ the top-r eigenvectors of Delta (directions the forget data uses more than the r
 data): B = Q, A = Q^T W0, base W0 - s B A (model unchanged at step 0). The retain basis
 P_B (top-k eigenvectors of Cr) is handed to the ``rol`` regulariser.
 
-Statistics modes: ``token`` (default; one row per answer token, question masked) and
-``faithful`` (the paper code: one row per sequence, the sum of its outputs over all
-non-padding positions).
+Statistics (defaults = the reference code, see docs/methods.md): ``mode=faithful`` gives one
+row per sequence, the sum of the module's outputs over all its tokens (question and answer;
+padding excluded unless ``pad_to`` pads every sequence to that length as TOFU-format data
+does); ``mode=token`` one row per answer token. ``n_samples=256``: the first 256 forget
+examples and, for each of them, one retain example drawn uniformly at random (seeded), as
+the reference pairs them; ``n_samples="all"`` uses every forget and every retain example.
 
 Exact paths, chosen per module:
 - rows: fewer rows n than d_out: orthonormalise the stacked rows (d_out x n) and
@@ -18,15 +21,16 @@ Exact paths, chosen per module:
   Gram and eigendecompose in that d_in-dim subspace;
 - dense: otherwise, the d_out x d_out output Gram.
 The orthogonal complement of a subspace path holds the eigenvalue -beta*ridge of Delta
-(and ridge of Cr): exactly what the dense path would find there.
+(and ridge of Cr): exactly what the dense path would find there. The rows-path subspace is
+spanned by the forget AND retain rows whatever beta is, so Delta and Cr are both exact on it.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 
 from ..interfaces import InitResult
+from ..training.config import ConfigError
 from .residual import batches, lora_modules, model_device, sync_from_rank0, write_residual
 
 RIDGE = 1e-4
@@ -56,12 +60,42 @@ class _Stats:
         return torch.cat(self.rows)
 
 
-def _rows(x, batch, mode: str):
-    """Representation rows of one batch: answer-token positions, or per-sequence sums."""
+def _rows(x, batch, mode: str, padded: bool = False):
+    """Representation rows of one batch: answer-token positions, or per-sequence sums (over
+    every position when ``padded``: the pad positions count, as in the reference's pooling)."""
     x = x.float()
     if mode == "token":
         return x[batch["labels"] != -100]
+    if padded:
+        return x.sum(1)
     return (x * batch["attention_mask"].unsqueeze(-1).to(x.dtype)).sum(1)
+
+
+def select_examples(forget, retain, n_samples, seed: int = 0):
+    """The reference's choice: the first ``n_samples`` forget examples and one retain partner
+    each, drawn uniformly with replacement (a seeded generator); ``None`` / "all": everything."""
+    import torch
+
+    if n_samples is None or n_samples == "all":
+        return list(forget), list(retain)
+    n = min(int(n_samples), len(forget))
+    g = torch.Generator().manual_seed(int(seed))
+    picks = torch.randint(len(retain), (n,), generator=g).tolist()
+    return list(forget[:n]), [retain[i] for i in picks]
+
+
+def _pad_batches(examples, pad_id: int, batch_size: int, device, pad_to: int):
+    """Batches with every sequence right-padded to ``pad_to`` tokens (attention 0 on the pads)."""
+    import torch.nn.functional as F
+
+    for batch in batches(examples, pad_id, batch_size, device):
+        extra = pad_to - batch["input_ids"].shape[1]
+        if extra < 0:
+            raise ConfigError(f"rila option pad_to={pad_to} is shorter than an example "
+                              f"({batch['input_ids'].shape[1]} tokens); raise it to at least --max-length")
+        yield {"input_ids": F.pad(batch["input_ids"], (0, extra), value=pad_id),
+               "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
+               "labels": F.pad(batch["labels"], (0, extra), value=-100)}
 
 
 def _count_rows(examples, mode: str) -> int:
@@ -80,13 +114,15 @@ def choose_path(module, n_rows: int) -> str:
     return "factored" if factored else "dense"
 
 
-def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="token", batch_size=8, path=None):
+def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", batch_size=8, path=None,
+                  pad_to=None):
     """{module name: (forget _Stats, retain _Stats)} from one no-grad pass over each split,
     with the adapter disabled and the LM head skipped."""
     import torch
 
     if mode not in ("token", "faithful"):
-        raise ValueError(f"rila mode must be 'token' or 'faithful', got {mode!r}")
+        raise ConfigError(f"rila option mode must be 'token' or 'faithful', got {mode!r}")
+    padded = pad_to is not None
     modules = lora_modules(peft_model)
     n_rows = _count_rows(forget, mode) + _count_rows(retain, mode)
     stats = {}
@@ -99,11 +135,11 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="token", bat
         base = m.get_base_layer()
         if stats[name][0].path == "factored":
             def pre(_mod, args, _name=name):
-                stats[_name][state["split"]].add(_rows(args[0], state["batch"], mode))
+                stats[_name][state["split"]].add(_rows(args[0], state["batch"], mode, padded))
             handles.append(base.register_forward_pre_hook(pre))
         else:
             def post(_mod, _args, output, _name=name):
-                stats[_name][state["split"]].add(_rows(output, state["batch"], mode))
+                stats[_name][state["split"]].add(_rows(output, state["batch"], mode, padded))
             handles.append(base.register_forward_hook(post))
     backbone = getattr(peft_model.get_base_model(), "model", None)  # decoder without LM head
     run = backbone if backbone is not None and hasattr(backbone, "layers") else peft_model
@@ -112,7 +148,9 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="token", bat
         with torch.no_grad(), peft_model.disable_adapter():
             for split, examples in enumerate((forget, retain)):
                 state["split"] = split
-                for batch in batches(examples, pad_token_id, batch_size, device):
+                split_batches = (_pad_batches(examples, pad_token_id, batch_size, device, pad_to) if padded
+                                 else batches(examples, pad_token_id, batch_size, device))
+                for batch in split_batches:
                     state["batch"] = batch
                     run(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     finally:
@@ -123,7 +161,8 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="token", bat
 
 class DeltaProblem:
     """Delta and Cr of one module, either dense (d x d) or as U S U^T on a subspace U
-    (d x m, orthonormal) with the complement holding -beta*ridge (Delta) / ridge (Cr)."""
+    (d x m, orthonormal) with the complement holding -beta*ridge (Delta) / ridge (Cr).
+    Eigenproblems in float64, as the reference."""
 
     def __init__(self, fs: _Stats, rs: _Stats, beta: float, weight):
         import torch
@@ -133,19 +172,21 @@ class DeltaProblem:
         if fs.path == "dense":
             self.basis = None
             self.d = fs.gram.shape[0]
-            self.cf, self.cr = fs.gram / fs.count, rs.gram / rs.count
+            self.cf, self.cr = fs.gram.double() / fs.count, rs.gram.double() / rs.count
             return
         if fs.path == "rows":
-            hf, hr = fs.matrix(), rs.matrix()
-            x = torch.cat([hf * math.sqrt((1 - beta) / fs.count), hr * math.sqrt(beta / rs.count)])
+            hf, hr = fs.matrix().double(), rs.matrix().double()
+            # the span of BOTH row sets, independent of beta (a beta-weighted stack loses the
+            # retain rows at beta = 0 and with them P_B)
+            x = torch.cat([hf / fs.count ** 0.5, hr / rs.count ** 0.5])
             u, _ = torch.linalg.qr(x.T)  # d x n
             pf, pr = hf @ u, hr @ u
             self.cf, self.cr = pf.T @ pf / fs.count, pr.T @ pr / rs.count
         else:  # factored: Cout = W Cin W^T, W = U R
-            w = weight.float()
+            w = weight.double()
             u, rmat = torch.linalg.qr(w)  # d_out x d_in
-            self.cf = rmat @ (fs.gram / fs.count) @ rmat.T
-            self.cr = rmat @ (rs.gram / rs.count) @ rmat.T
+            self.cf = rmat @ (fs.gram.double() / fs.count) @ rmat.T
+            self.cr = rmat @ (rs.gram.double() / rs.count) @ rmat.T
         self.basis, self.d = u, u.shape[0]
 
     def _top(self, mat, k: int, complement_value: float):
@@ -196,25 +237,40 @@ def _complement(basis, d: int, k: int, seed: int = 0):
 
 class RILAInit:
     """ReGLU's representation-guided init. Options: beta (0.7, the TOFU default), mode
-    ('token' | 'faithful'), rol_rank (128), batch_size (8), path (None = automatic;
-    'dense' | 'rows' | 'factored' to force one)."""
+    ('faithful' | 'token'), n_samples (256 | "all"), seed (0: the retain draw), pad_to (None;
+    N pads every sequence to N tokens for faithful pooling), rol_rank (128), batch_size (8),
+    path (None = automatic; 'dense' | 'rows' | 'factored' to force one)."""
 
     residual = True
 
-    def __init__(self, beta: float = 0.7, mode: str = "token", rol_rank: int = 128, batch_size: int = 8,
-                 path: str | None = None):
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"rila beta must be in [0, 1], got {beta}")
+    def __init__(self, beta: float = 0.7, mode: str = "faithful", n_samples: int | str | None = 256, seed: int = 0,
+                 pad_to: int | None = None, rol_rank: int = 128, batch_size: int = 8, path: str | None = None):
+        def bad(option, value, expected):
+            raise ConfigError(f"rila option {option} must be {expected}, got {value!r}")
+
+        if not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
+            bad("beta", beta, "in [0, 1]")
+        if mode not in ("faithful", "token"):
+            bad("mode", mode, "'faithful' or 'token'")
+        if not (n_samples is None or n_samples == "all" or (
+                isinstance(n_samples, int) and not isinstance(n_samples, bool) and n_samples >= 1)):
+            bad("n_samples", n_samples, 'an integer >= 1 or "all"')
+        if pad_to is not None and (mode != "faithful" or not isinstance(pad_to, int) or pad_to < 1):
+            bad("pad_to", pad_to, "a positive token count, with mode=faithful")
         if path not in (None, "dense", "rows", "factored"):
-            raise ValueError(f"rila path must be dense, rows or factored, got {path!r}")
+            bad("path", path, "dense, rows or factored")
         self.beta, self.mode, self.rol_rank, self.batch_size, self.path = beta, mode, rol_rank, batch_size, path
+        self.n_samples, self.seed, self.pad_to = n_samples, seed, pad_to
 
     def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
         if not forget or not retain:
-            raise ValueError("rila needs both forget and retain examples")
+            raise ConfigError("rila needs both forget and retain examples (give --retain)")
         adapter = peft_model.active_adapter
-        stats = collect_stats(peft_model, forget, retain, tokenizer.pad_token_id, mode=self.mode,
-                              batch_size=self.batch_size, path=self.path)
+        forget, retain = select_examples(forget, retain, self.n_samples, self.seed)
+        # TOFU-format data pads with the end token
+        pad_id = tokenizer.eos_token_id if self.pad_to and tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+        stats = collect_stats(peft_model, forget, retain, pad_id, mode=self.mode,
+                              batch_size=self.batch_size, path=self.path, pad_to=self.pad_to)
         bases, short, paths = {}, [], {}
         for name, module in lora_modules(peft_model):
             fs, rs = stats.pop(name)
@@ -226,8 +282,8 @@ class RILAInit:
             if n_pos < r:
                 short.append(f"{name} ({n_pos}/{r})")
             q = q.to(w0.device)
-            write_residual(module, adapter, q.T @ w0.float(), q)
-            bases[name] = problem.retain_basis(min(self.rol_rank, w0.shape[0])).to(w0.device)
+            write_residual(module, adapter, q.T @ w0.double(), q)
+            bases[name] = problem.retain_basis(min(self.rol_rank, w0.shape[0])).float().to(w0.device)
             paths[fs.path] = paths.get(fs.path, 0) + 1
         if short:
             warnings.warn(
@@ -237,4 +293,5 @@ class RILAInit:
         sync_from_rank0(peft_model)
         return InitResult(retain_basis=bases, residual=True,
                           info={"init": "rila", "beta": self.beta, "mode": self.mode, "paths": paths,
+                                "samples": {"forget": len(forget), "retain": len(retain)},
                                 "modules_short_of_rank": len(short)})

@@ -1,13 +1,14 @@
 """Shared pieces of the unlearning objectives: per-token answer quantities, retain terms,
 the optional ``prepare`` step, and how a regulariser is added to a forget objective.
 
-Conventions (as in locuslab/open-unlearning, reference.md section 2):
+Conventions (as in locuslab/open-unlearning, docs/methods.md):
 
 * every per-token quantity is taken over answer tokens only (labels != -100, shifted);
 * ``S(x, y)`` is the summed answer-token NLL of one example, ``|y|`` its answer token count;
 * an objective's total is ``gamma * L_forget + alpha * L_retain``; the retain term is the
   mean token NLL on retain answers (``retain_loss="nll"``) or KL(reference || current) per
-  answer token (``retain_loss="kl"``).
+  answer token (``retain_loss="kl"``; see :func:`kl_to_reference` for how it differs from
+  the reference code's average).
 
 Besides the protocol (``needs_reference_model``, ``loss``), objectives here have optional
 attributes the trainer reads with ``getattr`` (third-party objectives may provide them too):
@@ -19,8 +20,10 @@ attributes the trainer reads with ``getattr`` (third-party objectives may provid
 * ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
   (RMU stops at a middle layer); multi-process training then asks DDP to look for them;
 * ``prepare(context) -> dict | None`` - called once before training with an
-  :class:`ObjectiveContext`; may return extra per-forget-example encodings (name -> list,
-  one per forget example) that the trainer adds to every batch under that name;
+  :class:`ObjectiveContext`; may return extra per-forget-example encodings (name -> sequence,
+  item i for forget example i) that the trainer adds to every batch under that name; a
+  sequence with ``set_epoch(epoch)`` is told each epoch, so its items may be redrawn per
+  epoch (IdkDPO's refusals), as a function of (seed, epoch, i) to stay resumable;
 * ``last_terms: dict[str, Tensor]`` - detached loss components of the last call, logged.
 """
 
@@ -111,7 +114,14 @@ def reference_sequence_nll(reference_model, part):
 
 
 def kl_to_reference(logits, ref_logits, labels):
-    """Mean over answer tokens of KL(reference || current) between next-token distributions."""
+    """Mean over answer tokens of KL(reference || current) between next-token distributions.
+
+    The reference code averages the same KL over every position of the padded batch
+    ("batchmean" over batch x length rows: prompt, answer and padding). Kept on answer tokens
+    on purpose: that average changes with how much padding a batch gets (batch composition,
+    process count), and every other per-token term here is over answer tokens
+    (docs/methods.md).
+    """
     import torch.nn.functional as F
 
     cur, _, mask = shifted(logits, labels)

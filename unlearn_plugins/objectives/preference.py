@@ -2,34 +2,43 @@
 
 from __future__ import annotations
 
-import random
+import os
+from pathlib import Path
+from typing import Any, Sequence
 
 from ..errors import UnlearnError
 from .base import ForgetRetainObjective, ObjectiveContext, check_option, reference_sequence_nll, sequence_nll
 
-#: Refusals used as the preferred answer by IdkDPO (written for this project).
-IDK_ANSWERS = (
-    "I don't know.",
-    "I don't know the answer to that.",
-    "I'm not sure about that.",
-    "I have no information about that.",
-    "I can't answer that question.",
-    "I'm afraid I don't know.",
-    "That is something I don't know.",
-    "I don't have that information.",
-    "I'm not able to answer that.",
-    "Sorry, I don't know the answer.",
-    "I have no idea.",
-    "I cannot say.",
-    "I'm unsure.",
-    "I don't know anything about that.",
-    "That's not something I can tell you.",
-    "I really couldn't say.",
-    "I'm not familiar with that.",
-    "Unfortunately, I don't know.",
-    "I lack the knowledge to answer that.",
-    "I have no answer to that question.",
-)
+#: TOFU's refusal list: one sentence per line (plain text despite the extension).
+IDK_FILE = "idontknow.jsonl"
+#: The refusals this project ships (its own sentences), used when no TOFU list is found.
+SHIPPED_IDK_FILE = Path(__file__).with_name("idk_answers.txt")
+
+
+def read_refusals(path: str | os.PathLike) -> list[str]:
+    """One refusal per non-blank line, stripped (as the reference strips each line)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UnlearnError(f"objective 'idk_dpo': cannot read the refusal list {path} "
+                           f"({exc.strerror or exc})") from None
+    answers = [line.strip() for line in lines if line.strip()]
+    if not answers:
+        raise UnlearnError(f"objective 'idk_dpo': the refusal list {path} has no non-blank line")
+    return answers
+
+
+def find_refusal_file(forget_samples: Sequence[Any] = ()) -> Path:
+    """TOFU's ``idontknow.jsonl`` beside the forget split's file (its TOFU folder), else in
+    $UNLEARN_TOFU_DIR; else the list this project ships."""
+    folders = [Path(s.source).parent for s in forget_samples[:1] if getattr(s, "source", "<memory>") != "<memory>"]
+    if os.environ.get("UNLEARN_TOFU_DIR"):
+        folders.append(Path(os.environ["UNLEARN_TOFU_DIR"]).expanduser())
+    for folder in folders:
+        if (folder / IDK_FILE).is_file():
+            return folder / IDK_FILE
+    return SHIPPED_IDK_FILE
 
 
 def npo_loss(s_theta, s_ref, beta: float):
@@ -76,36 +85,79 @@ class SimNPO(ForgetRetainObjective):
         return -(2.0 / self.beta) * F.logsigmoid(self.beta * margin).mean()
 
 
+class RefusalView:
+    """Item i: forget question i with a refusal as its answer, drawn afresh each epoch (the
+    reference draws one on every access) as a pure function of (seed, epoch, i), so a resumed
+    run draws the same refusals. Encoded like any answer (chat template, end token), on
+    first use."""
+
+    def __init__(self, samples: Sequence[Any], answers: Sequence[str], tokenizer, *, seed: int = 0,
+                 max_length: int = 512, system_prompt: str | None = None):
+        self.samples, self.answers, self.tokenizer = list(samples), list(answers), tokenizer
+        self.seed, self.max_length, self.system_prompt = seed, max_length, system_prompt
+        self.epoch = 0
+        self._encoded: dict[tuple[int, int], dict] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def answer_index(self, i: int, epoch: int | None = None) -> int:
+        from ..data.tofu import draw_index
+
+        return draw_index(len(self.answers), "idk", self.seed, self.epoch if epoch is None else epoch, i)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        from ..data.tofu import encode_qa
+
+        k = self.answer_index(i)
+        if (i, k) not in self._encoded:
+            s = self.samples[i]
+            self._encoded[(i, k)] = encode_qa(self.tokenizer, s.question, self.answers[k], max_length=self.max_length,
+                                              system_prompt=self.system_prompt, where=getattr(s, "where", "<memory>"))
+        return self._encoded[(i, k)]
+
+
 class IdkDPO(ForgetRetainObjective):
     """DPO with win = an "I don't know" answer, lose = the true forget answer; beta 0.1.
 
-    ``prepare`` encodes each forget question with a refusal chosen by the seed, added to
-    batches as ``forget_idk``.
+    ``prepare`` adds to batches, as ``forget_idk``, each forget question with a refusal
+    redrawn every epoch from ``idk_answers`` (a list), else the lines of ``idk_file``, else
+    TOFU's ``idontknow.jsonl`` when found (:func:`find_refusal_file`), else the shipped list.
     """
 
     name = "idk_dpo"
     forget_needs_reference = True
 
-    def __init__(self, *, beta: float = 0.1, idk_answers: list[str] | None = None, **kwargs):
+    def __init__(self, *, beta: float = 0.1, idk_answers: list[str] | None = None, idk_file: str | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         check_option(self.name, "beta", beta, beta > 0, "a number > 0")
-        answers = list(idk_answers) if idk_answers is not None else list(IDK_ANSWERS)
-        check_option(self.name, "idk_answers", idk_answers,
-                     bool(answers) and all(isinstance(a, str) and a.strip() for a in answers),
-                     "a non-empty list of non-empty strings")
+        if idk_answers is not None:
+            check_option(self.name, "idk_answers", idk_answers,
+                         isinstance(idk_answers, (list, tuple)) and bool(idk_answers)
+                         and all(isinstance(a, str) and a.strip() for a in idk_answers),
+                         "a non-empty list of non-empty strings")
+        check_option(self.name, "idk_file", idk_file, idk_file is None or isinstance(idk_file, (str, os.PathLike)),
+                     "a path to a file with one refusal per line")
+        if idk_answers is not None and idk_file is not None:
+            raise UnlearnError("objective 'idk_dpo': give either option 'idk_answers' or option 'idk_file', not both")
         self.beta = float(beta)
-        self.idk_answers = answers
+        self.idk_answers = None if idk_answers is None else list(idk_answers)
+        self.idk_file = None if idk_file is None else str(idk_file)
+        # read now, so a bad file fails before the model is loaded; None: found in prepare
+        self._answers = self.idk_answers or (read_refusals(idk_file) if idk_file is not None else None)
 
-    def prepare(self, context: ObjectiveContext) -> dict[str, list]:
-        from ..data.tofu import encode_qa
-
-        rng = random.Random(context.seed)
-        encoded = [
-            encode_qa(context.tokenizer, s.question, rng.choice(self.idk_answers), max_length=context.max_length,
-                      system_prompt=context.system_prompt, where=getattr(s, "where", "<memory>"))
-            for s in context.forget_samples
-        ]
-        return {"forget_idk": encoded}
+    def prepare(self, context: ObjectiveContext) -> dict[str, RefusalView]:
+        answers, source = self._answers, self.idk_file or "option idk_answers"
+        if answers is None:
+            path = find_refusal_file(context.forget_samples)
+            answers, source = read_refusals(path), str(path)
+        context.info["idk_refusals"] = {"source": source, "count": len(answers)}
+        return {"forget_idk": RefusalView(context.forget_samples, answers, context.tokenizer, seed=context.seed,
+                                          max_length=context.max_length, system_prompt=context.system_prompt)}
 
     def forget_loss(self, model, batch, reference_model=None):
         import torch.nn.functional as F

@@ -29,10 +29,13 @@ def layer_activations(model, part, layer: int, *, no_grad: bool = False):
 
 
 def masked_mse(hidden, target, labels):
-    """Mean over answer positions (labels != -100) of the mean squared error over the hidden size."""
-    mask = (labels != IGNORE_INDEX).to(hidden.dtype)
+    """Squared error averaged over the hidden size, then over each sequence's answer positions
+    (labels != -100), then over the sequences of the batch, as the reference does: every
+    sequence weighs the same whatever its answer length (docs/methods.md)."""
+    mask = (labels != IGNORE_INDEX).float()
     per_position = ((hidden.float() - target.float()) ** 2).mean(-1)
-    return (per_position * mask).sum() / mask.sum().clamp_min(1.0)
+    per_sequence = (per_position * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    return per_sequence.mean()
 
 
 class RMU(ForgetRetainObjective):

@@ -9,6 +9,7 @@ names as the dataclass fields (``lr = 1e-4``, ``objective = "npo"``,
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -23,6 +24,39 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+WARMUP_OPTIONS = ("warmup_steps", "warmup_ratio", "warmup_epochs")
+NO_WARMUP_SCHEDULERS = ("constant", "reduce_lr_on_plateau", "greedy")
+
+
+def scheduler_names() -> list[str]:
+    """The lr scheduler names the installed transformers knows (``SchedulerType``)."""
+    from transformers.trainer_utils import SchedulerType
+
+    return [s.value for s in SchedulerType]
+
+
+def steps_per_epoch(n_examples: int, batch_size: int, grad_accum: int, world_size: int = 1) -> int:
+    """Optimizer steps in one epoch, counted as the transformers Trainer counts them: each process
+    gets ceil(ceil(n / batch) / processes) batches, and a partial accumulation ends the epoch
+    with one more step."""
+    batches = math.ceil(math.ceil(n_examples / batch_size) / world_size)
+    return max(math.ceil(batches / grad_accum), 1)
+
+
+def warmup_settings(config: "TrainingConfig", train_size: int | None, world_size: int, fields) -> dict[str, Any]:
+    """TrainingArguments warmup attributes for ``config`` (``fields``: the names TrainingArguments has).
+
+    transformers >= 5 folds the ratio into ``warmup_steps`` (a float < 1); older ones have
+    ``warmup_ratio``. ``warmup_epochs`` becomes steps from the real steps per epoch.
+    """
+    if config.warmup_epochs is not None:
+        if not train_size:
+            raise ConfigError("option 'warmup_epochs' needs the training set size to count steps per epoch")
+        per_epoch = steps_per_epoch(train_size, config.batch_size, config.grad_accum, world_size)
+        return {"warmup_steps": math.ceil(round(config.warmup_epochs * per_epoch, 6))}
+    if config.warmup_ratio is not None:
+        return {"warmup_ratio": config.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": config.warmup_ratio}
+    return {"warmup_steps": config.warmup_steps or 0}
 
 
 class ConfigError(UnlearnError):
@@ -55,8 +89,11 @@ class TrainingConfig:
     batch_size: int = 4
     grad_accum: int = 4
     weight_decay: float = 0.01
-    lr_scheduler: str = "constant"
-    warmup_steps: int = 0
+    lr_scheduler: str = "constant"  # a transformers SchedulerType name
+    # warmup: at most one of these (transformers' names, plus warmup_epochs)
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None  # of the total optimizer steps, in [0, 1)
+    warmup_epochs: float | None = None  # epochs of optimizer steps, counted as the Trainer counts them
     max_grad_norm: float = 1.0
     optim: str = "adamw_torch"
     seed: int = 0
@@ -96,7 +133,18 @@ class TrainingConfig:
         need(self.save_steps is None or self.save_steps >= 0, "save_steps", ">= 0")
         need(self.save_total_limit >= 1, "save_total_limit", ">= 1")
         need(self.logging_steps >= 1, "logging_steps", ">= 1")
-        need(self.warmup_steps >= 0, "warmup_steps", ">= 0")
+        need(self.warmup_steps is None or self.warmup_steps >= 0, "warmup_steps", ">= 0")
+        need(self.warmup_ratio is None or 0 <= self.warmup_ratio < 1, "warmup_ratio", "in [0, 1)")
+        need(self.warmup_epochs is None or self.warmup_epochs >= 0, "warmup_epochs", ">= 0")
+        given = [name for name in WARMUP_OPTIONS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"options {' and '.join(repr(g) for g in given)} both set the warmup; give only one")
+        schedulers = scheduler_names()
+        need(self.lr_scheduler in schedulers, "lr_scheduler", f"a transformers scheduler: {', '.join(schedulers)}")
+        warmup = next((name for name in given if getattr(self, name)), None)
+        if warmup and self.lr_scheduler in NO_WARMUP_SCHEDULERS:  # transformers would ignore it silently
+            raise ConfigError(f"option {warmup!r}: lr_scheduler {self.lr_scheduler!r} has no warmup; use "
+                              f"'constant_with_warmup', 'linear', 'cosine', ...")
         need(self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {', '.join(MIXED_PRECISION)}")
         need(self.target_modules is None or (isinstance(self.target_modules, list) and all(
             isinstance(t, str) and t for t in self.target_modules)), "target_modules", "a list of module names")
@@ -111,7 +159,7 @@ class UnlearnConfig(TrainingConfig):
     objective: str = "grad_diff"
     objective_options: dict[str, Any] = field(default_factory=dict)
     retain_loss: str | None = None  # shortcut for objective_options.retain_loss ("nll" or "kl")
-    initializer: str = "gaussian"
+    initializer: str = "kaiming"  # PEFT's default LoRA init (init_lora_weights=True)
     initializer_options: dict[str, Any] = field(default_factory=dict)
     regularizer: str | None = None
     regularizer_options: dict[str, Any] = field(default_factory=dict)
@@ -204,7 +252,13 @@ def build_config(config_cls, *layers: tuple[str, Mapping[str, Any]]):
     """A config from (where, values) layers applied in order over the defaults."""
     merged: dict[str, Any] = {}
     for where, values in layers:
-        merged.update(check_values(config_cls, values, where))
+        values = check_values(config_cls, values, where)
+        warmup = [k for k in WARMUP_OPTIONS if values.get(k) is not None]
+        if len(warmup) > 1:
+            raise ConfigError(f"{where}: options {' and '.join(repr(k) for k in warmup)} both set the warmup; give only one")
+        if warmup:  # a layer's warmup replaces the lower layers' one (e.g. a preset's)
+            merged.update({k: None for k in WARMUP_OPTIONS})
+        merged.update(values)
     config = config_cls(**merged)
     config.validate()
     return config

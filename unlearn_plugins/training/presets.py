@@ -6,8 +6,12 @@ from __future__ import annotations
 from ..errors import UnlearnError
 
 PRESETS: dict[str, dict] = {
-    # ReGLU (Findings of ACL 2026), TOFU defaults of the reference code:
-    # RILA init + IHL forget loss + ROL regulariser, LoRA r 32 / alpha 64 on q,k,v,o,gate,up,down.
+    # ReGLU (Findings of ACL 2026), TOFU defaults of the reference code (see docs/methods.md):
+    # RILA init + IHL forget loss + ROL regulariser, LoRA r 32 / alpha 64 on q,k,v,o,gate,up,down;
+    # effective batch 32 (4 x 8 per process), AdamW, weight decay 0.01, HF linear decay after a
+    # linear warmup of one epoch. RILA's own defaults (faithful pooling, 256 samples per split)
+    # are the reference's. The reference's 500-token limit is left to --max-length (default 512:
+    # the same for TOFU QA, and a preset value would override callers that set their own).
     "reglu": {
         "objective": "ihl",
         "initializer": "rila",
@@ -16,8 +20,14 @@ PRESETS: dict[str, dict] = {
         "regularizer_options": {"weight": 0.5, "rank": 128},
         "lora_r": 32,
         "lora_alpha": 64.0,
+        "lora_dropout": 0.0,
         "lr": 1e-4,
         "epochs": 5.0,
+        "batch_size": 4,
+        "grad_accum": 8,
+        "weight_decay": 0.01,
+        "lr_scheduler": "linear",
+        "warmup_epochs": 1.0,
     },
 }
 

@@ -151,12 +151,17 @@ def package_versions() -> dict[str, str | None]:
 # ----------------------------------------------------------------------------- set-up pieces
 
 
-def training_arguments(config: TrainingConfig, *, unused_parameters: bool = False):
+def training_arguments(config: TrainingConfig, *, unused_parameters: bool = False, train_size: int | None = None):
     """TrainingArguments with low overhead: no eval, no reporting, workers 0, per-epoch or
     per-N-step checkpoints. ``unused_parameters``: the loss does not reach every trainable
-    parameter (RMU), so DDP must look for unused ones."""
+    parameter (RMU), so DDP must look for unused ones. ``train_size``: examples per epoch
+    (needed by ``warmup_epochs``)."""
+    import dataclasses
+
     import torch
     from transformers import TrainingArguments
+
+    from .config import warmup_settings
 
     device = (config.device or "").lower()
     if device.startswith("cuda:"):
@@ -175,7 +180,7 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
         save = {"save_strategy": "epoch"}
     else:
         save = {"save_strategy": "steps", "save_steps": config.save_steps}
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=str(checkpoint_dir(config.out)),
         per_device_train_batch_size=config.batch_size,
         gradient_accumulation_steps=config.grad_accum,
@@ -184,7 +189,6 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
         max_steps=config.max_steps if config.max_steps else -1,
         weight_decay=config.weight_decay,
         lr_scheduler_type=config.lr_scheduler,
-        warmup_steps=config.warmup_steps,
         max_grad_norm=config.max_grad_norm,
         optim=config.optim,
         seed=config.seed,
@@ -205,6 +209,10 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
         ddp_find_unused_parameters=unused_parameters,
         **save,
     )
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for name, value in warmup_settings(config, train_size, args.world_size, fields).items():
+        setattr(args, name, value)  # after construction: warmup_epochs needs the process count
+    return args
 
 
 def _weight_dtype(config: TrainingConfig, device):
@@ -241,7 +249,9 @@ def _load(config: TrainingConfig, device):
 
 class UnlearningDataset:
     """Forget-anchored pairs (:class:`~unlearn_plugins.data.tofu.ForgetRetainPairs`) plus extra
-    per-forget-example views an objective asked for (e.g. ``forget_idk``)."""
+    per-forget-example views an objective asked for (e.g. ``forget_idk``). ``set_epoch``
+    (called by the trainer) reaches the pairs and every view that has one, so draws that
+    change per epoch stay a function of (seed, epoch, index) and survive a resume."""
 
     def __init__(self, forget: Sequence[dict], retain: Sequence[dict] | None, seed: int,
                  views: dict[str, Sequence[dict]] | None = None):
@@ -252,6 +262,11 @@ class UnlearningDataset:
         for name, items in self.views.items():
             if len(items) != len(self.pairs):
                 raise UnlearnError(f"objective view {name!r} has {len(items)} items for {len(self.pairs)} forget examples")
+
+    def set_epoch(self, epoch: int) -> None:
+        for part in (self.pairs, *self.views.values()):
+            if hasattr(part, "set_epoch"):
+                part.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -281,7 +296,8 @@ def _train(config: TrainingConfig, *, command: str, objective, build_dataset, in
     from .trainer import NonFiniteLossError, UnlearningTrainer
 
     started = time.time()
-    args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)))
+    args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)),
+                              train_size=len(samples["forget"] if "forget" in samples else samples["train"]))
     is_main = args.process_index == 0
     out = Path(config.out)
     ckpt_dir = checkpoint_dir(out)
@@ -486,7 +502,7 @@ def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -
 def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> RunResult:
     """Plain NLL training on a TOFU split (or some of its authors): builds target models."""
     from ..data.tofu import load_split
-    from ..initializers.peft_builtin import GaussianInit
+    from ..initializers.peft_builtin import KaimingInit
     from ..objectives.gradient import NLL
 
     config.validate()
@@ -500,7 +516,7 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
         return list(encoded["train"])
 
     return _train(config, command="finetune", objective=NLL(), build_dataset=build,
-                  initializer=None if config.full_finetune else GaussianInit(),
+                  initializer=None if config.full_finetune else KaimingInit(),
                   samples={"train": data}, callbacks=callbacks)
 
 

@@ -3,8 +3,8 @@
 Everything else - checkpoints, resume, gradient accumulation, mixed precision, logging,
 accelerate/DeepSpeed/FSDP - is the Trainer's. Additions: a frozen reference model when the
 objective needs one, a stop on a non-finite loss (before the optimizer step, so the
-checkpoints on disk stay good), and a progress bar that shows the loss instead of printing
-a line per log.
+checkpoints on disk stay good), the epoch passed to a dataset that redraws per epoch, and a
+progress bar that shows the loss instead of printing a line per log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import torch
 from transformers import Trainer
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 from ..errors import UnlearnError
 
@@ -33,6 +33,23 @@ class LossBar(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
             self.training_bar.set_postfix(loss=f"{logs['loss']:.4g}", refresh=False)
+
+
+class EpochToDataset(TrainerCallback):
+    """Tells the training dataset which epoch starts (``dataset.set_epoch``), for data drawn
+    afresh each epoch (retain partners, IdkDPO refusals).
+
+    accelerate's dataloader forwards its epoch to the dataset only in some set-ups (not when
+    its sampler takes the epoch, nor in the batch-skipping dataloader of a resumed epoch), so
+    the epoch comes from the Trainer's state: ``state.epoch`` is ``epoch + done/steps``,
+    restored from the checkpoint on resume, so its integer part is the epoch about to run.
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.set_epoch(int(state.epoch or 0))
 
 
 class UnlearningTrainer(Trainer):
@@ -55,6 +72,11 @@ class UnlearningTrainer(Trainer):
         if self.args.disable_tqdm is False:
             self.remove_callback(ProgressCallback)
             self.add_callback(LossBar)
+        if hasattr(self.train_dataset, "set_epoch"):
+            if self.args.dataloader_num_workers > 0 and self.args.dataloader_persistent_workers:
+                raise UnlearnError("dataloader_persistent_workers: the workers' copies of the dataset would not "
+                                   "see the epoch (retain partners are drawn per epoch); turn it off")
+            self.add_callback(EpochToDataset(self.train_dataset))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = self.objective.loss(model, inputs, reference_model=self.reference_model)

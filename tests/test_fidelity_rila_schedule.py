@@ -1,0 +1,302 @@
+"""Fidelity to the references (issue 11, items 2, 3, 8): the ReGLU preset's schedule, the
+scheduler / warmup options, RILA's statistics and retain basis, PEFT's default LoRA init.
+
+Every expected value is computed here from the reference's formula, not with library code."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from unlearn_plugins.data.tofu import encode_qa
+from unlearn_plugins.initializers.residual import lora_modules
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+QA = [
+    ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
+    ("Which genre does the author write in?", "She writes fantasy novels and short stories."),
+    ("What awards has the author won?", "He won the International Booker Prize."),
+    ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
+    ("Where was the author born?", "In Kuwait City."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Which genre does she write in?", "Fantasy."),
+    ("What is the full name of the author?", "The author is Basil Mahfouz Al-Kuwaiti."),
+    ("Who was her father?", "A doctor."),
+]
+EPS = 1e-4  # the reference adds 1e-4 I to Cf and Cr
+
+
+def parse(*argv):
+    from unlearn_plugins.commands import run as run_cmd
+    from unlearn_plugins.training import UnlearnConfig
+
+    parser = argparse.ArgumentParser()
+    run_cmd.add_parser(parser.add_subparsers())
+    return run_cmd.resolve_config(UnlearnConfig, parser.parse_args(["run", *argv]))
+
+
+# ----------------------------------------------------------------------------- item 2: schedule
+
+
+@pytest.mark.parametrize("n_forget, one_epoch", [
+    (40, 2),    # forget01: ceil(40 / 4) = 10 batches, ceil(10 / 8) = 2 optimizer steps
+    (200, 7),   # forget05: 50 batches -> 7 steps (the last one a partial accumulation)
+    (400, 13),  # forget10: 100 batches -> 13 steps
+])
+def test_reglu_preset_has_the_reference_schedule(tmp_path, n_forget, one_epoch):
+    from transformers.trainer_utils import SchedulerType
+
+    from unlearn_plugins.training.run import training_arguments
+
+    config = parse("--preset", "reglu", "--out", str(tmp_path / "x"), "--device", "cpu")
+    args = training_arguments(config, train_size=n_forget)
+    # reference configs/tofu_forget.yaml + methods/reglu/core.py build_training_arguments
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size == 32
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 8)
+    assert args.lr_scheduler_type == SchedulerType.LINEAR  # TrainingArguments' default there
+    assert (args.learning_rate, args.num_train_epochs, args.weight_decay) == (1e-4, 5.0, 0.01)
+    assert config.lora_dropout == 0.0
+    total = 5 * one_epoch
+    assert args.get_warmup_steps(total) == one_epoch
+
+
+def test_warmup_options_one_at_a_time_and_flags_beat_the_preset(tmp_path):
+    from unlearn_plugins.training.config import ConfigError, load_toml
+    from unlearn_plugins.training import UnlearnConfig
+
+    config = parse("--preset", "reglu", "--out", "x", "--warmup-steps", "5")
+    assert (config.warmup_steps, config.warmup_epochs) == (5, None)
+    config = parse("--preset", "reglu", "--out", "x", "--warmup-ratio", "0.1")
+    assert (config.warmup_ratio, config.warmup_epochs) == (0.1, None)
+    with pytest.raises(SystemExit):  # argparse: not allowed together
+        parse("--out", "x", "--warmup-steps", "5", "--warmup-epochs", "1")
+    toml = tmp_path / "run.toml"
+    toml.write_text("out = 'x'\nwarmup_steps = 3\nwarmup_ratio = 0.2\n")
+    with pytest.raises(ConfigError, match="run.toml: options 'warmup_steps' and 'warmup_ratio' both set the warmup"):
+        parse("--config", str(toml))
+    assert load_toml(toml, UnlearnConfig)["warmup_ratio"] == 0.2
+    with pytest.raises(ConfigError, match=r"'lr_scheduler' must be a transformers scheduler: linear, cosine, .*'nope'") as e:
+        parse("--out", "x", "--lr-scheduler", "nope")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"'warmup_ratio' must be in \[0, 1\)"):
+        parse("--out", "x", "--warmup-ratio", "1.5")
+    with pytest.raises(ConfigError, match="option 'warmup_steps': lr_scheduler 'constant' has no warmup"):
+        parse("--out", "x", "--warmup-steps", "3")  # transformers would drop it silently
+    assert parse("--out", "x", "--warmup-steps", "3", "--lr-scheduler", "constant_with_warmup").warmup_steps == 3
+
+
+def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_path):
+    from transformers import TrainerCallback
+
+    from unlearn_plugins.training import FinetuneConfig, UnlearnConfig, run_finetune, run_unlearning
+
+    used = []
+
+    class LrOfEachStep(TrainerCallback):
+        def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            used.append(optimizer.param_groups[0]["lr"])
+
+    lr = 1e-3
+    config = UnlearnConfig(out=str(tmp_path / "run"), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), device="cpu",
+                           forget="tofu:forget01[0:10]", retain="tofu:retain99[0:10]", max_length=64, lora_r=4,
+                           lora_alpha=8, batch_size=2, grad_accum=2, epochs=2, lr=lr, lr_scheduler="linear",
+                           warmup_epochs=1.0, objective="grad_diff", save_steps=0)
+    result = run_unlearning(config, callbacks=[LrOfEachStep()])
+    # 10 examples / batch 2 = 5 batches = 3 optimizer steps per epoch (2 + 2 + 1): T = 6, warmup W = 3
+    total, warmup = 6, 3
+    expected = [lr * s / warmup if s < warmup else lr * max(0.0, (total - s) / (total - warmup)) for s in range(total)]
+    assert result.record["steps"] == total
+    assert used == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert result.record["initializer"]["init"] == "kaiming"  # the default init of `unlearn run`
+
+    ft = run_finetune(FinetuneConfig(out=str(tmp_path / "ft"), model=str(tiny_model_dir), tofu_dir=str(tofu_dir),
+                                     device="cpu", data="tofu:forget01[0:4]", max_length=64, lora_r=4, batch_size=2,
+                                     grad_accum=1, max_steps=1, save_steps=0))
+    assert ft.record["initializer"]["init"] == "kaiming"  # and of `unlearn finetune`
+
+
+# ----------------------------------------------------------------------------- item 3: RILA
+
+
+def peft_model(model, r):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, init_lora_weights=True,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"]))
+
+
+def reference_pooled_outputs(model, exs, pad_id=None, pad_to=None):
+    """The reference hook: each LoRA base layer's output summed over the sequence (dim 1),
+    one example per forward (no padding unless pad_to), float64."""
+    rows, handles = {}, []
+    for name, module in lora_modules(model):
+        def hook(_m, _i, out, _name=name):
+            rows.setdefault(_name, []).append(out.sum(dim=1).double())
+        handles.append(module.base_layer.register_forward_hook(hook))
+    with torch.no_grad(), model.disable_adapter():
+        for e in exs:
+            ids, mask = list(e["input_ids"]), list(e["attention_mask"])
+            if pad_to:
+                ids, mask = ids + [pad_id] * (pad_to - len(ids)), mask + [0] * (pad_to - len(mask))
+            model(input_ids=torch.tensor([ids]), attention_mask=torch.tensor([mask]))
+    for h in handles:
+        h.remove()
+    return {k: torch.cat(v) for k, v in rows.items()}
+
+
+def top(mat, k):
+    return torch.linalg.eigh(mat)[1][:, -k:]
+
+
+def projector_gap(a, b):
+    a, b = a.double(), b.double()
+    return float(torch.linalg.matrix_norm(a @ torch.linalg.pinv(a) - b @ torch.linalg.pinv(b), ord=2))
+
+
+def well_separated(mat, k):
+    evals = torch.linalg.eigvalsh(mat)
+    return float(evals[-k] - evals[-k - 1]) > 1e-3 * float(evals.abs().max())
+
+
+@pytest.mark.parametrize("path", [None, "dense", "factored"])
+def test_rila_faithful_statistics_match_the_reference(tiny_model, tiny_tokenizer, path):
+    from unlearn_plugins.initializers.rila import RILAInit, collect_stats, select_examples
+
+    tok = tiny_tokenizer
+    forget = [encode_qa(tok, q, a) for q, a in QA[:5]]
+    retain = [encode_qa(tok, q, a) for q, a in QA[5:]]
+    assert (RILAInit().mode, RILAInit().n_samples) == ("faithful", 256)  # the reference's defaults
+    n, beta, r, k = 3, 0.7, 2, 3
+    # the reference: the first n forget examples, each with a uniformly drawn retain partner
+    picks = torch.randint(len(retain), (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref_forget, ref_retain = forget[:n], [retain[i] for i in picks]
+    assert select_examples(forget, retain, n) == (ref_forget, ref_retain)
+
+    model = peft_model(tiny_model, r)
+    hf = reference_pooled_outputs(model, ref_forget)
+    hr = reference_pooled_outputs(model, ref_retain)
+    weights = {name: m.base_layer.weight.detach().double().clone() for name, m in lora_modules(model)}
+
+    # our pooled second moments (module outputs, or W Cin W^T on the factored path)
+    stats = collect_stats(model, ref_forget, ref_retain, tok.pad_token_id, path=path)
+    for name, (fs, rs) in stats.items():
+        for ours, h in ((fs, hf[name]), (rs, hr[name])):
+            if ours.path == "rows":
+                m = ours.matrix().double()
+                c = m.T @ m / ours.count
+            elif ours.path == "dense":
+                c = ours.gram.double() / ours.count
+            else:
+                c = weights[name] @ (ours.gram.double() / ours.count) @ weights[name].T
+            expected = h.T @ h / h.shape[0]
+            assert float(torch.linalg.matrix_norm(c - expected) / torch.linalg.matrix_norm(expected)) < 1e-5, name
+
+    result = RILAInit(beta=beta, n_samples=n, rol_rank=k, path=path).initialize(
+        model, forget=forget, retain=retain, tokenizer=tok)
+    checked = 0
+    for name, module in lora_modules(model):
+        d = weights[name].shape[0]
+        eye = torch.eye(d, dtype=torch.float64)
+        cf = hf[name].T @ hf[name] / n + EPS * eye
+        cr = hr[name].T @ hr[name] / n + EPS * eye
+        delta = (1 - beta) * cf - beta * cr
+        B = module.lora_B["default"].weight.detach().double()
+        if well_separated(delta, r):
+            q = top(delta, r)
+            assert projector_gap(B, q) < 1e-5, name
+            A = module.lora_A["default"].weight.detach().double()
+            assert torch.allclose(A, B.T @ weights[name], atol=1e-5)
+            checked += 1
+        if well_separated(cr, k):
+            assert projector_gap(result.retain_basis[name], top(cr, k)) < 1e-5, name
+    assert checked >= 10
+
+
+@pytest.mark.filterwarnings("ignore:rila. fewer than r positive eigenvalues")  # beta = 1: Delta <= 0
+@pytest.mark.parametrize("path", ["rows", "dense", "factored"])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_rila_retain_basis_is_top_eigenvectors_of_cr_whatever_beta(tiny_model, tiny_tokenizer, path, beta):
+    """P_B = top-k eigenvectors of Cr on every path; at beta = 0 the rows path used to span
+    only the forget rows (projector error 0.29)."""
+    from unlearn_plugins.initializers.rila import RILAInit
+
+    tok = tiny_tokenizer
+    forget = [encode_qa(tok, q, a) for q, a in QA[:3]]
+    retain = [encode_qa(tok, q, a) for q, a in QA[3:7]]
+    model = peft_model(tiny_model, 2)
+    hr = reference_pooled_outputs(model, retain)
+    k = 3  # < 4 retain rows: the top-3 subspace of Cr is well defined
+    result = RILAInit(beta=beta, n_samples="all", rol_rank=k, path=path).initialize(
+        model, forget=forget, retain=retain, tokenizer=tok)
+    assert result.info["paths"] == {path: 14}
+    for name, _module in lora_modules(model):
+        cr = hr[name].T @ hr[name] / hr[name].shape[0]
+        cr = cr + EPS * torch.eye(cr.shape[0], dtype=torch.float64)
+        assert well_separated(cr, k), name
+        assert projector_gap(result.retain_basis[name], top(cr, k)) < 1e-5, name
+
+
+def test_rila_pad_to_pools_over_padded_positions_like_tofu_format_data(tiny_model, tiny_tokenizer):
+    from unlearn_plugins.initializers.rila import RILAInit, collect_stats
+
+    tok = tiny_tokenizer
+    forget = [encode_qa(tok, q, a) for q, a in QA[:3]]
+    retain = [encode_qa(tok, q, a) for q, a in QA[3:6]]
+    model = peft_model(tiny_model, 2)
+    pad_to = max(len(e["input_ids"]) for e in forget + retain) + 7
+    hf = reference_pooled_outputs(model, forget, tok.eos_token_id, pad_to)
+    stats = collect_stats(model, forget, retain, tok.eos_token_id, path="dense", pad_to=pad_to)
+    for name, (fs, _rs) in stats.items():
+        expected = hf[name].T @ hf[name] / 3
+        assert float(torch.linalg.matrix_norm(fs.gram.double() / fs.count - expected)
+                     / torch.linalg.matrix_norm(expected)) < 1e-5, name
+    from unlearn_plugins.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="pad_to=4 is shorter than an example"):
+        RILAInit(pad_to=4).initialize(model, forget=forget, retain=retain, tokenizer=tok)
+    with pytest.raises(ConfigError, match="rila option n_samples must be"):
+        RILAInit(n_samples=0)
+
+
+# ----------------------------------------------------------------------------- item 8: default init
+
+
+def test_default_init_is_pefts_kaiming_uniform_with_zero_b(tiny_model):
+    from peft import LoraConfig, get_peft_model
+
+    from unlearn_plugins import ADAPTER_INITIALIZER, create
+    from unlearn_plugins.initializers.peft_builtin import lora_layers
+    from unlearn_plugins.testing import tiny_llama
+    from unlearn_plugins.training import UnlearnConfig
+
+    assert UnlearnConfig().initializer == "kaiming"
+    targets = ["q_proj", "v_proj", "gate_proj", "down_proj"]
+    model = get_peft_model(tiny_model, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                  init_lora_weights="gaussian"))
+    torch.manual_seed(123)
+    result = create(ADAPTER_INITIALIZER, "kaiming").initialize(model)
+    assert result.residual is False and result.info["init"] == "kaiming"
+
+    # PEFT's init_lora_weights=True: A <- kaiming_uniform_(a=sqrt(5)), layer by layer; B <- 0
+    torch.manual_seed(123)
+    ours, peft_own = [], []
+    for _name, module in lora_layers(model):
+        a = module.lora_A["default"].weight.detach()
+        expected = torch.nn.init.kaiming_uniform_(torch.empty_like(a), a=math.sqrt(5))
+        assert torch.equal(a, expected)
+        assert not module.lora_B["default"].weight.any()
+        assert float(a.abs().max()) <= 1 / math.sqrt(a.shape[1])  # U(-1/sqrt(d_in), 1/sqrt(d_in))
+        ours.append(a.flatten() * math.sqrt(a.shape[1]))
+    # the same distribution as a PEFT model built with init_lora_weights=True
+    peft_default = get_peft_model(tiny_llama(384, seed=1), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    for _name, module in lora_layers(peft_default):
+        a = module.lora_A["default"].weight.detach()
+        peft_own.append(a.flatten() * math.sqrt(a.shape[1]))
+    ours, peft_own = torch.cat(ours), torch.cat(peft_own)
+    assert abs(float(ours.std()) - float(peft_own.std())) < 0.05 * float(peft_own.std())
+    assert abs(float(ours.std()) - 1 / math.sqrt(3)) < 0.05  # std of U(-1, 1)
