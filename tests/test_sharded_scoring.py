@@ -93,7 +93,7 @@ def test_loss_scores_over_two_processes_equal_one_process(tiny_model_dir, tofu_d
     done = _launch(_score_args("loss", tiny_model_dir, tofu_dir, two), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(2 processes)" in done.stdout and done.stdout.count("scored 7 samples") == 1  # the main process only
-    assert sorted(p.name for p in tmp_path.iterdir() if "jsonl" in p.name) == ["one.jsonl", "two.jsonl"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".jsonl") or ".tmp" in p.name) == ["one.jsonl", "two.jsonl"]  # no temp files
     a, b = _rows(one), _rows(two)
     assert [r["index"] for r in b] == list(range(7)) and [r["question"] for r in b] == [r["question"] for r in a]
     for x, y in zip(a, b):
@@ -102,7 +102,7 @@ def test_loss_scores_over_two_processes_equal_one_process(tiny_model_dir, tofu_d
 
 
 def test_cud_shares_matrices_through_the_cache_and_matches_one_process(tiny_model_dir, tofu_dir, tmp_path):
-    options = ['anchors={"easy": [0, 1], "hard": [2, 3]}', "steps=2", "baseline=other"]
+    options = ["anchor_data=self", 'anchors={"easy": [0, 1], "hard": [2, 3]}', "steps=2", "baseline=other"]
     a, done, b = _one_and_launched("cud", tiny_model_dir, tofu_dir, tmp_path, *options)
     # each process computed the matrices of its own shard; the main process found them all cached
     assert "process 0 of 2: anchor runs [], score matrices of samples 0..3" in done.stderr
@@ -133,7 +133,7 @@ def test_anchor_runs_are_split_over_processes(tiny_model_dir, tofu_dir, tmp_path
     losses and scores as in one process."""
     unlearn = {"max_steps": 2, "retain": "tofu:retain99[0:8]", "tofu_dir": str(tofu_dir), "batch_size": 2,
                "grad_accum": 1, "lr": 1e-2}
-    options = ['objectives=["grad_diff", "npo"]', "k=2", "min_votes=1", "steps=1",
+    options = ["anchor_data=self", 'objectives=["grad_diff", "npo"]', "seeds=[0]", "k=2", "min_votes=1", "steps=1",
                f"unlearn_options={json.dumps(unlearn)}"]
     a, done, b = _one_and_launched("cud", tiny_model_dir, tofu_dir, tmp_path, *options)
     assert "process 0 of 2: anchor runs ['grad_diff/0']" in done.stderr
@@ -190,7 +190,7 @@ def test_cud_processes_split_runs_and_matrices_and_main_scores_from_the_cache(ti
         ("Who are the parents of the painter?", "Her mother was a painter."),
         ("What is the capital of France?", "The capital of France is Paris."),
     ])]
-    kwargs = dict(objectives=["grad_diff", "npo"], k=2, steps=1, n_edges=20)
+    kwargs = dict(anchor_data="self", objectives=["grad_diff", "npo"], seeds=[0], k=2, steps=1, n_edges=20)
     expected = CUDScorer(runner=_Runner(), cache_dir=str(tmp_path / "one"), **kwargs).score(
         samples, model=tiny_model, tokenizer=tiny_tokenizer)
 
