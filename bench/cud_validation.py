@@ -15,8 +15,10 @@ Prepare the score files with the same model and data, e.g. (authors 0 and 1 of T
     python bench/cud_validation.py --model FT/merged --data 'tofu:full[0:40]' --dir DIR \\
         --unlearn-options '{"max_length":128,"lr":5e-4,"epochs":5,"save_steps":0}'
 
-The held-out runs (grad_diff and npo, ``--seed``, default 1; the anchors used seed 0) go
-through the same runner as CUD's anchor runs and are cached in DIR/post_seed<S>.json.
+The held-out runs (grad_diff and npo, ``--seed``, default 3: CUD's anchor runs use seeds 0-2)
+go through the same runner as CUD's anchor runs and are cached in DIR/post_seed<S>.json. For the
+stratification experiment (easy / hard / random sets unlearned and compared), see
+bench/cud_stratification.py.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", required=True, type=Path, help="folder with cud.jsonl, mrd.jsonl, loss.jsonl, ...")
     p.add_argument("--unlearn-options", default="{}", help="JSON: the UnlearnConfig fields of CUD's anchor runs")
     p.add_argument("--objectives", default="grad_diff,npo")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=3, help="seed of the held-out runs (not one of CUD's anchor seeds)")
     args = p.parse_args(argv)
 
     cud = read_scores(args.dir / "cud.jsonl")

@@ -1,0 +1,77 @@
+"""bench/cud_stratification.py: the sets come only from the query pool, and the statistics say
+what the report claims (a clearly harder set gets an interval below 0, equal groups one around 0)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "cud_stratification.py"
+
+
+@pytest.fixture(scope="module")
+def study_module():
+    spec = importlib.util.spec_from_file_location("cud_stratification", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cud_stratification"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sets_never_hold_anchor_pool_or_held_out_rows(study_module, tofu_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
+    study = study_module.Study(study_module.StudyConfig(), tmp_path)
+    assert len(study.query) == 320 and not set(study.query) & (set(study.anchor) | set(study.heldout))
+    # scores that would put the anchor pool and the held-out rows first if they were ranked
+    rng = random.Random(0)
+    scores = {name: [{"row": i, "index": i, "score": rng.random() + (10 if i < 80 else 0)} for i in study.query]
+              for name in ("cud", "mrd", "loss")}
+    sets = study.sets(scores)
+    assert sorted(sets) == sorted([f"{s}_{k}" for s in scores for k in ("easy", "hard")] + ["random0", "random1",
+                                                                                                 "random2"])
+    allowed = set(study.query)
+    for name, rows in sets.items():
+        assert len(rows) == 40 and set(rows) <= allowed, name
+    randoms = [set(sets[f"random{k}"]) for k in range(3)]
+    assert not (randoms[0] & randoms[1] or randoms[0] & randoms[2] or randoms[1] & randoms[2])
+    by_row = {r["row"]: r["score"] for r in scores["mrd"]}
+    assert max(by_row[i] for i in sets["mrd_easy"]) <= min(by_row[i] for i in sets["mrd_hard"])
+
+
+def test_sets_refuse_scores_that_mark_anchors(study_module, tofu_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
+    study = study_module.Study(study_module.StudyConfig(), tmp_path)
+    rows = [{"row": i, "index": i, "score": float(i), "anchor": i == study.query[0]} for i in study.query]
+    with pytest.raises(SystemExit, match="anchors"):
+        study.sets({"cud": rows})
+
+
+def test_efficacy_and_sample_interval(study_module):
+    rng = random.Random(1)
+    before = [rng.uniform(0.3, 0.6) for _ in range(80)]
+    # group a keeps 70% of its probability, group b 40%: efficacy 30 vs 60 points
+    a = (before[:40], [p * 0.7 * rng.uniform(0.95, 1.05) for p in before[:40]])
+    b = (before[40:], [p * 0.4 * rng.uniform(0.95, 1.05) for p in before[40:]])
+    out = study_module.sample_ci(a, b)
+    assert out["diff"] == pytest.approx(-30, abs=2)
+    assert out["ci"][0] < out["diff"] < out["ci"][1] < 0
+    same = study_module.sample_ci(a, a)
+    assert same["diff"] == 0 and same["ci"][0] <= 0 <= same["ci"][1]
+
+    nll_before = [-math.log(p) for p in before]
+    result = {"rows": list(range(40)), "nll_after": [-math.log(p) for p in a[1]]}
+    expected = 100 * (1 - sum(a[1]) / sum(a[0]))
+    assert study_module.efficacy(result, nll_before) == pytest.approx(expected, rel=1e-9)
+
+
+def test_run_interval_covers_the_difference(study_module):
+    hard = [20.0, 24.0]
+    rnd = [50.0, 55.0, 47.0, 52.0, 49.0, 51.0]
+    out = study_module.diff_ci(hard, rnd)
+    assert out["diff"] == pytest.approx(22 - 50.666, abs=0.01)
+    assert out["ci"][0] <= out["diff"] <= out["ci"][1] < 0
