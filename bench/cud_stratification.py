@@ -404,6 +404,13 @@ class Study:
         result["folder"] = str(folder)
         return result
 
+    def run_cached(self, set_name: str, rows, objective: str, seed: int, steps: int) -> bool:
+        from unlearn_plugins.demo.pipeline import DONE
+
+        parts = [rows, objective, seed, steps, self.config.unlearn, self.query]
+        folder = self.stages.folder("run", f"{set_name}-{objective}-s{seed}", self.digest(self.key, parts))
+        return (folder / DONE).is_file()
+
     def _extras_key(self, set_name: str, rows, run_folder: str | None) -> tuple[str, list]:
         name = "extras/" + (Path(run_folder).name.split("-", 1)[-1] if run_folder else f"{set_name}-before")
         return name, [rows, Path(run_folder).name if run_folder else None, self.config.mu_size]
@@ -448,6 +455,8 @@ def diff_ci(a: list[float], b: list[float]) -> dict:
         return np.mean(x, axis=axis) - np.mean(y, axis=axis)
 
     est = float(np.mean(a) - np.mean(b))
+    if min(len(a), len(b)) < 2:  # an interim report: no interval from one run
+        return {"diff": round(est, 2), "ci": None, "n": [len(a), len(b)]}
     ci = bootstrap((np.asarray(a), np.asarray(b)), stat, vectorized=True, paired=False, n_resamples=10000,
                    confidence_level=0.95, method="percentile", random_state=0).confidence_interval
     return {"diff": round(est, 2), "ci": [round(float(ci.low), 2), round(float(ci.high), 2)],
@@ -491,44 +500,62 @@ def per_sample(results, names, objectives, seeds, nll0) -> tuple[list[float], li
 
 
 def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, heldout_rows) -> dict:
+    """Everything the report shows, from the runs present (all of them, unless ``--cached-only``
+    reports an unfinished study: then each figure says over how many runs it is)."""
     from scipy.stats import spearmanr
 
     nll0 = before["nll"]
     eff = {(s, o, seed): efficacy(r, nll0) for (s, o, seed), r in results.items()}
     random_names = [s for s in sets if s.startswith("random")]
+
+    def have(names, objectives):
+        """The (set, objective, seed) runs present, and the seeds every one of the sets has."""
+        keys = [(n, o, seed) for n in names for o in objectives for seed in config.seeds if (n, o, seed) in eff]
+        seeds = [seed for seed in config.seeds
+                 if all((n, o, seed) in eff for n in names for o in objectives)]
+        return keys, seeds
+
+    def compare(kind_set: str, objectives) -> dict | None:
+        keys, _ = have([kind_set], objectives)
+        rnd_keys, _ = have(random_names, objectives)
+        if not keys or len(rnd_keys) < 2 or len(keys) + len(rnd_keys) < 3:
+            return None
+        both = [seed for seed in config.seeds if any(k[2] == seed for k in keys) and any(k[2] == seed for k in rnd_keys)]
+        objs = [o for o in objectives if any(k[1] == o for k in keys)]
+        out = {"runs": diff_ci([eff[k] for k in keys], [eff[k] for k in rnd_keys]),
+               "mean": round(sum(eff[k] for k in keys) / len(keys), 2),
+               "random": round(sum(eff[k] for k in rnd_keys) / len(rnd_keys), 2)}
+        if both and all((n, o, seed) in eff for n in [kind_set, *random_names] for o in objs for seed in both):
+            out["samples"] = sample_ci(per_sample(results, [kind_set], objs, both, nll0),
+                                       per_sample(results, random_names, objs, both, nll0))
+        return out
+
     table: dict = {}
     for scorer in config.scorers:
-        for objective in config.objectives:
-            rnd = [eff[(s, objective, seed)] for s in random_names for seed in config.seeds]
+        for objective in [*config.objectives, "all objectives"]:
+            objectives = config.objectives if objective == "all objectives" else [objective]
             row = {}
-            rnd_samples = per_sample(results, random_names, [objective], config.seeds, nll0)
             for kind in ("hard", "easy"):
-                vals = [eff[(f"{scorer}_{kind}", objective, seed)] for seed in config.seeds]
-                row[kind] = round(sum(vals) / len(vals), 2)
-                row[f"{kind}_minus_random"] = diff_ci(vals, rnd)
-                row[f"{kind}_minus_random_by_sample"] = sample_ci(
-                    per_sample(results, [f"{scorer}_{kind}"], [objective], config.seeds, nll0), rnd_samples)
-            row["random"] = round(sum(rnd) / len(rnd), 2)
-            table.setdefault(scorer, {})[objective] = row
-        hard = [eff[(f"{scorer}_hard", o, s)] for o in config.objectives for s in config.seeds]
-        easy = [eff[(f"{scorer}_easy", o, s)] for o in config.objectives for s in config.seeds]
-        rnd = [eff[(r, o, s)] for r in random_names for o in config.objectives for s in config.seeds]
-        rnd_samples = per_sample(results, random_names, config.objectives, config.seeds, nll0)
-        table[scorer]["all objectives"] = {
-            "hard_minus_random": diff_ci(hard, rnd), "easy_minus_random": diff_ci(easy, rnd),
-            **{f"{kind}_minus_random_by_sample": sample_ci(
-                per_sample(results, [f"{scorer}_{kind}"], config.objectives, config.seeds, nll0), rnd_samples)
-               for kind in ("hard", "easy")}}
+                c = compare(f"{scorer}_{kind}", objectives)
+                if c is None:
+                    continue
+                row[kind], row["random"] = c["mean"], c["random"]
+                row[f"{kind}_minus_random"] = c["runs"]
+                if "samples" in c:
+                    row[f"{kind}_minus_random_by_sample"] = c["samples"]
+            if row:
+                table.setdefault(scorer, {})[objective] = row
     # Spearman of each score with the post-unlearning loss (mean over seeds) on the random sets' samples
     spearman: dict = {}
     for objective in config.objectives:
         post: dict[int, list[float]] = {}
-        for s in random_names:
-            for seed in config.seeds:
-                r = results[(s, objective, seed)]
-                for i, v in zip(r["rows"], r["nll_after"]):
-                    post.setdefault(i, []).append(v)
+        for key in have(random_names, [objective])[0]:
+            r = results[key]
+            for i, v in zip(r["rows"], r["nll_after"]):
+                post.setdefault(i, []).append(v)
         rows = sorted(post)
+        if len(rows) < 3:
+            continue
         loss_after = [sum(post[i]) / len(post[i]) for i in rows]
         for scorer, srows in scores.items():
             by_row = {r["row"]: r["score"] for r in srows}
@@ -540,18 +567,29 @@ def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, 
         p = sum(math.exp(-v) for v in r["heldout_nll_after"]) / len(r["heldout_nll_after"])
         heldout.setdefault(o, {}).setdefault(s, []).append(p)
     p_heldout_before = sum(math.exp(-nll0[i]) for i in heldout_rows) / len(heldout_rows)
-    return {"heldout_retain_prob_before": round(p_heldout_before, 4), "efficacy": {f"{s}|{o}|{seed}": round(v, 2) for (s, o, seed), v in eff.items()},
+    n_planned = len(sets) * len(config.objectives) * len(config.seeds)
+    return {"complete": len(results) == n_planned, "runs": len(results), "runs_planned": n_planned,
+            "heldout_retain_prob_before": round(p_heldout_before, 4),
+            "efficacy": {f"{s}|{o}|{seed}": round(v, 2) for (s, o, seed), v in eff.items()},
             "table": table, "spearman": spearman,
             "heldout_retain_prob": {o: {s: round(sum(v) / len(v), 4) for s, v in d.items()} for o, d in heldout.items()},
             "extras": extras, "budget": budget, "utility_before": before["mu"]}
 
 
 def markdown(config: StudyConfig, out: dict) -> str:
-    def ci(d, by_sample):
-        return f"{d['diff']:+.1f} [{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}] / [{by_sample['ci'][0]:+.1f}, {by_sample['ci'][1]:+.1f}]"
+    def ci(row, kind):
+        d, by_sample = row.get(f"{kind}_minus_random"), row.get(f"{kind}_minus_random_by_sample")
+        if d is None:
+            return "n/a"
+        text = f"{d['diff']:+.1f} " + (f"[{d['ci'][0]:+.1f}, {d['ci'][1]:+.1f}]" if d["ci"] else "[1 run]")
+        return text + (f" / [{by_sample['ci'][0]:+.1f}, {by_sample['ci'][1]:+.1f}]" if by_sample else "")
+
+    def num(row, key):
+        return f"{row[key]:.1f}" if key in row else "n/a"
 
     b = out["budget"]
-    lines = [f"Efficacy = 100 x (1 - mean answer probability after / before) on the unlearned set, in points; "
+    status = "" if out["complete"] else f"**Interim: {out['runs']} of {out['runs_planned']} runs.** "
+    lines = [status + f"Efficacy = 100 x (1 - mean answer probability after / before) on the unlearned set, in points; "
              f"{config.set_size} QA per set, {b['steps']} optimizer steps of batch {config.unlearn['batch_size']} "
              f"at lr {config.unlearn['lr']} for every run, seeds {', '.join(map(str, config.seeds))}. "
              "Differences: estimate [95% CI, runs resampled] / [95% CI, samples resampled]. Spearman: score vs "
@@ -560,14 +598,14 @@ def markdown(config: StudyConfig, out: dict) -> str:
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
     for scorer, by_obj in out["table"].items():
         for objective, row in by_obj.items():
-            h = ci(row["hard_minus_random"], row["hard_minus_random_by_sample"])
-            e = ci(row["easy_minus_random"], row["easy_minus_random_by_sample"])
+            h, e = ci(row, "hard"), ci(row, "easy")
             if objective == "all objectives":
                 lines.append(f"| **{scorer}** | **all** | | | | **{h}** | **{e}** | |")
                 continue
-            sp = out["spearman"][scorer][objective]
-            lines.append(f"| {scorer} | {objective} | {row['random']:.1f} | {row['hard']:.1f} | {row['easy']:.1f} | "
-                         f"{h} | {e} | {sp['rho']:+.2f} ({sp['p']:.2g}) |")
+            sp = out["spearman"].get(scorer, {}).get(objective)
+            rho = f"{sp['rho']:+.2f} ({sp['p']:.2g})" if sp else "n/a"
+            lines.append(f"| {scorer} | {objective} | {num(row, 'random')} | {num(row, 'hard')} | {num(row, 'easy')} | "
+                         f"{h} | {e} | {rho} |")
     lines += ["", f"Retained knowledge: held-out retain probability (target: {out['heldout_retain_prob_before']:.3f}; "
               "mean over seeds) and, where measured (first seed), Model Utility on "
               f"{config.mu_size} QA per part (target: {out['utility_before']['model_utility']:.3f}), truth ratio "
@@ -601,7 +639,7 @@ def plot(config: StudyConfig, out: dict, sets, path: Path) -> None:
             vals = [v for k, v in out["efficacy"].items()
                     if k.split("|")[1] == objective and (k.split("|")[0] == name or
                                                          (name == "random" and k.startswith("random")))]
-            means.append(np.mean(vals))
+            means.append(np.mean(vals) if vals else 0.0)
             errs.append(np.std(vals, ddof=1) if len(vals) > 1 else 0.0)
         colors = ["tab:green" if n.endswith("easy") else "tab:red" if n.endswith("hard") else "tab:gray"
                   for n in names]
@@ -661,19 +699,19 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{s} before" if folder is None else f"{s} after {group.replace('|', ', seed ')}"
             return lambda: extras.setdefault(group, {}).__setitem__(s, study.extras(target, s, sets[s], folder, label))
 
-        # the pilot, while the other worker measures the sets before unlearning
-        budget, *_ = study.phase([(0, lambda: study.budget(target, sets["random0"], before["nll"]))] + [
-            (1 + j, extras_job(*job)) for j, job in enumerate(before_jobs)
-            if not (args.cached_only and not study.extras_cached(job[1], sets[job[1]], None))])
+        [budget] = study.phase([(0, lambda: study.budget(target, sets["random0"], before["nll"]))])
         study.log(f"budget: {budget['steps']} optimizer steps (pilot: {budget['checks']})")
         runs = [(s, o, seed) for seed in config.seeds for o in config.objectives for s in sets]
+        if args.cached_only:  # an interim report of an unfinished study
+            runs = [(s, o, seed) for s, o, seed in runs if study.run_cached(s, sets[s], o, seed, budget["steps"])]
         done = study.phase([(n, lambda n=n, s=s, o=o, seed=seed: study.run(
             target, s, sets[s], o, seed, budget["steps"], before["nll"], n + 1, len(runs)))
             for n, (s, o, seed) in enumerate(runs)])
         results = dict(zip(runs, done))
+        # the secondary metrics last, so that the efficacy table is complete first
         after_jobs = [(f"{o}|{seed}", s, results[(s, o, seed)]["folder"]) for seed in config.seeds[:config.extras_seeds]
-                      for o in config.objectives for s in sets]
-        study.phase([(j, extras_job(*job)) for j, job in enumerate(after_jobs)
+                      for o in config.objectives for s in sets if (s, o, seed) in results]
+        study.phase([(j, extras_job(*job)) for j, job in enumerate(before_jobs + after_jobs)
                      if not (args.cached_only and not study.extras_cached(job[1], sets[job[1]], job[2]))])
     if study.shard != 0:
         return 0  # worker 0 writes the report
@@ -684,9 +722,11 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out / "cud_stratification.json", out)
     (args.out / "cud_stratification.md").write_text(markdown(config, out))
     plot(config, out, sets, args.out / "cud_stratification.png")
-    headline = {"study": "cud_stratification", "budget_steps": budget["steps"], "paper": PAPER,
-                **{f"{kind}_minus_random{how}": {s: out["table"][s]["all objectives"][f"{kind}_minus_random{how}"]
-                                                 for s in config.scorers}
+    headline = {"study": "cud_stratification", "complete": out["complete"], "runs": out["runs"],
+                "budget_steps": budget["steps"], "paper": PAPER,
+                **{f"{kind}_minus_random{how}": {
+                    s: out["table"].get(s, {}).get("all objectives", {}).get(f"{kind}_minus_random{how}")
+                    for s in config.scorers}
                    for kind in ("hard", "easy") for how in ("", "_by_sample")},
                 "spearman": out["spearman"]}
     print(json.dumps(headline))

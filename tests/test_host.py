@@ -127,6 +127,10 @@ def test_create_checks_protocol(plugin_modules):
     assert create(DIFFICULTY_SCORER, "constant", value=2.0).score([1, 2], model=None, tokenizer=None) == [2.0, 2.0]
     with pytest.raises(PluginLoadError, match="rejected its options"):
         create(DIFFICULTY_SCORER, "constant", colour="red")
+    # options called like create's own parameters are the component's options, not a TypeError
+    for key in ("name", "kind"):
+        with pytest.raises(PluginLoadError, match=f"rejected its options {{'{key}': 1}}"):
+            create(DIFFICULTY_SCORER, "constant", **{key: 1})
 
 
 def _dist_info(root, dist, module, version="1.0"):

@@ -347,7 +347,7 @@ def get_component(kind: str, name: str) -> Any:
     return get_host().get(kind, name).obj
 
 
-def create(kind: str, name: str, **options: Any) -> Any:
+def create(kind: str, name: str, /, **options: Any) -> Any:
     """Instantiate a component with options, checking it implements its kind's protocol."""
     component = get_host().get(kind, name)
     try:
