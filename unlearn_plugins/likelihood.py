@@ -7,6 +7,7 @@ import math
 from typing import Sequence
 
 from .data.tofu import IGNORE_INDEX, pad_batch
+from .errors import UnlearnError
 
 
 def token_nll(logits, labels):
@@ -27,7 +28,8 @@ def token_nll(logits, labels):
 def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8, progress: bool = False):
     """(summed answer NLL, answer token count) per encoded example, in input order.
 
-    Examples are bucketed by length so padding stays small.
+    Examples are bucketed by length so padding stays small. A NaN/inf in the model's output
+    (corrupt or diverged weights) is an UnlearnError, never a probability or score.
     """
     import torch
 
@@ -44,10 +46,22 @@ def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size
             batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             nll, mask = token_nll(logits, batch["labels"])
-            sums, counts = nll.sum(1).tolist(), mask.sum(1).tolist()
+            totals = nll.sum(1)
+            if not bool(torch.isfinite(totals).all()):
+                bad = [idx[j] for j in torch.nonzero(~torch.isfinite(totals)).flatten().tolist()]
+                raise UnlearnError(non_finite_message(bad, len(examples), model))
+            sums, counts = totals.tolist(), mask.sum(1).tolist()
             for j, i in enumerate(idx):
                 out[i] = (sums[j], int(counts[j]))
     return out
+
+
+def non_finite_message(positions: Sequence[int], total: int, model=None) -> str:
+    shown = ", ".join(str(i) for i in sorted(positions)[:5]) + (", ..." if len(positions) > 5 else "")
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", "")
+    which = f"model {name}" if name else "the model"
+    return (f"the output of {which} is NaN/inf (samples at positions {shown} of {total}): its weights are "
+            f"corrupt or diverged, so no probability or score can be computed")
 
 
 def answer_probability(nll_sum: float, n_tokens: int) -> float:

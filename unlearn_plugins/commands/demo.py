@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UnlearnError
+from .common import check_int, check_out_folder, device_option
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the embedded model and write a report",
@@ -23,14 +26,31 @@ def add_parser(sub) -> None:
                    help="auto: TOFU if found ($UNLEARN_TOFU_DIR, --tofu-dir, the hub), else generated "
                         "fictitious authors (default: auto)")
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
-    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
     p.set_defaults(func=run)
+
+
+def check_args(args) -> None:
+    """Ranges and output paths, before any stage runs (the benchmark stage checks --authors
+    against the authors its source has)."""
+    from ..demo.pipeline import BUDGETS
+
+    if args.authors is not None:
+        check_int("--authors", args.authors, 2)  # one to forget, one to retain
+    authors = args.authors if args.authors is not None else BUDGETS["fast" if args.fast else "default"].authors
+    check_int("--forget-authors", args.forget_authors, 1)
+    if args.forget_authors >= authors:
+        raise UnlearnError(f"--forget-authors {args.forget_authors} must be below --authors {authors} "
+                           f"(at least one author is retained)")
+    check_out_folder("--out", args.out)
+    check_out_folder("--cache-dir", args.cache_dir)
 
 
 def run(args) -> int:
     from ..demo import DemoConfig, run_demo
 
+    check_args(args)
     config = DemoConfig(out=args.out, model=args.model, authors=args.authors, forget_authors=args.forget_authors,
                         fast=args.fast, data=args.data, tofu_dir=args.tofu_dir, device=args.device,
                         cache_dir=args.cache_dir)

@@ -75,6 +75,8 @@ def add_parser(sub) -> None:
     g.add_argument("--forget", default=S, help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01)")
     g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
     g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
+    g.add_argument("--allow-overlap", action="store_true", default=S,
+                   help="accept samples that are in both --forget and --retain (default: refused)")
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     g = p.add_argument_group("method")
     g.add_argument("--preset", default=S, help="a named recipe applied below --config and flags: reglu "
@@ -100,7 +102,7 @@ def cli_values(args: argparse.Namespace) -> dict:
     values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "debug", "config", "preset")}
     for flag, key in _DICT_FLAGS.items():
         if flag in values:
-            values[key] = parse_options(values.pop(flag))
+            values[key] = parse_options(values.pop(flag), "--" + flag.replace("_", "-"))
     if values.pop("no_retain", False):
         values["retain"] = None
     return values
@@ -144,10 +146,20 @@ def _report(result, what: str) -> None:
           f"{result.out / 'run.json'}")
 
 
+def check_overlap(config) -> None:
+    """Refuse forget samples that are also retain samples (unless allow_overlap), before any model work."""
+    from ..data.tofu import check_disjoint, load_split
+
+    if config.retain:
+        check_disjoint(load_split(config.forget, config.tofu_dir), load_split(config.retain, config.tofu_dir),
+                       forget_spec=config.forget, retain_spec=config.retain, allow_overlap=config.allow_overlap)
+
+
 def run(args) -> int:
     from ..training import UnlearnConfig, run_unlearning
 
     config = resolve_config(UnlearnConfig, args)
+    check_overlap(config)
     result = run_unlearning(config)
     if result.record.get("outputs"):  # the main process
         _report(result, f"unlearned {result.record['samples']['forget']} forget samples with {config.objective}")

@@ -20,15 +20,19 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..files import write_json, write_jsonl
+    """Check --out, lock it, score (finished rows go to OUT.partial.jsonl as they come, and a
+    rerun with the same settings resumes from them), write OUT and OUT.meta.json."""
+    from contextlib import ExitStack
+
+    from ..files import file_lock
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER
-    from ..scoring import score_samples, score_sharded
-    from ..stratify import metadata_path
+    from ..scoring import ScoreJournal, check_output_file, score_rows, score_sharded
     from ..data.tofu import load_split
     from ..models import load_model
     from ..sharding import launch_group, process_device
 
+    check_output_file(args.out)  # before any work: a folder or unwritable path fails now, not after scoring
     # under `accelerate launch` / torchrun: one shard per process, one merged output (main process)
     group = launch_group(cpu=(args.device or "").startswith("cpu"))
     is_main = group is None or group.is_main
@@ -45,33 +49,79 @@ def run(args) -> int:
     def setup():
         scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
         samples = load_split(args.data, args.tofu_dir)
-        model, tok = load_model(args.model, device=process_device(group, args.device), dtype=args.dtype,
+        device = process_device(group, args.device)
+        model, tok = load_model(args.model, device=device, dtype=args.dtype,
                                 trust_remote_code=args.trust_remote_code)
-        return scorer, samples, model, tok
+        journal = ScoreJournal(args.out, _settings_key(args, options, samples, model), samples,
+                               rank=0 if group is None else group.index)
+        return scorer, samples, model, tok, journal
 
-    if group is None:
-        scorer, samples, model, tok = setup()
-        rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer)
-        write_jsonl(args.out, rows)
-        write_json(metadata_path(args.out), _metadata(args, scorer, rows))
-    else:
-        result = {}
-        group.everywhere(lambda: result.update(zip(("scorer", "samples", "model", "tok"), setup())), "loading")
-        rows = score_sharded(result["scorer"], result["samples"], model=result["model"], tokenizer=result["tok"],
-                             group=group, scorer_name=args.scorer)
-        def write():
+    with ExitStack() as stack:
+        if group is None:
+            stack.enter_context(file_lock(args.out, f"--out {args.out}"))
+            scorer, samples, model, tok, journal = setup()
+            _say_resumed(journal, len(samples))
+            rows = score_rows(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer, journal=journal)
+            _write(args, scorer, rows, journal)
+        else:
+            group.everywhere(lambda: stack.enter_context(file_lock(args.out, f"--out {args.out}")) if is_main else None,
+                             f"locking {args.out}")
+            result = {}
+            group.everywhere(lambda: result.update(zip(("scorer", "samples", "model", "tok", "journal"), setup())),
+                             "loading")
             if is_main:
-                write_jsonl(args.out, rows)
-                write_json(metadata_path(args.out), _metadata(args, result["scorer"], rows))
-
-        group.everywhere(write, f"writing {args.out}")
-        if not is_main:
-            return 0
+                _say_resumed(result["journal"], len(result["samples"]))
+            rows = score_sharded(result["scorer"], result["samples"], model=result["model"], tokenizer=result["tok"],
+                                 group=group, scorer_name=args.scorer, journal=result["journal"])
+            group.everywhere(lambda: _write(args, result["scorer"], rows, result["journal"]) if is_main else None,
+                             f"writing {args.out}")
+            if not is_main:
+                return 0
     scores = [r["score"] for r in rows]
     where = f" ({group.count} processes)" if group is not None else ""
     print(f"scored {len(rows)} samples with {args.scorer!r}{where}: min {min(scores):.4g}, "
           f"mean {sum(scores) / len(scores):.4g}, max {max(scores):.4g} -> {args.out}")
     return 0
+
+
+def _settings_key(args, options: dict, samples, model) -> str:
+    """What the scores depend on: a partial file from other settings is never resumed."""
+    import hashlib
+    import json
+
+    from ..models import resolve_model, weights_fingerprint
+
+    where = resolve_model(args.model)
+    settings = {
+        "scorer": args.scorer,
+        "options": {k: v for k, v in options.items() if k != "progress"},
+        "samples": [(s.index, s.to_record()) for s in samples],
+        "model": weights_fingerprint(where) or where,
+        "dtype": str(next(model.parameters()).dtype),
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _say_resumed(journal, total: int) -> None:
+    import sys
+
+    if journal.done:
+        print(f"notice: resuming an interrupted scoring: {len(journal.done)} of {total} samples already scored "
+              f"({journal.path.name})", file=sys.stderr, flush=True)
+
+
+def _write(args, scorer, rows, journal) -> None:
+    """OUT and OUT.meta.json, then the partial files go (they stay when the write fails)."""
+    from ..files import write_json, write_jsonl
+    from ..stratify import metadata_path
+
+    try:
+        write_jsonl(args.out, rows)
+        write_json(metadata_path(args.out), _metadata(args, scorer, rows))
+    except OSError as exc:
+        raise UnlearnError(f"--out {args.out}: cannot write ({exc.strerror or exc}); the {len(rows)} scores are kept "
+                           f"in {journal.path} and the same command writes them without scoring again") from None
+    journal.remove()
 
 
 def _metadata(args, scorer, rows) -> dict:

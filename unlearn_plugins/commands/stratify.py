@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .common import add_data_options
+from ..errors import UnlearnError
+from .common import add_data_options, check_int, check_out_file, check_out_folder
 
 
 def add_parser(sub) -> None:
@@ -26,6 +27,12 @@ def run(args) -> int:
     from ..files import write_json
     from ..stratify import read_metadata, read_scores, split_anchor_rows, stratify, with_perturbed_fields, write_split
 
+    check_int("--easy", args.easy, 0)
+    check_int("--hard", args.hard, 0)
+    if args.easy + args.hard == 0:
+        raise UnlearnError("--easy 0 --hard 0: nothing to write; ask for at least one sample")
+    check_out_file("scores", args.scores)
+    check_out_folder("--out", args.out)
     rows = read_scores(args.scores)
     meta = read_metadata(args.scores)
     samples = with_perturbed_fields(load_split(args.data, args.tofu_dir), args.data, args.tofu_dir)

@@ -11,12 +11,28 @@ from ..errors import DataError
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) for each non-blank line of a JSON-lines file."""
-    with open(path, "r", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    """(line number, parsed value) for each non-blank line of a JSON-lines file (UTF-8; a
+    leading byte-order mark is allowed). Bytes that are not UTF-8, and values Python's JSON
+    parser cannot hold (nesting too deep, integers too long), are errors naming the line."""
+    try:
+        handle = open(path, "rb")
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder, not a JSON-lines file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                f"{exc.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+                raise DataError(f"{path}:{lineno}: unreadable JSON value: {str(exc).splitlines()[0][:120]}") from None
+            yield lineno, value

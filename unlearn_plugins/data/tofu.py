@@ -10,12 +10,14 @@ any NAME.json in the folder, such as a CUD-stratified split), optionally sliced
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..errors import DataError
+from ..errors import DataError, UnlearnError
 from ..interfaces import QASample
 from .jsonl import iter_jsonl
 
@@ -27,7 +29,13 @@ SPLITS = (
 )
 QA_PER_AUTHOR = 20
 IGNORE_INDEX = -100
+#: the smallest --max-length a command or built-in scorer accepts (a chat prompt needs ~10 tokens)
+MIN_MAX_LENGTH = 8
 _SPEC_RE = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
+
+
+class DataWarning(UserWarning):
+    """Data that is used, but probably not as meant (duplicated rows, truncated examples)."""
 
 
 def resolve_tofu_dir(tofu_dir: str | os.PathLike | None = None) -> Path:
@@ -70,11 +78,69 @@ def read_jsonl(path: str | os.PathLike, *, require: Sequence[str] = ("question",
             pert = record["perturbed_answer"]
             if not isinstance(pert, list) or not pert or not all(isinstance(p, str) and p.strip() for p in pert):
                 raise DataError(f"{path}:{lineno}: field 'perturbed_answer' must be a non-empty list of strings")
+        for key, value in record.items():
+            _check_unicode(key, value, f"{path}:{lineno}")
         extra = {k: v for k, v in record.items() if k not in ("question", "answer")}
         samples.append(QASample(record["question"], record["answer"], len(samples), str(path), lineno, extra))
     if not samples:
         raise DataError(f"{path}: split is empty")
+    _warn_duplicates(samples, str(path))
     return samples
+
+
+def _check_unicode(key: str, value: Any, where: str) -> None:
+    """JSON can encode lone surrogates (\\ud800), which neither a tokenizer nor a UTF-8 file takes:
+    refused wherever they are in field ``key`` (its name included)."""
+    stack = [key, value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise DataError(f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode)") from None
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+
+
+def sample_key(sample: QASample) -> tuple[str, str]:
+    """What makes two rows the same sample: the same question and the same answer."""
+    return sample.question, sample.answer
+
+
+def _warn_duplicates(samples: Sequence[QASample], where: str) -> None:
+    first: dict[tuple[str, str], QASample] = {}
+    repeats = []
+    for s in samples:
+        earlier = first.setdefault(sample_key(s), s)
+        if earlier is not s:
+            repeats.append(f"line {s.line} = line {earlier.line}")
+    if repeats:
+        shown = ", ".join(repeats[:3]) + (", ..." if len(repeats) > 3 else "")
+        warnings.warn(f"{where}: {len(repeats)} row(s) repeat an earlier row's question and answer ({shown}); "
+                      f"each copy counts as a sample", DataWarning, stacklevel=3)
+
+
+def check_disjoint(forget: Sequence[QASample], retain: Sequence[QASample] | None, *, forget_spec: str,
+                   retain_spec: str, allow_overlap: bool = False) -> int:
+    """Refuse samples that are in both the forget and the retain set (same question and
+    answer): the objective would push the same answer down and up at once. With
+    ``allow_overlap`` they are kept, with a warning. Returns how many forget samples overlap."""
+    retained = {sample_key(s): s for s in reversed(retain or ())}  # the first copy wins
+    shared = [(s, retained[sample_key(s)]) for s in forget if sample_key(s) in retained]
+    if not shared:
+        return 0
+    f, r = shared[0]
+    what = (f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} sample(s) "
+            f"(same question and answer; first: {f.where} = {r.where})")
+    if allow_overlap:
+        warnings.warn(f"{what}; kept because of --allow-overlap", DataWarning, stacklevel=2)
+        return len(shared)
+    raise DataError(f"{what}: a sample cannot be forgotten and retained at once; remove it from one split "
+                    f"or pass --allow-overlap")
 
 
 def parse_spec(spec: str) -> tuple[str, slice | None]:
@@ -86,7 +152,10 @@ def parse_spec(spec: str) -> tuple[str, slice | None]:
     sl = None
     if match.group("start") is not None:
         to_int = lambda s: int(s) if s not in ("", None) else None  # noqa: E731
-        sl = slice(to_int(match.group("start")), to_int(match.group("stop")))
+        try:
+            sl = slice(to_int(match.group("start")), to_int(match.group("stop")))
+        except ValueError:  # more digits than Python converts
+            raise DataError(f"bad data spec {spec!r}: slice bounds too long") from None
     return match.group("name"), sl
 
 
@@ -98,7 +167,12 @@ def load_split(
 ) -> list[QASample]:
     """Load a split by TOFU name (``tofu:forget01``), slice, or file path."""
     name, sl = parse_spec(spec)
-    candidate = Path(name).expanduser()
+    try:
+        candidate = Path(name).expanduser()
+    except RuntimeError:  # ~user that does not exist
+        raise DataError(f"bad data spec {spec!r}: cannot expand {name!r}") from None
+    if candidate.is_dir() and (candidate.is_absolute() or os.sep in name or name.startswith(".")):
+        raise DataError(f"data {spec!r}: {candidate} is a folder; give a JSON-lines file or tofu:SPLIT")
     if name.endswith(".json") or name.endswith(".jsonl") or candidate.is_file():
         path = candidate
     else:
@@ -144,6 +218,84 @@ def end_token_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
+def control_tokens(tokenizer) -> list[str]:
+    """The strings the tokenizer reads as special (control) tokens, longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            found.add(str(token.content))
+    return sorted((t for t in found if t), key=len, reverse=True)
+
+
+def control_token_in(text: str, tokens: Sequence[str]) -> str | None:
+    """The first of ``tokens`` (from :func:`control_tokens`) that occurs in ``text``."""
+    return next((t for t in tokens if t in text), None)
+
+
+def text_ids(tokenizer, text: str, *, specials: Sequence[str] | None = None, where: str = "<memory>",
+             field: str = "answer") -> list[int]:
+    """Token ids of data text. Special-token strings in it (``<|im_end|>``...) stay text
+    (``split_special_tokens``): a data file must not be able to end a turn or start one."""
+    specials = control_tokens(tokenizer) if specials is None else specials
+    found = control_token_in(text, specials)
+    if found is None:  # the common case: the plain call, which any tokenizer takes
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    try:
+        return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    except TypeError:  # not a transformers tokenizer
+        raise DataError(f"{where}: field {field!r} contains the control token {found!r} and tokenizer "
+                        f"{type(tokenizer).__name__} cannot keep it as text; remove it from the data") from None
+
+
+_QUESTION_MARK = "UNLEARNPLUGINSQUESTIONSLOT"
+
+
+def prompt_ids(tokenizer, question: str, system_prompt: str | None = None, *, where: str = "<memory>",
+               specials: Sequence[str] | None = None) -> list[int]:
+    """Token ids of :func:`prompt_text`: the template's control tokens are real, the question's text
+    is text (see :func:`text_ids`). A question without special-token strings is tokenised in one
+    piece, as always; one with them is tokenised apart from the template around it."""
+    text = prompt_text(tokenizer, question, system_prompt)
+    specials = control_tokens(tokenizer) if specials is None else specials
+    found = control_token_in(question, specials)
+    if found is None:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    head, mark, tail = prompt_text(tokenizer, _QUESTION_MARK, system_prompt).partition(_QUESTION_MARK)
+    if not mark or len(head) + len(tail) > len(text) or not (text.startswith(head) and text.endswith(tail)):
+        raise DataError(f"{where}: field 'question' contains the control token {found!r} and the chat template "
+                        f"does not keep the question apart; remove it from the data")
+    body = text[len(head): len(text) - len(tail)]
+    ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
+    ids += text_ids(tokenizer, body, specials=specials, where=where, field="question")
+    return ids + (tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else [])
+
+
+def _encode(tokenizer, question: str, answer: str, max_length: int, system_prompt: str | None, where: str,
+            specials: Sequence[str] | None = None) -> tuple[dict[str, list[int]], str | None]:
+    """:func:`encode_qa`, plus what truncation cut: None, 'prompt' or 'answer'."""
+    if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 2:
+        raise UnlearnError(f"max_length must be an integer >= 2 (a prompt token and an answer token), "
+                           f"got {max_length!r}")
+    specials = control_tokens(tokenizer) if specials is None else specials
+    prompt = prompt_ids(tokenizer, question, system_prompt, where=where, specials=specials)
+    answer_ids = text_ids(tokenizer, answer, specials=specials, where=where)
+    if not answer_ids:
+        raise DataError(f"{where}: field 'answer' tokenises to nothing ({answer!r})")
+    if tokenizer.bos_token_id is not None and not _has_chat_template(tokenizer) and getattr(tokenizer, "add_bos_token", False):
+        prompt = [tokenizer.bos_token_id] + prompt
+    answer_ids = answer_ids + [end_token_id(tokenizer)]
+    cut = None
+    if len(prompt) + len(answer_ids) > max_length:
+        cut = "answer" if len(answer_ids) >= max_length else "prompt"
+    if len(answer_ids) >= max_length:
+        answer_ids = answer_ids[: max_length - 1]
+    keep_prompt = max(1, max_length - len(answer_ids))
+    prompt = prompt[-keep_prompt:]
+    input_ids = prompt + answer_ids
+    labels = [IGNORE_INDEX] * len(prompt) + answer_ids
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}, cut
+
+
 def encode_qa(
     tokenizer,
     question: str,
@@ -156,36 +308,36 @@ def encode_qa(
     """input_ids / attention_mask / labels for one QA pair.
 
     Prompt and answer are tokenised separately so the label boundary is exact;
-    labels cover the answer tokens and the end token only. Over-long examples
-    lose prompt tokens from the left, never answer tokens (unless the answer alone
-    exceeds max_length, then its end is cut).
+    labels cover the answer tokens and the end token only. Special-token strings in the
+    question or answer stay text (:func:`text_ids`). Over-long examples lose prompt tokens
+    from the left, never answer tokens (unless the answer alone exceeds max_length, then
+    its end is cut).
     """
-    prompt_ids = tokenizer(prompt_text(tokenizer, question, system_prompt), add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    if not answer_ids:
-        raise DataError(f"{where}: field 'answer' tokenises to nothing ({answer!r})")
-    if tokenizer.bos_token_id is not None and not _has_chat_template(tokenizer) and getattr(tokenizer, "add_bos_token", False):
-        prompt_ids = [tokenizer.bos_token_id] + prompt_ids
-    answer_ids = answer_ids + [end_token_id(tokenizer)]
-    if len(answer_ids) >= max_length:
-        answer_ids = answer_ids[: max_length - 1]
-    keep_prompt = max(1, max_length - len(answer_ids))
-    prompt_ids = prompt_ids[-keep_prompt:]
-    input_ids = prompt_ids + answer_ids
-    labels = [IGNORE_INDEX] * len(prompt_ids) + answer_ids
-    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+    return _encode(tokenizer, question, answer, max_length, system_prompt, where)[0]
 
 
 def encode_samples(tokenizer, samples: Sequence[QASample], *, max_length: int = 512, answer_key: str = "answer",
                    system_prompt: str | None = None) -> list[dict[str, list[int]]]:
-    """Tokenise QA samples (answer from ``answer_key``, e.g. 'paraphrased_answer')."""
+    """Tokenise QA samples (answer from ``answer_key``, e.g. 'paraphrased_answer'); one warning
+    says how many were truncated to ``max_length``."""
     out = []
+    cuts: dict[str, list[QASample]] = {"prompt": [], "answer": []}
+    specials = control_tokens(tokenizer)
     for s in samples:
         answer = s.answer if answer_key == "answer" else s.extra.get(answer_key)
         if not isinstance(answer, str):
             raise DataError(f"{s.where}: field '{answer_key}' is missing")
-        out.append(encode_qa(tokenizer, s.question, answer, max_length=max_length,
-                             system_prompt=system_prompt, where=s.where))
+        encoded, cut = _encode(tokenizer, s.question, answer, max_length, system_prompt, s.where, specials)
+        out.append(encoded)
+        if cut:
+            cuts[cut].append(s)
+    cut_samples = cuts["answer"] + cuts["prompt"]
+    if cut_samples:
+        first = min(cut_samples, key=lambda s: s.index)
+        warnings.warn(
+            f"{len(cut_samples)} of {len(samples)} samples exceed max_length {max_length} tokens and were truncated "
+            f"({len(cuts['answer'])} lost the end of their answer, {len(cuts['prompt'])} the start of their prompt; "
+            f"first: {first.where}); raise max_length (--max-length) to keep them whole", DataWarning, stacklevel=2)
     return out
 
 

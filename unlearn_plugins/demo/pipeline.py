@@ -6,7 +6,9 @@ stage's result depends on (base model files, benchmark data, the budget, the key
 stages it reads), so a change of any of them recomputes that stage and the ones after it,
 and nothing else. A stage is built in ``<folder>.tmp-<pid>`` and renamed into place when
 complete, so Ctrl-C leaves either a finished stage or a temporary folder that the next
-run deletes: a rerun continues with the first unfinished stage.
+run deletes: a rerun continues with the first unfinished stage. A stage being built holds
+an exclusive lock (``.<folder>.lock`` beside it) and the whole demo one on its ``--out``, so
+two demos never build one stage or write one report at once: the second is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UnlearnError
-from ..files import write_json, write_jsonl
+from ..files import exclusive_lock, folder_lock, write_json, write_jsonl
 from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
 DONE = "stage.json"
@@ -170,21 +172,26 @@ class Stages:
             print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
             self.timings[label] = {"seconds": 0.0, "cached": True}
             return folder
-        print(f"{head} ...", file=self.stream, flush=True)
-        self.remove_orphans()  # e.g. this stage's folder from a killed run
-        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        try:
-            build(tmp)
-            write_json(tmp / DONE, {"format": CACHE_FORMAT, "label": label,
-                                    "seconds": round(time.perf_counter() - started, 2)})
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with exclusive_lock(folder.with_name(f".{folder.name}.lock"), f"demo stage {folder}"):
+            if (folder / DONE).is_file():  # finished by another demo meanwhile
+                print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
+                self.timings[label] = {"seconds": 0.0, "cached": True}
+                return folder
+            print(f"{head} ...", file=self.stream, flush=True)
+            self.remove_orphans()  # e.g. this stage's folder from a killed run
+            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+            tmp.mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
+            try:
+                build(tmp)
+                write_json(tmp / DONE, {"format": CACHE_FORMAT, "label": label,
+                                        "seconds": round(time.perf_counter() - started, 2)})
+                if folder.exists():
+                    shutil.rmtree(folder)
+                os.replace(tmp, folder)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         seconds = time.perf_counter() - started
         self.timings[label] = {"seconds": round(seconds, 2), "cached": False}
         print(f"{head}: done in {seconds:.0f} s", file=self.stream, flush=True)
@@ -310,8 +317,8 @@ def quiet_libraries():
 
 
 def run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
-    """Every stage (cached), then the report in ``config.out``."""
-    with quiet_libraries():
+    """Every stage (cached), then the report in ``config.out`` (locked throughout)."""
+    with folder_lock(config.out, f"--out {config.out}"), quiet_libraries():
         return _run_demo(config, stream=stream)
 
 

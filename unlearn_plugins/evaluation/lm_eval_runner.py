@@ -9,7 +9,9 @@ is computed here from the results.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,15 +299,50 @@ def save_reference(evaluation: Evaluation, path: str | Path, *, model: str | Non
     return task
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_file_name(name: str, limit: int = 100) -> str:
+    """``name`` as a single file name: task names come from plugins' YAML files, and one such as
+    ``../x`` must not write outside --out. Names that change (or are long) get a hash of the
+    original, so two tasks never share a file."""
+    safe = _UNSAFE.sub("_", str(name)).strip("._-")
+    if safe == name and len(safe) <= limit:
+        return safe
+    return f"{safe[:limit] or 'task'}-{hashlib.sha256(str(name).encode('utf-8', 'replace')).hexdigest()[:10]}"
+
+
+def lock_out(out_dir: str | Path):
+    """The exclusive lock on eval's --out (:func:`unlearn_plugins.files.folder_lock`, re-entrant):
+    held while :func:`write_outputs` writes, and by ``unlearn eval`` for the whole evaluation,
+    so a second evaluation into the same folder is refused, naming the holder's pid."""
+    from ..files import folder_lock
+
+    return folder_lock(out_dir, f"--out {out_dir}")
+
+
+def _under_out_lock(write):
+    def locked(out_dir, *args, **kwargs):
+        with lock_out(out_dir):
+            return write(out_dir, *args, **kwargs)
+
+    locked.__name__, locked.__doc__ = write.__name__, write.__doc__
+    return locked
+
+
+@_under_out_lock
 def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Path]:
-    """results.json (lm-eval's), summary.json (ours) and samples/<task>.jsonl, each atomic."""
+    """results.json (lm-eval's), summary.json (ours) and samples/<task>.jsonl (the task name made
+    a safe file name, :func:`safe_file_name`), each atomic."""
     import json
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UnlearnError(f"--out {out}: is an existing file, not a folder")
     paths = {"results": out / "results.json", "summary": out / "summary.json"}
     write_json(paths["results"], evaluation.results)
     for task, rows in evaluation.samples.items():
-        with atomic_open(out / "samples" / f"{task}.jsonl") as handle:
+        with atomic_open(out / "samples" / f"{safe_file_name(task)}.jsonl") as handle:
             for row in rows:
                 handle.write(json.dumps(_json_safe(row), ensure_ascii=False) + "\n")
     write_json(paths["summary"], _json_safe(evaluation.summary))
@@ -360,6 +397,7 @@ def evaluate_model(
     wmdp_dir: str | None = None,
     system_prompt: str | None = None,
     max_gen_toks: int | None = None,
+    allow_other_base: bool = False,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
@@ -370,13 +408,15 @@ def evaluate_model(
 
     from ..models import load_model, pick_device, pick_dtype, resolve_model
 
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UnlearnError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     where = resolve_model(model)
     metadata = {"tokenizer": where, "trust_remote_code": trust_remote_code or None, "tofu_dir": tofu_dir,
                 "forget_split": forget_split, "mmlu_dir": mmlu_dir, "wmdp_dir": wmdp_dir,
                 "system_prompt": system_prompt}
     prepared = prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
     loaded, tokenizer = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                   adapter=adapter)
+                                   adapter=adapter, allow_other_base=allow_other_base)
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
     lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=trust_remote_code,
               softmax_dtype="float32")

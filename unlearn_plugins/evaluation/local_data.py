@@ -9,6 +9,7 @@ reported with its file and line.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,18 @@ def _folder(value: str | os.PathLike | None, env: str, key: str, what: str, layo
     return path
 
 
+def _read_utf8(path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 are an error naming the line."""
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+
+
 # ----------------------------------------------------------------------------- MMLU
 
 
@@ -39,16 +52,18 @@ def read_mmlu_csv(path: Path, subject: str) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     rows = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    with io.StringIO(_read_utf8(path), newline="") as handle:
         reader = csv.reader(handle)
         try:
             header = next(reader)
         except StopIteration:
             raise DataError(f"{path}: empty file") from None
+        except csv.Error as exc:
+            raise DataError(f"{path}:1: malformed CSV: {exc}") from None
         if header != MMLU_HEADER:
             raise DataError(f"{path}:1: header must be {','.join(MMLU_HEADER)}, got {','.join(header)}")
         start = reader.line_num + 1
-        for record in reader:
+        for record in _csv_records(reader, path):
             where = f"{path}:{start}"
             start = reader.line_num + 1
             if not record:
@@ -70,6 +85,16 @@ def read_mmlu_csv(path: Path, subject: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _csv_records(reader, path: Path) -> Iterator[list[str]]:
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # e.g. a field over the csv module's size limit
+            raise DataError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
+
+
 def mmlu_dataset(*, mmlu_subject: str, mmlu_dir: str | None = None, **_metadata: Any):
     """lm-eval ``custom_dataset``: one MMLU subject as {"test", "dev"} from
     ``<dir>/test/<subject>_test.csv`` and ``<dir>/dev/<subject>_dev.csv``."""
@@ -87,7 +112,7 @@ def mmlu_dataset(*, mmlu_subject: str, mmlu_dir: str | None = None, **_metadata:
 
 def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, record) from a JSON array or a JSON-lines file, with line numbers."""
-    text = path.read_text(encoding="utf-8")
+    text = _read_utf8(path)
     stripped = text.lstrip()
     if stripped.startswith("["):
         decoder = json.JSONDecoder()
@@ -104,6 +129,8 @@ def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
                 record, pos = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:  # too deep, or an integer too long for Python
+                raise DataError(f"{path}:{line}: unreadable JSON value: {str(exc).splitlines()[0][:120]}") from None
             yield f"{path}:{line}", record
     else:
         for lineno, record in iter_jsonl(path):

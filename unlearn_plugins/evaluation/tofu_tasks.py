@@ -29,7 +29,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
 from lm_eval.api.task import ConfigurableTask
 
-from ..data.tofu import prompt_text, read_jsonl, resolve_tofu_dir
+from ..data.tofu import control_token_in, control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
 from ..errors import DataError
 from . import tofu_metrics as tm
 from .reference import HINT, Reference, references_from, sample_key
@@ -145,6 +145,18 @@ def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list
 # ----------------------------------------------------------------------------- dataset
 
 
+def _refuse_control_tokens(fields: dict[str, Any], specials: Sequence[str], where: str) -> None:
+    """lm-eval tokenises the request strings itself, with special tokens active, so data text that
+    holds one (``<|im_end|>``...) would act as a control token here: refused (training, probs and
+    the scorers keep it as text, see unlearn_plugins.data.tofu.text_ids)."""
+    for key, value in fields.items():
+        for text in value if isinstance(value, list) else [value]:
+            found = control_token_in(text, specials) if isinstance(text, str) else None
+            if found:
+                raise DataError(f"{where}: field '{key}' contains the tokenizer's control token {found!r}, which "
+                                f"lm-eval would read as a control token, not text; remove it from the data")
+
+
 def _split_path(split: str, folder: Path | None) -> Path:
     candidate = Path(split).expanduser()
     if split.endswith((".json", ".jsonl")) or candidate.is_file():
@@ -206,8 +218,11 @@ def tofu_dataset(
         label = path.stem  # a split name in the TOFU folder
 
     docs = []
+    specials = control_tokens(tok)
     for s in samples:
         where = s.where
+        _refuse_control_tokens({"question": s.question, "answer": s.answer,
+                                **{k: s.extra.get(k) for k in _REQUIRED[tofu_role][2:]}}, specials, where)
         prompt = prompt_text(tok, s.question, system_prompt)
         if tofu_role == "perturbed":
             answers = [s.extra["paraphrased_answer"], *s.extra["perturbed_answer"]]

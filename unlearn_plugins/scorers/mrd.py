@@ -20,23 +20,26 @@ in the fp64 copy they are switched to fp64.
 from __future__ import annotations
 
 import copy
+import math
 import types
 import warnings
 from typing import Sequence
 
-from ..data.tofu import IGNORE_INDEX, encode_samples, pad_batch
+from ..data.tofu import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples, pad_batch
 from ..errors import UnlearnError
 from ..interfaces import QASample
+from .baselines import check_float_option, check_int_option
 
 PRECISIONS = ("fp64", "fp32")
 
 
 def _check_options(perturbations, sigma, precision) -> None:
-    if int(perturbations) < 1:
-        raise UnlearnError(f"MRD option perturbations: needs at least one perturbation, got {perturbations}")
-    if not float(sigma) >= 0:
-        raise UnlearnError(f"MRD option sigma: must be >= 0, got {sigma}")
-    if precision not in PRECISIONS:
+    if isinstance(perturbations, bool) or not isinstance(perturbations, int) or perturbations < 1:
+        raise UnlearnError(f"MRD option perturbations: needs an integer >= 1 (at least one perturbation), "
+                           f"got {perturbations!r}")
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma >= 0):
+        raise UnlearnError(f"MRD option sigma: must be a finite number >= 0, got {sigma!r}")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise UnlearnError(f"MRD option precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
@@ -165,10 +168,10 @@ class MRDScorer:
         _check_options(perturbations, sigma, precision)
         self.perturbations = int(perturbations)
         self.sigma = float(sigma)
-        self.seed = int(seed)
-        self.clip = None if clip is None else float(clip)
-        self.batch_size = int(batch_size)
-        self.max_length = int(max_length)
+        self.seed = check_int_option("mrd", "seed", seed, 0)
+        self.clip = None if clip is None else check_float_option("mrd", "clip", clip, 0.0, strict=True)
+        self.batch_size = check_int_option("mrd", "batch_size", batch_size, 1)
+        self.max_length = check_int_option("mrd", "max_length", max_length, MIN_MAX_LENGTH)
         self.precision = precision
         self.progress = progress
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..data.tofu import MIN_MAX_LENGTH
 from ..errors import UnlearnError
 
 if sys.version_info >= (3, 11):
@@ -24,6 +25,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+#: the --dtype names unlearn_plugins.models.pick_dtype knows
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DEVICE_TYPES = ("cpu", "cuda", "mps")
 WARMUP_OPTIONS = ("warmup_steps", "warmup_ratio", "warmup_epochs")
 NO_WARMUP_SCHEDULERS = ("constant", "reduce_lr_on_plateau", "greedy")
 
@@ -33,6 +37,34 @@ def scheduler_names() -> list[str]:
     from transformers.trainer_utils import SchedulerType
 
     return [s.value for s in SchedulerType]
+
+
+def optimizer_names() -> list[str]:
+    """The optimizer names the installed transformers knows (``OptimizerNames``)."""
+    from transformers.training_args import OptimizerNames
+
+    return [o.value for o in OptimizerNames]
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot run here (None when it can): not a torch device, a type this
+    package does not drive, or hardware this machine lacks."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        return f"not a device name; use {', '.join(DEVICE_TYPES)} or cuda:N"
+    if dev.type not in DEVICE_TYPES:
+        return f"device type {dev.type!r} is not supported; use {', '.join(DEVICE_TYPES)} or cuda:N"
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine (use --device cpu)"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available on this machine (use --device cpu)"
+    return None
 
 
 def steps_per_epoch(n_examples: int, batch_size: int, grad_accum: int, world_size: int = 1) -> int:
@@ -109,7 +141,7 @@ class TrainingConfig:
     #: fields that may differ between an interrupted run and its --resume
     RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "merge", "out", "device", "tofu_dir",
                                    "save_total_limit", "logging_steps",
-                                   "keep_checkpoints"})
+                                   "keep_checkpoints", "allow_overlap"})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -120,13 +152,21 @@ class TrainingConfig:
             if not ok:
                 raise ConfigError(f"option '{name}' must be {expected}, got {getattr(self, name)!r}")
 
+        def finite(name: str) -> bool:
+            return math.isfinite(getattr(self, name))
+
         need(bool(self.out), "out", "an output folder (--out)")
-        need(self.max_length >= 8, "max_length", ">= 8")
+        if Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ConfigError(f"option 'out': {self.out} is an existing file, not a folder")
+        need(self.max_length >= MIN_MAX_LENGTH, "max_length", f">= {MIN_MAX_LENGTH}")
         need(self.lora_r >= 1, "lora_r", ">= 1")
-        need(self.lora_alpha > 0, "lora_alpha", "> 0")
+        need(finite("lora_alpha") and self.lora_alpha > 0, "lora_alpha", "a finite number > 0")
         need(0 <= self.lora_dropout < 1, "lora_dropout", "in [0, 1)")
-        need(self.lr > 0, "lr", "> 0")
-        need(self.epochs > 0, "epochs", "> 0")
+        need(finite("lr") and self.lr > 0, "lr", "a finite number > 0")
+        need(finite("epochs") and self.epochs > 0, "epochs", "a finite number > 0")
+        need(finite("weight_decay") and self.weight_decay >= 0, "weight_decay", "a finite number >= 0")
+        need(finite("max_grad_norm") and self.max_grad_norm >= 0, "max_grad_norm", "a finite number >= 0 (0 = off)")
+        need(0 <= self.seed < 2**32, "seed", "in [0, 2**32)")
         need(self.max_steps is None or self.max_steps >= 1, "max_steps", ">= 1")
         need(self.batch_size >= 1, "batch_size", ">= 1")
         need(self.grad_accum >= 1, "grad_accum", ">= 1")
@@ -135,7 +175,8 @@ class TrainingConfig:
         need(self.logging_steps >= 1, "logging_steps", ">= 1")
         need(self.warmup_steps is None or self.warmup_steps >= 0, "warmup_steps", ">= 0")
         need(self.warmup_ratio is None or 0 <= self.warmup_ratio < 1, "warmup_ratio", "in [0, 1)")
-        need(self.warmup_epochs is None or self.warmup_epochs >= 0, "warmup_epochs", ">= 0")
+        need(self.warmup_epochs is None or (finite("warmup_epochs") and self.warmup_epochs >= 0), "warmup_epochs",
+             "a finite number >= 0")
         given = [name for name in WARMUP_OPTIONS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ConfigError(f"options {' and '.join(repr(g) for g in given)} both set the warmup; give only one")
@@ -146,8 +187,20 @@ class TrainingConfig:
             raise ConfigError(f"option {warmup!r}: lr_scheduler {self.lr_scheduler!r} has no warmup; use "
                               f"'constant_with_warmup', 'linear', 'cosine', ...")
         need(self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {', '.join(MIXED_PRECISION)}")
-        need(self.target_modules is None or (isinstance(self.target_modules, list) and all(
-            isinstance(t, str) and t for t in self.target_modules)), "target_modules", "a list of module names")
+        optimizers = optimizer_names()
+        if self.optim not in optimizers:
+            import difflib
+
+            shown = difflib.get_close_matches(str(self.optim), optimizers, n=4, cutoff=0.5) or optimizers[:6]
+            need(False, "optim", f"a transformers optimizer name ({', '.join(shown)}, ...: {len(optimizers)} in "
+                                 f"transformers' OptimizerNames)")
+        need(self.dtype is None or self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}")
+        if self.device is not None:
+            problem = device_problem(self.device)
+            if problem:
+                raise ConfigError(f"option 'device' {self.device!r}: {problem}")
+        need(self.target_modules is None or (isinstance(self.target_modules, list) and self.target_modules and all(
+            isinstance(t, str) and t for t in self.target_modules)), "target_modules", "a non-empty list of module names")
 
 
 @dataclass
@@ -163,6 +216,8 @@ class UnlearnConfig(TrainingConfig):
     initializer_options: dict[str, Any] = field(default_factory=dict)
     regularizer: str | None = None
     regularizer_options: dict[str, Any] = field(default_factory=dict)
+    #: keep samples that are in both forget and retain (default: refused, see data.tofu.check_disjoint)
+    allow_overlap: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -231,7 +286,10 @@ def check_values(config_cls, values: Mapping[str, Any], where: str) -> dict[str,
         if not _type_ok(value, annotation):
             raise ConfigError(f"{where}: option {key!r} must be of type {annotation}, got {value!r}")
         if annotation.startswith("float") and isinstance(value, int):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:
+                raise ConfigError(f"{where}: option {key!r}: {value} is too large") from None
         out[name] = value
     return out
 
@@ -243,6 +301,10 @@ def load_toml(path: str | os.PathLike, config_cls) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path}: is a folder; give a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return check_values(config_cls, data, str(path))

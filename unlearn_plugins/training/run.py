@@ -12,7 +12,11 @@ Output folder layout (``config.out``)::
                                                      the end unless keep_checkpoints), run_config.json
 
 Order of work: every name and file is checked before the model is loaded, so a typo
-fails in a second, not after the model load.
+fails in a second, not after the model load; and everything (model, dtype, initializer,
+objective set-up) is checked before anything is written, so a run that fails before
+training leaves ``config.out`` as it found it (an earlier run there, with --overwrite,
+is only removed once training is about to start). The whole run holds an exclusive lock
+on ``config.out`` (``OUT/.unlearn.lock``): a second run there is refused, naming the pid.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ import json
 import platform
 import re
 import shutil
+import sys
 import time
+import zipfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import DataError, UnlearnError
-from ..files import write_json
+from ..files import folder_lock, write_json
 from .config import ConfigError, FinetuneConfig, TrainingConfig, UnlearnConfig
 
 CHECKPOINTS = "checkpoints"
@@ -57,11 +64,41 @@ def checkpoint_dir(out: str | Path) -> Path:
     return Path(out) / CHECKPOINTS
 
 
-def last_complete_checkpoint(folder: str | Path) -> Path | None:
-    """The newest checkpoint whose trainer_state.json (written last by the Trainer) is intact.
+def checkpoint_problem(path: Path, step: int) -> str | None:
+    """Why a checkpoint cannot be resumed from (None: it can): trainer_state.json (written
+    last by the Trainer) missing, truncated or of another step, or a weight, optimizer,
+    scheduler or RNG file that is truncated or garbled."""
+    from ..errors import ModelError
+    from ..models import check_safetensors
 
-    A run killed while saving leaves a checkpoint without it (or with a truncated one):
-    that one is skipped.
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return "trainer_state.json is missing or truncated"
+    if not isinstance(state, dict) or state.get("global_step") != step:
+        return "trainer_state.json is of another step"
+    for file in sorted(path.rglob("*")):
+        if not file.is_file():
+            continue
+        if file.suffix == ".safetensors":
+            try:
+                check_safetensors(file, "checkpoint")
+            except (ModelError, OSError):
+                return f"{file.relative_to(path)} is truncated or corrupted"
+        elif file.suffix in (".pt", ".pth", ".bin"):  # torch.save's zip format
+            try:
+                with zipfile.ZipFile(file) as archive:
+                    archive.infolist()
+            except (OSError, zipfile.BadZipFile, ValueError):
+                return f"{file.relative_to(path)} is truncated or corrupted"
+    return None
+
+
+def last_complete_checkpoint(folder: str | Path, *, report: bool = False) -> Path | None:
+    """The newest checkpoint that :func:`checkpoint_problem` finds intact.
+
+    A run killed while saving leaves a checkpoint without trainer_state.json, or with a
+    truncated file: that one is skipped (``report``: with a notice on stderr saying why).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -72,12 +109,11 @@ def last_complete_checkpoint(folder: str | Path) -> Path | None:
         if match and path.is_dir():
             found.append((int(match.group(1)), path))
     for step, path in sorted(found, reverse=True):
-        try:
-            state = json.loads((path / "trainer_state.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if state.get("global_step") == step:
+        problem = checkpoint_problem(path, step)
+        if problem is None:
             return path
+        if report:
+            print(f"notice: skipping {path}: {problem}", file=sys.stderr, flush=True)
     return None
 
 
@@ -92,11 +128,14 @@ def saved_config(out: str | Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path}: unreadable saved run config ({exc})") from None
 
 
-def _prepare_output(config: TrainingConfig, command: str, is_main: bool) -> Path | None:
-    """Check the output folder against resume/overwrite; return the checkpoint to resume from."""
+def _check_output(config: TrainingConfig, *, report: bool = False) -> Path | None:
+    """Check the output folder against resume/overwrite (writes nothing); return the
+    checkpoint to resume from."""
     out = Path(config.out)
     ckpt_dir = checkpoint_dir(out)
     run_json = out / RUN_JSON
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
     holds_run = ckpt_dir.exists() or run_json.exists()
     if config.resume:
         if run_json.exists():
@@ -116,15 +155,19 @@ def _prepare_output(config: TrainingConfig, command: str, is_main: bool) -> Path
             ]
             if changed:
                 raise ConfigError(f"--resume: options differ from the interrupted run in {out}: {', '.join(changed)}")
-        return last_complete_checkpoint(ckpt_dir)
+        return last_complete_checkpoint(ckpt_dir, report=report)
     if holds_run and not config.overwrite:
         raise ConfigError(f"--out {out} already holds a run ({CHECKPOINTS}/ or {RUN_JSON}); "
                           f"pass --resume to continue it or --overwrite to start again")
-    if holds_run and is_main:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-        shutil.rmtree(out / "merged", ignore_errors=True)
-        run_json.unlink(missing_ok=True)
     return None
+
+
+def _clear_previous_run(out: Path) -> None:
+    """--overwrite: remove the earlier run's checkpoints, merged model and run.json (just
+    before training starts, once everything else has been checked)."""
+    shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
+    shutil.rmtree(out / "merged", ignore_errors=True)
+    (out / RUN_JSON).unlink(missing_ok=True)
 
 
 def _drop_incomplete_checkpoints(ckpt_dir: Path, keep: Path | None) -> None:
@@ -230,21 +273,18 @@ def _weight_dtype(config: TrainingConfig, device):
 
 
 def _load(config: TrainingConfig, device):
-    from transformers import AutoModelForCausalLM
-
-    from ..errors import ModelError
-    from ..models import load_tokenizer, resolve_model
+    """(model, tokenizer, base) where ``base`` is what run.json records of the base model (its
+    folder or hub id and weights fingerprint) so the adapter is only applied to the same base."""
+    from ..models import from_pretrained, load_tokenizer, resolve_model, weights_fingerprint
 
     where = resolve_model(config.model)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=_weight_dtype(config, device),
-                                                     trust_remote_code=config.trust_remote_code)
-    except OSError as exc:
-        raise ModelError(f"--model {config.model}: cannot load: {exc}") from None
+    model = from_pretrained(config.model, where, dtype=_weight_dtype(config, device),
+                            trust_remote_code=config.trust_remote_code)
     model.config.use_cache = False
     model.to(device)
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
-    return model, tokenizer
+    name = str(Path(where).resolve()) if Path(where).is_dir() else where
+    return model, tokenizer, {"name_or_path": name, "fingerprint": weights_fingerprint(where)}
 
 
 class UnlearningDataset:
@@ -288,66 +328,102 @@ def _losses(log_history: Iterable[dict]) -> list[dict[str, float]]:
 
 def _train(config: TrainingConfig, *, command: str, objective, build_dataset, initializer=None,
            samples: dict[str, Sequence[Any]], callbacks: Iterable[Any] = ()) -> RunResult:
-    """Load, wrap, initialise, train with the Trainer, save; write run.json."""
-    from transformers import set_seed
-
-    from ..data.tofu import PaddingCollator, encode_samples
-    from . import lora
-    from .trainer import NonFiniteLossError, UnlearningTrainer
-
+    """Load, wrap, initialise, train with the Trainer, save; write run.json. The main process
+    holds the lock on ``config.out`` from the first check to the last write."""
     started = time.time()
     args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)),
                               train_size=len(samples["forget"] if "forget" in samples else samples["train"]))
+    with ExitStack() as stack:
+        if args.process_index == 0:
+            stack.enter_context(folder_lock(config.out, f"--out {config.out}"))
+        return _train_locked(config, args, started, command=command, objective=objective,
+                             build_dataset=build_dataset, initializer=initializer, samples=samples,
+                             callbacks=callbacks)
+
+
+def _adapter_intact(folder: Path) -> bool:
+    from ..errors import ModelError
+    from ..models import check_safetensors
+
+    try:
+        json.loads((folder / "adapter_config.json").read_text())
+        check_safetensors(folder / "adapter_model.safetensors", "initial adapter")
+    except (OSError, ValueError, ModelError):
+        return False
+    return True
+
+
+def _train_locked(config: TrainingConfig, args, started: float, *, command: str, objective, build_dataset,
+                  initializer, samples: dict[str, Sequence[Any]], callbacks: Iterable[Any]) -> RunResult:
+    from transformers import set_seed
+
+    from ..data.tofu import PaddingCollator, encode_samples
+    from ..objectives.base import ObjectiveContext
+    from . import lora
+    from .trainer import NonFiniteLossError, UnlearningTrainer
+
     is_main = args.process_index == 0
     out = Path(config.out)
     ckpt_dir = checkpoint_dir(out)
-    with args.main_process_first(desc="output folder"):
-        resume_from = _prepare_output(config, command, is_main) if is_main else (
-            last_complete_checkpoint(ckpt_dir) if config.resume else None)
-        if is_main:
-            if config.resume:
-                _drop_incomplete_checkpoints(ckpt_dir, resume_from)
-            write_json(ckpt_dir / RUN_CONFIG, {"command": command, "config": config.to_dict()})
+    had_checkpoints = ckpt_dir.exists()
+    resume_from = _check_output(config, report=is_main)
 
-    set_seed(config.seed)
-    model, tokenizer = _load(config, args.device)
-    encoded = {name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
-               for name, items in samples.items()}
-
-    needs_ref = bool(getattr(objective, "needs_reference_model", False))
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
-
-    init_result = None
-    initial_adapter = None
-    if config.full_finetune:
-        train_model = model
-    else:
+    # Everything that can fail before training, with nothing written (the Trainer creates
+    # the empty checkpoint folder; removed again on failure).
+    try:
         set_seed(config.seed)
-        train_model = lora.build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha,
-                                            dropout=config.lora_dropout, target_modules=config.target_modules)
-        if initializer is not None:
-            init_result = initializer.initialize(train_model, forget=encoded.get("forget", []),
-                                                 retain=encoded.get("retain", []), tokenizer=tokenizer)
-            if init_result is not None and init_result.residual:
-                initial_adapter = ckpt_dir / lora.INITIAL_ADAPTER
-                if is_main and not (config.resume and initial_adapter.exists()):
-                    lora.save_initial_adapter(train_model, ckpt_dir)
+        model, tokenizer, base = _load(config, args.device)
+        encoded = {name: encode_samples(tokenizer, items, max_length=config.max_length,
+                                        system_prompt=config.system_prompt)
+                   for name, items in samples.items()}
 
-    from ..objectives.base import ObjectiveContext
+        needs_ref = bool(getattr(objective, "needs_reference_model", False))
+        reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
 
-    context = ObjectiveContext(
-        model=train_model, tokenizer=tokenizer, forget_samples=samples.get("forget", ()),
-        retain_samples=samples.get("retain", ()), forget=encoded.get("forget", ()), retain=encoded.get("retain", ()),
-        init_result=init_result, max_length=config.max_length, seed=config.seed, system_prompt=config.system_prompt,
-    )
-    prepare = getattr(objective, "prepare", None)
-    views = (prepare(context) or {}) if prepare is not None else {}
-    dataset = build_dataset(encoded, views)
+        init_result = None
+        initial_adapter = None
+        if config.full_finetune:
+            train_model = model
+        else:
+            set_seed(config.seed)
+            train_model = lora.build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha,
+                                                dropout=config.lora_dropout, target_modules=config.target_modules)
+            if initializer is not None:
+                init_result = initializer.initialize(train_model, forget=encoded.get("forget", []),
+                                                     retain=encoded.get("retain", []), tokenizer=tokenizer)
+                if init_result is not None and init_result.residual:
+                    initial_adapter = ckpt_dir / lora.INITIAL_ADAPTER
 
-    trainer = UnlearningTrainer(
-        model=train_model, args=args, train_dataset=dataset, data_collator=PaddingCollator(tokenizer.pad_token_id),
-        objective=objective, reference_model=reference, callbacks=list(callbacks),
-    )
+        context = ObjectiveContext(
+            model=train_model, tokenizer=tokenizer, forget_samples=samples.get("forget", ()),
+            retain_samples=samples.get("retain", ()), forget=encoded.get("forget", ()),
+            retain=encoded.get("retain", ()), init_result=init_result, max_length=config.max_length,
+            seed=config.seed, system_prompt=config.system_prompt,
+        )
+        prepare = getattr(objective, "prepare", None)
+        views = (prepare(context) or {}) if prepare is not None else {}
+        dataset = build_dataset(encoded, views)
+
+        trainer = UnlearningTrainer(
+            model=train_model, args=args, train_dataset=dataset, data_collator=PaddingCollator(tokenizer.pad_token_id),
+            objective=objective, reference_model=reference, callbacks=list(callbacks),
+        )
+    except BaseException:
+        if is_main and not had_checkpoints:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        raise
+
+    # Training starts: only now replace an earlier run (--overwrite) and write the run's files.
+    if is_main:
+        if config.resume:
+            _drop_incomplete_checkpoints(ckpt_dir, resume_from)
+        elif config.overwrite:
+            _clear_previous_run(out)
+        write_json(ckpt_dir / RUN_CONFIG, {"command": command, "config": config.to_dict()})
+        if initial_adapter is not None and not (config.resume and _adapter_intact(initial_adapter)):
+            lora.save_initial_adapter(train_model, ckpt_dir)
+    trainer.accelerator.wait_for_everyone()
+
     trainable = sum(p.numel() for p in train_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in train_model.parameters())
     record: dict[str, Any] = {
@@ -366,6 +442,7 @@ def _train(config: TrainingConfig, *, command: str, objective, build_dataset, in
         "initializer": None if init_result is None else {"residual": init_result.residual, **init_result.info},
         "context": context.info,
         "resumed_from": str(resume_from) if resume_from else None,
+        "base_model": base,  # checked when the adapter is loaded (models.check_adapter)
     }
     try:
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
