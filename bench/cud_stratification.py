@@ -12,9 +12,9 @@ The CUD paper's stratification experiment at our scale, on real TOFU and the emb
 4. **Sets** of ``--set-size`` QA: per scorer the easiest and the hardest, plus ``--random-sets``
    disjoint random sets.
 5. **Budget**: one pilot grad_diff run on the first random set (seed 99, probability traced
-   every 2 steps) fixes the optimizer steps for every run: the first whole epoch by which the
-   set's mean answer probability has fallen to half its starting value (no run is saturated,
-   and every sample of a set is unlearned equally often).
+   every 2 steps) fixes the optimizer steps for every run: the whole epoch nearest to the step
+   at which the set's mean answer probability had fallen to half its starting value (no run is
+   saturated, and every sample of a set is unlearned equally often).
 6. **Runs**: every set x objective x seed is unlearned from the target with that budget, the
    rest of the query pool as retain set. Efficacy = 100 x (1 - mean p_after / mean p_before)
    on the set; retained knowledge = held-out retain probability. For the first seed, truth
@@ -375,7 +375,9 @@ class Study:
 
         folder = self.stage("pilot: the unlearning budget", "budget",
                             [rows, c.unlearn, c.pilot_max_steps, c.pilot_target, "whole epochs"], build)
-        return json.loads((folder / "budget.json").read_text())
+        budget = json.loads((folder / "budget.json").read_text())
+        budget["steps"] = budget_steps(budget, c)
+        return budget
 
     # -- one run
     def run(self, target: str, set_name: str, rows: list[int], objective: str, seed: int, steps: int,
@@ -436,6 +438,16 @@ class Study:
         name, parts = self._extras_key(set_name, rows, run_folder)
         folder = self.stage(f"truth ratio, ROUGE-L, Model Utility: {label}", name, parts, build)
         return json.loads((folder / "extras.json").read_text())
+
+
+def budget_steps(pilot: dict, config: StudyConfig) -> int:
+    """The optimizer steps of every run: the whole epoch nearest to the pilot's step at which the
+    probability had halved (whole epochs: every sample of a set is unlearned equally often;
+    nearest, not the next: the next one, 30 steps on SmolLM2, left 92-100% efficacy, saturated)."""
+    crossing, per_epoch = pilot["crossing_step"], pilot["steps_per_epoch"]
+    if crossing is None:
+        return config.pilot_max_steps
+    return min(config.pilot_max_steps, per_epoch * max(1, round(crossing / per_epoch)))
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -516,9 +528,12 @@ def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, 
         return keys, seeds
 
     def compare(kind_set: str, objectives) -> dict | None:
-        keys, _ = have([kind_set], objectives)
-        rnd_keys, _ = have(random_names, objectives)
-        if not keys or len(rnd_keys) < 2 or len(keys) + len(rnd_keys) < 3:
+        # only the (objective, seed) cells that the set and every random set have
+        cells = [(o, seed) for o in objectives for seed in config.seeds
+                 if all((n, o, seed) in eff for n in [kind_set, *random_names])]
+        keys = [(kind_set, o, seed) for o, seed in cells]
+        rnd_keys = [(n, o, seed) for n in random_names for o, seed in cells]
+        if not keys:
             return None
         both = [seed for seed in config.seeds if any(k[2] == seed for k in keys) and any(k[2] == seed for k in rnd_keys)]
         objs = [o for o in objectives if any(k[1] == o for k in keys)]

@@ -75,3 +75,13 @@ def test_run_interval_covers_the_difference(study_module):
     out = study_module.diff_ci(hard, rnd)
     assert out["diff"] == pytest.approx(22 - 50.666, abs=0.01)
     assert out["ci"][0] <= out["diff"] <= out["ci"][1] < 0
+
+
+def test_budget_is_the_whole_epoch_nearest_the_pilots_halving(study_module):
+    config = study_module.StudyConfig()
+    pilot = {"steps_per_epoch": 10, "crossing_step": 22}
+    assert study_module.budget_steps(pilot, config) == 20
+    assert study_module.budget_steps({**pilot, "crossing_step": 26}, config) == 30
+    assert study_module.budget_steps({**pilot, "crossing_step": 4}, config) == 10  # at least one epoch
+    assert study_module.budget_steps({**pilot, "crossing_step": None}, config) == config.pilot_max_steps
+    assert study_module.budget_steps({**pilot, "crossing_step": 48}, config) == config.pilot_max_steps
