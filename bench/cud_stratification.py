@@ -192,7 +192,7 @@ def model_utility(model, tok, heldout, config: StudyConfig) -> dict:
 
 class Study:
     def __init__(self, config: StudyConfig, cache: Path, shard: int = 0, shards: int = 1):
-        from unlearn_plugins.demo.pipeline import Stages, digest
+        from unlearn_plugins.stages import Stages, digest
 
         self.shard, self.shards, self.owner = shard, shards, 0
 
@@ -210,7 +210,7 @@ class Study:
 
     def stage(self, label: str, name: str, parts, build) -> Path:
         """Build the stage (or read it from the cache); a stage another worker owns is waited for."""
-        from unlearn_plugins.demo.pipeline import DONE
+        from unlearn_plugins.stages import DONE
 
         folder = self.stages.folder(name.split("/")[0], name.split("/")[-1], self.digest(self.key, parts))
         if self.owner % self.shards != self.shard and not (folder / DONE).is_file():
@@ -407,7 +407,7 @@ class Study:
         return result
 
     def run_cached(self, set_name: str, rows, objective: str, seed: int, steps: int) -> bool:
-        from unlearn_plugins.demo.pipeline import DONE
+        from unlearn_plugins.stages import DONE
 
         parts = [rows, objective, seed, steps, self.config.unlearn, self.query]
         folder = self.stages.folder("run", f"{set_name}-{objective}-s{seed}", self.digest(self.key, parts))
@@ -418,7 +418,7 @@ class Study:
         return name, [rows, Path(run_folder).name if run_folder else None, self.config.mu_size]
 
     def extras_cached(self, set_name: str, rows, run_folder: str | None) -> bool:
-        from unlearn_plugins.demo.pipeline import DONE
+        from unlearn_plugins.stages import DONE
 
         name, parts = self._extras_key(set_name, rows, run_folder)
         folder = self.stages.folder("extras", name.split("/")[-1], self.digest(self.key, parts))

@@ -181,7 +181,7 @@ def test_generated_authors_look_like_tofu():
 def test_orphaned_temporary_stage_folders_are_removed(tmp_path):
     import os
 
-    from unlearn_plugins.demo.pipeline import Stages
+    from unlearn_plugins.stages import Stages
 
     gone = tmp_path / "run-x-abc.tmp-99999999"  # no such process
     mine = tmp_path / f"run-y-abc.tmp-{os.getpid()}"

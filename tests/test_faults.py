@@ -444,14 +444,14 @@ def test_score_eval_and_demo_outputs_are_locked(tiny_model_dir, tofu_dir, tmp_pa
 def test_a_demo_stage_being_built_by_another_process_is_refused(tmp_path):
     import io
 
-    from unlearn_plugins.demo.pipeline import Stages
+    from unlearn_plugins.stages import Stages
     from unlearn_plugins.errors import UnlearnError
 
     stages = Stages(tmp_path, total=1, stream=io.StringIO())
     folder = stages.folder("bench", "tofu", "abc")
     built = []
     with held("exclusive_lock", tmp_path / f".{folder.name}.lock") as pid:
-        with pytest.raises(UnlearnError, match=f"^demo stage {folder} is in use by pid {pid} "):
+        with pytest.raises(UnlearnError, match=f"^stage {folder} is in use by pid {pid} "):
             stages.run("benchmark", folder, built.append)
     assert built == [] and list(tmp_path.iterdir()) == []
     stages.run("benchmark", folder, lambda tmp: (tmp / "x").write_text("1"))

@@ -6,31 +6,29 @@ stage's result depends on (base model files, benchmark data, the budget, the key
 stages it reads), so a change of any of them recomputes that stage and the ones after it,
 and nothing else. A stage is built in ``<folder>.tmp-<pid>`` and renamed into place when
 complete, so Ctrl-C leaves either a finished stage or a temporary folder that the next
-run deletes: a rerun continues with the first unfinished stage. A stage being built holds
-an exclusive lock (``.<folder>.lock`` beside it) and the whole demo one on its ``--out``, so
-two demos never build one stage or write one report at once: the second is refused.
+run deletes: a rerun continues with the first unfinished stage (:mod:`unlearn_plugins.stages`).
+A stage being built holds an exclusive lock (``.<folder>.lock`` beside it) and the whole demo
+one on its ``--out``, so two demos never build one stage or write one report at once: the
+second is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import UnlearnError
-from ..files import exclusive_lock, folder_lock, write_json, write_jsonl
+from ..files import folder_lock, write_json, write_jsonl
+from ..stages import DONE, Stages, digest  # noqa: F401  (DONE, digest: public here too)
 from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
-DONE = "stage.json"
-CACHE_FORMAT = 1
 #: the TOFU tasks the demo evaluates (extraction strength left out: one request per answer token)
 EVAL_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 
@@ -116,10 +114,6 @@ class DemoConfig:
 
 # ----------------------------------------------------------------------------- cache helpers
 
-def digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
 def model_key(spec: str) -> str:
     """The base model's identity: the alias/hub id, or a folder's file names, sizes and mtimes."""
     path = Path(spec).expanduser()
@@ -129,73 +123,6 @@ def model_key(spec: str) -> str:
                    for p in path.rglob("*") if p.is_file())
     return digest("model-dir", str(path.resolve()), files)
 
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-class Stages:
-    """Numbered stage headers with timings, and the build-then-rename cache of a stage."""
-
-    def __init__(self, root: Path, total: int, stream=None):
-        self.root, self.total, self.n = root, total, 0
-        self.stream = stream or sys.stderr
-        self.timings: dict[str, dict] = {}
-        self.remove_orphans()
-
-    def remove_orphans(self) -> None:
-        """Temporary stage folders of processes that are gone (killed without a chance to
-        clean up, e.g. SIGKILL or a power cut; Ctrl-C cleans up after itself)."""
-        if not self.root.is_dir():
-            return
-        for path in self.root.glob("*.tmp-*"):
-            pid = path.name.rsplit(".tmp-", 1)[1]
-            if not pid.isdigit() or not _alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-
-    def folder(self, kind: str, name: str, key: str) -> Path:
-        return self.root / f"{kind}-{name}-{key}"
-
-    def run(self, label: str, folder: Path, build: Callable[[Path], Any]) -> Path:
-        """``build(tmp)`` fills a temporary folder, which becomes ``folder`` when it returns."""
-        self.n += 1
-        head = f"[{self.n}/{self.total}] {label}"
-        if (folder / DONE).is_file():
-            print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
-            self.timings[label] = {"seconds": 0.0, "cached": True}
-            return folder
-        with exclusive_lock(folder.with_name(f".{folder.name}.lock"), f"demo stage {folder}"):
-            if (folder / DONE).is_file():  # finished by another demo meanwhile
-                print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
-                self.timings[label] = {"seconds": 0.0, "cached": True}
-                return folder
-            print(f"{head} ...", file=self.stream, flush=True)
-            self.remove_orphans()  # e.g. this stage's folder from a killed run
-            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-            tmp.mkdir(parents=True, exist_ok=True)
-            started = time.perf_counter()
-            try:
-                build(tmp)
-                write_json(tmp / DONE, {"format": CACHE_FORMAT, "label": label,
-                                        "seconds": round(time.perf_counter() - started, 2)})
-                if folder.exists():
-                    shutil.rmtree(folder)
-                os.replace(tmp, folder)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        seconds = time.perf_counter() - started
-        self.timings[label] = {"seconds": round(seconds, 2), "cached": False}
-        print(f"{head}: done in {seconds:.0f} s", file=self.stream, flush=True)
-        return folder
 
 
 # ----------------------------------------------------------------------------- stages
