@@ -208,11 +208,20 @@ class Study:
                           config.max_length)
         self.started = time.perf_counter()
 
+    def folder(self, name: str, parts) -> Path:
+        """A stage's cache folder: ``kind/name`` plus the key of what it depends on."""
+        return self.stages.folder(name.split("/")[0], name.split("/")[-1], self.digest(self.key, parts))
+
+    def cached(self, name: str, parts) -> bool:
+        from unlearn_plugins.stages import DONE
+
+        return (self.folder(name, parts) / DONE).is_file()
+
     def stage(self, label: str, name: str, parts, build) -> Path:
         """Build the stage (or read it from the cache); a stage another worker owns is waited for."""
         from unlearn_plugins.stages import DONE
 
-        folder = self.stages.folder(name.split("/")[0], name.split("/")[-1], self.digest(self.key, parts))
+        folder = self.folder(name, parts)
         if self.owner % self.shards != self.shard and not (folder / DONE).is_file():
             self.log(f"waiting for worker {self.owner % self.shards}: {label}")
             while not (folder / DONE).is_file():
@@ -400,29 +409,23 @@ class Study:
                                              "seconds": round(time.perf_counter() - started, 1)})
 
         folder = self.stage(f"run {n}/{total}: unlearn {set_name} with {objective}, seed {seed}",
-                            f"run/{set_name}-{objective}-s{seed}",
-                            [rows, objective, seed, steps, self.config.unlearn, self.query], build)
+                            *self._run_key(set_name, rows, objective, seed, steps), build)
         result = json.loads((folder / "result.json").read_text())
         result["folder"] = str(folder)
         return result
 
-    def run_cached(self, set_name: str, rows, objective: str, seed: int, steps: int) -> bool:
-        from unlearn_plugins.stages import DONE
+    def _run_key(self, set_name: str, rows, objective: str, seed: int, steps: int) -> tuple[str, list]:
+        return f"run/{set_name}-{objective}-s{seed}", [rows, objective, seed, steps, self.config.unlearn, self.query]
 
-        parts = [rows, objective, seed, steps, self.config.unlearn, self.query]
-        folder = self.stages.folder("run", f"{set_name}-{objective}-s{seed}", self.digest(self.key, parts))
-        return (folder / DONE).is_file()
+    def run_cached(self, set_name: str, rows, objective: str, seed: int, steps: int) -> bool:
+        return self.cached(*self._run_key(set_name, rows, objective, seed, steps))
 
     def _extras_key(self, set_name: str, rows, run_folder: str | None) -> tuple[str, list]:
         name = "extras/" + (Path(run_folder).name.split("-", 1)[-1] if run_folder else f"{set_name}-before")
         return name, [rows, Path(run_folder).name if run_folder else None, self.config.mu_size]
 
     def extras_cached(self, set_name: str, rows, run_folder: str | None) -> bool:
-        from unlearn_plugins.stages import DONE
-
-        name, parts = self._extras_key(set_name, rows, run_folder)
-        folder = self.stages.folder("extras", name.split("/")[-1], self.digest(self.key, parts))
-        return (folder / DONE).is_file()
+        return self.cached(*self._extras_key(set_name, rows, run_folder))
 
     def extras(self, target: str, set_name: str, rows: list[int], run_folder: str | None, label: str) -> dict:
         from unlearn_plugins.files import write_json
@@ -521,11 +524,8 @@ def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, 
     random_names = [s for s in sets if s.startswith("random")]
 
     def have(names, objectives):
-        """The (set, objective, seed) runs present, and the seeds every one of the sets has."""
-        keys = [(n, o, seed) for n in names for o in objectives for seed in config.seeds if (n, o, seed) in eff]
-        seeds = [seed for seed in config.seeds
-                 if all((n, o, seed) in eff for n in names for o in objectives)]
-        return keys, seeds
+        """The (set, objective, seed) runs present."""
+        return [(n, o, seed) for n in names for o in objectives for seed in config.seeds if (n, o, seed) in eff]
 
     def compare(kind_set: str, objectives) -> dict | None:
         # only the (objective, seed) cells that the set and every random set have
@@ -564,7 +564,7 @@ def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, 
     spearman: dict = {}
     for objective in config.objectives:
         post: dict[int, list[float]] = {}
-        for key in have(random_names, [objective])[0]:
+        for key in have(random_names, [objective]):
             r = results[key]
             for i, v in zip(r["rows"], r["nll_after"]):
                 post.setdefault(i, []).append(v)
