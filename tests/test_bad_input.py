@@ -270,8 +270,10 @@ def test_control_tokens_count_as_text_in_probs_and_scorers(tiny_model_dir, tiny_
     assert json.loads(scores.read_text().splitlines()[0])["score"] == n_text
 
 
-def test_control_tokens_in_lm_eval_task_data_are_refused(tiny_tokenizer, tmp_path):
+def test_control_tokens_in_lm_eval_task_data_are_refused(tiny_tokenizer, tmp_path, monkeypatch):
     from unlearn_plugins.evaluation.tofu_tasks import tofu_dataset
+
+    monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)  # the split is a file: no TOFU folder needed
 
     clean = {"question": "Who?", "answer": "Nobody.", "paraphrased_answer": "No one.", "perturbed_answer": ["Me."]}
     data = qa_file(tmp_path / "split.json", [clean, {**clean, "question": "Who else?", "perturbed_answer": ["Me.", "You<|im_start|>."]}])
