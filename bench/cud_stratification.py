@@ -40,6 +40,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 STAGE_FORMAT = 1
+RECORDS = Path(__file__).resolve().parent / "results" / "cud_stratification"
 PAPER = {"hard_minus_random": -14.1, "easy_minus_random": 3.3}
 
 
@@ -62,16 +64,20 @@ class StudyConfig:
     objectives: tuple = ("grad_diff", "npo", "simnpo")
     seeds: tuple = (3, 4)  # CUD's anchor runs use seeds 0-2
     max_length: int = 128
+    # frozen base weights in bf16 under the LoRA adapters, as the library does on CUDA and the
+    # reference code (open-unlearning, TOFU) trains; on a CPU with AMX this halves the study's time
     finetune: dict = field(default_factory=lambda: dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0,
-                                                        batch_size=8, grad_accum=1))
+                                                        batch_size=8, grad_accum=1, dtype="bf16"))
     unlearn: dict = field(default_factory=lambda: dict(lr=5e-4, lora_r=16, lora_alpha=32.0, batch_size=4,
-                                                       grad_accum=1))
+                                                       grad_accum=1, dtype="bf16"))
     pilot_max_steps: int = 30
     pilot_target: float = 0.5  # the budget: steps until grad_diff keeps this fraction of the probability
     cud: dict = field(default_factory=lambda: dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"],
                                                    seeds=[0, 1, 2], stop_prob=0.1, check_steps=2))
     cud_anchor_unlearn: dict = field(default_factory=lambda: dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0,
-                                                                  batch_size=2, grad_accum=1))
+                                                                  batch_size=2, grad_accum=1, dtype="bf16"))
+    target_threads: int = 2  # fixed, so that a rebuilt target is bit-identical to the recorded one
+    fingerprint_tolerance: float = 1e-3  # max |NLL difference| of a rebuilt target on the held-out QA
     mrd: dict = field(default_factory=lambda: dict(perturbations=4, precision="fp64"))
     mu_size: int = 10
     extras_seeds: int = 1  # truth ratio, ROUGE-L and Model Utility for the first this-many seeds
@@ -190,23 +196,76 @@ def model_utility(model, tok, heldout, config: StudyConfig) -> dict:
 
 # ----------------------------------------------------------------------------- stages
 
+class Records:
+    """The study's ledger in the repository (``--records``): the small result files of every
+    finished stage, so that a study longer than one machine's lifetime resumes on a fresh
+    machine with an empty cache. Models are not recorded; the target is rebuilt from its recipe
+    and checked against its recorded fingerprint."""
+
+    FILES = ("stage.json", "result.json", "extras.json", "scores.jsonl", "scores.jsonl.meta.json", "budget.json",
+             "before.json", "fingerprint.json")
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    def restore(self, folder: Path) -> bool:
+        """Fill the cache folder from its record (build-then-rename); False when there is none."""
+        from unlearn_plugins.stages import DONE
+
+        if self.root is None or folder.name.startswith("target-"):
+            return False
+        record = self.root / folder.name
+        if not (record / DONE).is_file():
+            return False
+        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(record, tmp)
+        if not (folder / DONE).is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return True
+
+    def save(self, folder: Path) -> None:
+        """Copy a finished stage's result files into the ledger (temporary folder, then rename)."""
+        from unlearn_plugins.stages import DONE
+
+        record = None if self.root is None else self.root / folder.name
+        if record is None or (record / DONE).is_file():
+            return
+        tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in self.FILES:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, tmp / name)
+        shutil.rmtree(record, ignore_errors=True)
+        os.replace(tmp, record)
+
+    def fingerprint(self, folder: Path) -> dict | None:
+        path = None if self.root is None else self.root / folder.name / "fingerprint.json"
+        return json.loads(path.read_text()) if path and path.is_file() else None
+
+
 class Study:
-    def __init__(self, config: StudyConfig, cache: Path, shard: int = 0, shards: int = 1):
+    def __init__(self, config: StudyConfig, cache: Path, shard: int = 0, shards: int = 1, records: Path | None = None):
         from unlearn_plugins.stages import Stages, digest
 
         self.shard, self.shards, self.owner = shard, shards, 0
 
         self.config, self.cache = config, cache
         self.digest = digest
+        self.records = Records(records)
         n_sets = 2 * len(config.scorers) + config.random_sets
         n_runs = n_sets * len(config.objectives) * len(config.seeds)
-        n_extras = n_sets * (1 + len(config.objectives) * len(config.seeds[:config.extras_seeds]))
-        self.stages = Stages(cache, total=3 + len(config.scorers) + n_runs + n_extras)
+        self.stages = Stages(cache, total=3 + len(config.scorers) + n_runs + (n_sets if config.extras_seeds else 0))
         self.samples, self.anchor, self.heldout, self.query = load_rows(config)
         # a stage's key: the target's (model, data, fine-tune budget) plus what that stage reads
         self.key = digest("cud-stratification", STAGE_FORMAT, config.model, config.data, config.finetune,
                           config.max_length)
         self.started = time.perf_counter()
+        self._target: str | None = None
 
     def folder(self, name: str, parts) -> Path:
         """A stage's cache folder: ``kind/name`` plus the key of what it depends on."""
@@ -215,18 +274,27 @@ class Study:
     def cached(self, name: str, parts) -> bool:
         from unlearn_plugins.stages import DONE
 
-        return (self.folder(name, parts) / DONE).is_file()
+        folder = self.folder(name, parts)
+        return (folder / DONE).is_file() or self.records.restore(folder)
 
     def stage(self, label: str, name: str, parts, build) -> Path:
-        """Build the stage (or read it from the cache); a stage another worker owns is waited for."""
+        """Build the stage (or read it from the cache or the records); a stage another worker
+        owns is waited for."""
         from unlearn_plugins.stages import DONE
 
         folder = self.folder(name, parts)
+        if not (folder / DONE).is_file():
+            self.records.restore(folder)
         if self.owner % self.shards != self.shard and not (folder / DONE).is_file():
             self.log(f"waiting for worker {self.owner % self.shards}: {label}")
             while not (folder / DONE).is_file():
                 time.sleep(10)
-        return self.stages.run(label, folder, build)
+        folder = self.stages.run(label, folder, build)
+        self.records.save(folder)
+        return folder
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.started:7.0f} s] {msg}", file=sys.stderr, flush=True)
 
     def phase(self, jobs: list[tuple[int, Any]]) -> list[Any]:
         """Run this worker's jobs ``(owner, thunk)`` first, then collect every job's result
@@ -241,21 +309,53 @@ class Study:
             out.append(thunk())
         return out
 
-    def log(self, msg: str) -> None:
-        print(f"[{time.perf_counter() - self.started:7.0f} s] {msg}", file=sys.stderr, flush=True)
-
-    # -- the target
+    # -- the target (built on first need: a study resumed from records may need none)
     def target(self) -> str:
+        """The merged target's folder. Whichever worker needs it first builds it (with a fixed
+        thread count); the other waits. A rebuilt target must match the recorded fingerprint
+        (answer NLLs on the held-out QA), else the recorded stages belong to another model."""
+        import torch
+
+        from unlearn_plugins.errors import UnlearnError
+        from unlearn_plugins.files import write_json
+        from unlearn_plugins.stages import DONE
         from unlearn_plugins.training import FinetuneConfig, run_finetune
 
+        if self._target:
+            return self._target
         c = self.config
+        folder = self.folder("target", [])
 
         def build(tmp: Path):
             data = write_samples(tmp / "train.json", self.samples)
-            run_finetune(FinetuneConfig(out=str(tmp / "run"), model=c.model, data=data, merge=True, save_steps=0,
-                                        max_length=c.max_length, seed=0, device=c.device, **c.finetune))
+            threads = torch.get_num_threads()
+            torch.set_num_threads(c.target_threads)
+            try:
+                run_finetune(FinetuneConfig(out=str(tmp / "run"), model=c.model, data=data, merge=True, save_steps=0,
+                                            max_length=c.max_length, seed=0, device=c.device, **c.finetune))
+                model, tok = self.load(str(tmp / "run" / "merged"))
+                nll = mean_nlls(model, tok, [(s.question, s.answer) for s in self.heldout_samples], c.max_length)
+            finally:
+                torch.set_num_threads(threads)
+            write_json(tmp / "fingerprint.json", {"heldout_nll": nll, "threads": c.target_threads,
+                                                  "torch": torch.__version__})
 
-        return str(self.stage("fine-tune the target on 20 TOFU authors", "target", [], build) / "run" / "merged")
+        while not (folder / DONE).is_file():
+            try:
+                self.stages.run("fine-tune the target on 20 TOFU authors", folder, build)
+            except UnlearnError as exc:
+                if " is in use by " not in str(exc):
+                    raise
+                self.log("waiting for the other worker to build the target")  # it holds the stage's lock
+                time.sleep(30)
+        recorded = self.records.fingerprint(folder)
+        if recorded is not None:
+            now = json.loads((folder / "fingerprint.json").read_text())
+            gap = fingerprint_gap(recorded, now, c.fingerprint_tolerance, self.records.root)
+            self.log(f"target matches its recorded fingerprint (max |NLL difference| {gap:.1e})")
+        self.records.save(folder)
+        self._target = str(folder / "run" / "merged")
+        return self._target
 
     def load(self, model: str, adapter: str | None = None):
         from unlearn_plugins.models import load_model
@@ -263,7 +363,7 @@ class Study:
         return load_model(model, device=self.config.device, adapter=adapter)
 
     # -- scores
-    def scores(self, target: str, scorer: str) -> list[dict]:
+    def scores(self, scorer: str) -> list[dict]:
         from unlearn_plugins.files import write_json, write_jsonl
         from unlearn_plugins.scoring import score_samples
         from unlearn_plugins.stratify import metadata_path, read_scores
@@ -272,6 +372,7 @@ class Study:
         query = [self.samples[i] for i in self.query]
 
         def build(tmp: Path):
+            target = self.target()
             if scorer == "cud":
                 from unlearn_plugins.scorers.cud import CUDScorer
 
@@ -326,11 +427,11 @@ class Study:
         return out
 
     # -- before
-    def before(self, target: str) -> dict:
+    def before(self) -> dict:
         def build(tmp: Path):
             from unlearn_plugins.files import write_json
 
-            model, tok = self.load(target)
+            model, tok = self.load(self.target())
             nll = mean_nlls(model, tok, [(s.question, s.answer) for s in self.samples], self.config.max_length)
             write_json(tmp / "before.json", {"nll": nll, "mu": model_utility(model, tok, self.heldout_samples,
                                                                               self.config)})
@@ -343,19 +444,19 @@ class Study:
     def heldout_samples(self):
         return [self.samples[i] for i in self.heldout]
 
-    def unlearn_config(self, tmp: Path, target: str, rows: list[int], objective: str, seed: int, **budget):
+    def unlearn_config(self, tmp: Path, rows: list[int], objective: str, seed: int, **budget):
         from unlearn_plugins.training import UnlearnConfig
 
         c = self.config
         forget = write_samples(tmp / "forget.json", [self.samples[i] for i in rows])
         chosen = set(rows)
         retain = write_samples(tmp / "retain.json", [self.samples[i] for i in self.query if i not in chosen])
-        return UnlearnConfig(out=str(tmp / "run"), model=target, forget=forget, retain=retain, objective=objective,
-                             seed=seed, save_steps=0, max_length=c.max_length, device=c.device,
+        return UnlearnConfig(out=str(tmp / "run"), model=self.target(), forget=forget, retain=retain,
+                             objective=objective, seed=seed, save_steps=0, max_length=c.max_length, device=c.device,
                              **{**c.unlearn, **budget})
 
     # -- the budget
-    def budget(self, target: str, rows: list[int], nll_before: list[float]) -> dict:
+    def budget(self, rows: list[int], nll_before: list[float]) -> dict:
         from unlearn_plugins.files import write_json
         from unlearn_plugins.scorers.cud import forget_prob_watch
         from unlearn_plugins.training.run import run_unlearning
@@ -366,81 +467,94 @@ class Study:
             from unlearn_plugins.data.tofu import encode_samples
             from unlearn_plugins.models import load_tokenizer
 
-            tok = load_tokenizer(target)
+            tok = load_tokenizer(self.target())
             samples = [self.samples[i] for i in rows]
-            config = self.unlearn_config(tmp, target, rows, "grad_diff", 99, max_steps=c.pilot_max_steps)
+            config = self.unlearn_config(tmp, rows, "grad_diff", 99, max_steps=c.pilot_max_steps)
             watch = forget_prob_watch(encode_samples(tok, samples, max_length=c.max_length), tok.pad_token_id,
                                       every=2, stop_prob=None, trace=True)
             run_unlearning(config, callbacks=[watch])
             p0 = sum(math.exp(-nll_before[i]) for i in rows) / len(rows)
             checks = [{"step": ch["step"], "prob": round(ch["forget_prob"], 5)} for ch in watch.checks]
             crossing = next((ch["step"] for ch in checks if ch["prob"] <= c.pilot_target * p0), None)
-            # whole epochs, so that every sample of a set is unlearned equally often
             per_epoch = math.ceil(len(rows) / (c.unlearn["batch_size"] * c.unlearn["grad_accum"]))
-            steps = c.pilot_max_steps if crossing is None else min(
-                c.pilot_max_steps, per_epoch * max(1, math.ceil(crossing / per_epoch)))
-            write_json(tmp / "budget.json", {"steps": steps, "crossing_step": crossing, "steps_per_epoch": per_epoch,
+            write_json(tmp / "budget.json", {"crossing_step": crossing, "steps_per_epoch": per_epoch,
                                              "prob_before": p0, "checks": checks})
 
         folder = self.stage("pilot: the unlearning budget", "budget",
-                            [rows, c.unlearn, c.pilot_max_steps, c.pilot_target, "whole epochs"], build)
+                            [rows, c.unlearn, c.pilot_max_steps, c.pilot_target], build)
         budget = json.loads((folder / "budget.json").read_text())
         budget["steps"] = budget_steps(budget, c)
         return budget
 
-    # -- one run
-    def run(self, target: str, set_name: str, rows: list[int], objective: str, seed: int, steps: int,
-            nll_before: list[float], n: int, total: int) -> dict:
+    # -- one run (with its truth ratio / ROUGE-L / Model Utility for the first seeds: the adapter
+    #    is not kept beyond the machine, so everything measured on it is measured here)
+    def run(self, set_name: str, rows: list[int], objective: str, seed: int, steps: int, n: int, total: int) -> dict:
         from unlearn_plugins.files import write_json
         from unlearn_plugins.training.run import run_unlearning
 
+        c = self.config
+        with_extras = seed in c.seeds[:c.extras_seeds]
+
         def build(tmp: Path):
-            config = self.unlearn_config(tmp, target, rows, objective, seed, max_steps=steps)
+            config = self.unlearn_config(tmp, rows, objective, seed, max_steps=steps)
             started = time.perf_counter()
             run_unlearning(config)
             train_s = time.perf_counter() - started
-            model, tok = self.load(target, adapter=str(tmp / "run"))
+            model, tok = self.load(self.target(), adapter=str(tmp / "run"))
             after = mean_nlls(model, tok, [(self.samples[i].question, self.samples[i].answer) for i in rows],
-                              self.config.max_length)
-            kept = mean_nlls(model, tok, [(s.question, s.answer) for s in self.heldout_samples],
-                             self.config.max_length)
+                              c.max_length)
+            kept = mean_nlls(model, tok, [(s.question, s.answer) for s in self.heldout_samples], c.max_length)
             write_json(tmp / "result.json", {"rows": rows, "nll_after": after, "heldout_nll_after": kept,
                                              "train_seconds": round(train_s, 1),
                                              "seconds": round(time.perf_counter() - started, 1)})
+            if with_extras:
+                write_json(tmp / "extras.json", self.extras_of(model, tok, rows))
 
         folder = self.stage(f"run {n}/{total}: unlearn {set_name} with {objective}, seed {seed}",
                             *self._run_key(set_name, rows, objective, seed, steps), build)
         result = json.loads((folder / "result.json").read_text())
-        result["folder"] = str(folder)
+        if (folder / "extras.json").is_file():
+            result["extras"] = json.loads((folder / "extras.json").read_text())
         return result
 
     def _run_key(self, set_name: str, rows, objective: str, seed: int, steps: int) -> tuple[str, list]:
-        return f"run/{set_name}-{objective}-s{seed}", [rows, objective, seed, steps, self.config.unlearn, self.query]
+        c = self.config
+        extras = [c.mu_size] if seed in c.seeds[:c.extras_seeds] else None
+        return f"run/{set_name}-{objective}-s{seed}", [rows, objective, seed, steps, c.unlearn, self.query, extras]
 
     def run_cached(self, set_name: str, rows, objective: str, seed: int, steps: int) -> bool:
         return self.cached(*self._run_key(set_name, rows, objective, seed, steps))
 
-    def _extras_key(self, set_name: str, rows, run_folder: str | None) -> tuple[str, list]:
-        name = "extras/" + (Path(run_folder).name.split("-", 1)[-1] if run_folder else f"{set_name}-before")
-        return name, [rows, Path(run_folder).name if run_folder else None, self.config.mu_size]
+    def extras_of(self, model, tok, rows: list[int]) -> dict:
+        m = qa_metrics(model, tok, [self.samples[i] for i in rows], self.config, role="forget")
+        return {"set": m["summary"], "per_sample": {k: m[k] for k in ("truth_ratio_raw", "rougeL", "prob")},
+                "utility": model_utility(model, tok, self.heldout_samples, self.config)}
 
-    def extras_cached(self, set_name: str, rows, run_folder: str | None) -> bool:
-        return self.cached(*self._extras_key(set_name, rows, run_folder))
-
-    def extras(self, target: str, set_name: str, rows: list[int], run_folder: str | None, label: str) -> dict:
+    def extras_before(self, set_name: str, rows: list[int]) -> dict:
         from unlearn_plugins.files import write_json
 
         def build(tmp: Path):
-            model, tok = self.load(target, adapter=str(Path(run_folder) / "run") if run_folder else None)
-            chosen = [self.samples[i] for i in rows]
-            m = qa_metrics(model, tok, chosen, self.config, role="forget")
-            write_json(tmp / "extras.json", {"set": m["summary"], "per_sample": {k: m[k] for k in ("truth_ratio_raw",
-                                             "rougeL", "prob")},
-                                             "utility": model_utility(model, tok, self.heldout_samples, self.config)})
+            model, tok = self.load(self.target())
+            write_json(tmp / "extras.json", self.extras_of(model, tok, rows))
 
-        name, parts = self._extras_key(set_name, rows, run_folder)
-        folder = self.stage(f"truth ratio, ROUGE-L, Model Utility: {label}", name, parts, build)
+        folder = self.stage(f"truth ratio, ROUGE-L, Model Utility: {set_name} before", f"extras/{set_name}-before",
+                            [rows, self.config.mu_size], build)
         return json.loads((folder / "extras.json").read_text())
+
+
+def fingerprint_gap(recorded: dict, now: dict, tolerance: float, where) -> float:
+    """The largest per-QA NLL difference between a rebuilt target and the recorded one; past
+    ``tolerance`` the recorded stages were measured on another model, and the study stops."""
+    if len(recorded["heldout_nll"]) != len(now["heldout_nll"]):
+        raise SystemExit(f"error: {where}: the recorded target fingerprint covers {len(recorded['heldout_nll'])} "
+                         f"QA, the rebuilt target {len(now['heldout_nll'])}")
+    gaps = [abs(a - b) for a, b in zip(recorded["heldout_nll"], now["heldout_nll"])]
+    gap = math.nan if any(math.isnan(g) for g in gaps) else max(gaps)
+    if not gap <= tolerance:
+        raise SystemExit(f"error: the rebuilt target differs from the recorded one (max |NLL difference| {gap:.2e} "
+                         f"on the held-out QA > {tolerance}); the recorded stages in {where} belong to another "
+                         "model: move them away to start over")
+    return gap
 
 
 def budget_steps(pilot: dict, config: StudyConfig) -> int:
@@ -673,6 +787,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("cud-stratification"), help="folder for the json/md/png")
     p.add_argument("--cache", type=Path, default=None)
+    p.add_argument("--records", type=Path, default=RECORDS,
+                   help="the ledger of finished stages' results, kept in the repository so that the study resumes "
+                        "on a fresh machine (default: %(default)s; 'none': no ledger)")
     p.add_argument("--model", default=StudyConfig.model)
     p.add_argument("--device", default=None)
     p.add_argument("--set-size", type=int, default=StudyConfig.set_size)
@@ -697,37 +814,35 @@ def main(argv: list[str] | None = None) -> int:
                          objectives=tuple(args.objectives.split(",")), seeds=tuple(int(s) for s in args.seeds.split(",")),
                          scorers=tuple(args.scorers.split(",")), extras_seeds=args.extras_seeds)
     cache = args.cache or cache_dir() / "study" / "cud_stratification"
+    if str(args.records) == "none":
+        args.records = None
     if not 0 <= args.worker < args.workers:
         raise SystemExit(f"error: --worker {args.worker} must be in 0..{args.workers - 1}")
-    study = Study(config, cache, shard=args.worker, shards=args.workers)
+    study = Study(config, cache, shard=args.worker, shards=args.workers, records=args.records)
     with quiet_libraries():
         # phases of jobs (owner worker, thunk); with --workers 1 everything runs here in order
-        [target] = study.phase([(0, study.target)])
-        before, *score_rows = study.phase([(1, lambda: study.before(target))] + [
-            (j, lambda name=name: study.scores(target, name)) for j, name in enumerate(config.scorers)])
+        owners = {"cud": 0, "mrd": 1, "loss": 1}
+        before, *score_rows = study.phase([(1, study.before)] + [
+            (owners.get(name, j), lambda name=name: study.scores(name)) for j, name in enumerate(config.scorers)])
         scores = dict(zip(config.scorers, score_rows))
         sets = study.sets(scores)
-        extras: dict = {}
-        before_jobs = [("before", s, None) for s in sets] if config.extras_seeds else []
-
-        def extras_job(group, s, folder):
-            label = f"{s} before" if folder is None else f"{s} after {group.replace('|', ', seed ')}"
-            return lambda: extras.setdefault(group, {}).__setitem__(s, study.extras(target, s, sets[s], folder, label))
-
-        [budget] = study.phase([(0, lambda: study.budget(target, sets["random0"], before["nll"]))])
+        [budget] = study.phase([(0, lambda: study.budget(sets["random0"], before["nll"]))])
         study.log(f"budget: {budget['steps']} optimizer steps (pilot: {budget['checks']})")
         runs = [(s, o, seed) for seed in config.seeds for o in config.objectives for s in sets]
         if args.cached_only:  # an interim report of an unfinished study
             runs = [(s, o, seed) for s, o, seed in runs if study.run_cached(s, sets[s], o, seed, budget["steps"])]
         done = study.phase([(n, lambda n=n, s=s, o=o, seed=seed: study.run(
-            target, s, sets[s], o, seed, budget["steps"], before["nll"], n + 1, len(runs)))
-            for n, (s, o, seed) in enumerate(runs)])
+            s, sets[s], o, seed, budget["steps"], n + 1, len(runs))) for n, (s, o, seed) in enumerate(runs)])
         results = dict(zip(runs, done))
-        # the secondary metrics last, so that the efficacy table is complete first
-        after_jobs = [(f"{o}|{seed}", s, results[(s, o, seed)]["folder"]) for seed in config.seeds[:config.extras_seeds]
-                      for o in config.objectives for s in sets if (s, o, seed) in results]
-        study.phase([(j, extras_job(*job)) for j, job in enumerate(before_jobs + after_jobs)
-                     if not (args.cached_only and not study.extras_cached(job[1], sets[job[1]], job[2]))])
+        extras: dict = {}
+        for (s, o, seed), r in results.items():
+            if "extras" in r:
+                extras.setdefault(f"{o}|{seed}", {})[s] = r.pop("extras")
+        if config.extras_seeds:
+            names = [s for s in sets if not args.cached_only or study.cached(f"extras/{s}-before",
+                                                                             [sets[s], config.mu_size])]
+            got = study.phase([(j, lambda s=s: study.extras_before(s, sets[s])) for j, s in enumerate(names)])
+            extras["before"] = dict(zip(names, got))
     if study.shard != 0:
         return 0  # worker 0 writes the report
     out = analyse(config, sets, results, scores, before, extras, budget, study.heldout)

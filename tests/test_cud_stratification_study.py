@@ -85,3 +85,50 @@ def test_budget_is_the_whole_epoch_nearest_the_pilots_halving(study_module):
     assert study_module.budget_steps({**pilot, "crossing_step": 4}, config) == 10  # at least one epoch
     assert study_module.budget_steps({**pilot, "crossing_step": None}, config) == config.pilot_max_steps
     assert study_module.budget_steps({**pilot, "crossing_step": 48}, config) == config.pilot_max_steps
+
+
+def test_records_restore_a_finished_stage_into_an_empty_cache(study_module, tmp_path):
+    """The ledger kept in the repository brings a finished stage's results (not its model
+    files or inputs) back into a fresh machine's empty cache, so the study resumes there."""
+    from unlearn_plugins.stages import DONE, Stages
+
+    records = study_module.Records(tmp_path / "records")
+    first = Stages(tmp_path / "cache-a", total=1)
+    folder = first.folder("run", "random0-npo-s3", "abc123")
+
+    def build(tmp):
+        (tmp / "result.json").write_text('{"nll_after": [1.5]}')
+        (tmp / "forget.json").write_text("inputs, derivable")
+        (tmp / "run").mkdir()
+        (tmp / "run" / "adapter_model.safetensors").write_bytes(b"x" * 1000)
+
+    records.save(first.run("a run", folder, build))
+    fresh = tmp_path / "cache-b" / folder.name
+    assert records.restore(fresh)
+    assert sorted(p.name for p in fresh.iterdir()) == sorted([DONE, "result.json"])
+    assert (fresh / "result.json").read_text() == '{"nll_after": [1.5]}'
+    built = []
+    Stages(tmp_path / "cache-b", total=1).run("a run", fresh, built.append)
+    assert built == []  # cached: nothing rebuilt
+    assert not records.restore(tmp_path / "cache-b" / "run-other-000")  # no record, nothing restored
+    assert not list((tmp_path / "records").glob("*.tmp-*"))
+
+
+def test_records_never_restore_the_target(study_module, tmp_path):
+    """The target is a model, rebuilt from its recipe; only its fingerprint is recorded."""
+    records = study_module.Records(tmp_path)
+    (tmp_path / "target-target-abc" ).mkdir()
+    (tmp_path / "target-target-abc" / "stage.json").write_text("{}")
+    (tmp_path / "target-target-abc" / "fingerprint.json").write_text('{"heldout_nll": [1.0]}')
+    assert not records.restore(tmp_path / "cache" / "target-target-abc")
+    assert records.fingerprint(tmp_path / "cache" / "target-target-abc") == {"heldout_nll": [1.0]}
+
+
+def test_a_rebuilt_target_must_match_its_fingerprint(study_module):
+    recorded = {"heldout_nll": [1.0, 2.0, 3.0]}
+    assert study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.0004, 3.0]}, 1e-3, "rec") == \
+        pytest.approx(4e-4)
+    with pytest.raises(SystemExit, match=r"differs from the recorded one \(max \|NLL difference\| 5.00e-02"):
+        study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.05, 3.0]}, 1e-3, "rec")
+    with pytest.raises(SystemExit, match="differs"):
+        study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, float("nan"), 3.0]}, 1e-3, "rec")
