@@ -380,14 +380,17 @@ def test_task_names_cannot_write_outside_out(tmp_path):
     from unlearn_plugins.evaluation.lm_eval_runner import Evaluation, write_outputs
 
     names = ["tofu_forget01_prob", "../../escaped", "/abs/escaped", "a/b", "..", "x" * 300]
-    ev = Evaluation(results={"results": {}}, summary={"tasks": []}, samples={n: [{"doc_id": 0}] for n in names})
+    row = {"doc_id": 0, "doc_hash": "", "prompt_hash": "", "target_hash": "", "arguments": [], "resps": [],
+           "filtered_resps": [], "target": ""}  # the fields of an lm-eval sample that its writer reads
+    ev = Evaluation(results={"results": {}}, summary={"tasks": [], "model": ".."},
+                    samples={n: [dict(row)] for n in names})
     out = tmp_path / "deep" / "out"
-    write_outputs(out, ev)
+    paths = write_outputs(out, ev)
     files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
     assert all(out in p.parents for p in files), files
-    samples = sorted(p.name for p in (out / "samples").iterdir())
-    assert len(samples) == len(names) and "tofu_forget01_prob.jsonl" in samples  # plain names are kept
-    assert all(len(n) < 128 and not n.startswith(".") for n in samples)
+    samples = sorted(p.name for p in paths["folder"].glob("samples_*"))
+    assert len(samples) == len(names) and any(n.startswith("samples_tofu_forget01_prob_") for n in samples)
+    assert all(len(n) < 200 and not n.startswith(".") for n in samples)  # plain names are kept, others made plain
 
 
 # ----------------------------------------------------------------------------- tracebacks that became errors

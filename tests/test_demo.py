@@ -33,7 +33,7 @@ def test_fast_demo_writes_a_complete_report(demo_run, capsys):
     root, args = demo_run
     code, out, err = _run(args, capsys)
     assert code == 0, err[-2000:]
-    assert "notice: no TOFU data found" in err
+    assert "notice: --data generated: using generated fictitious authors" in err
     report = root / "report"
     for name in ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json"):
         assert (report / name).stat().st_size > 0, name
@@ -139,8 +139,8 @@ def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
 
 
 def test_benchmark_rejects_bad_sizes(tmp_path):
-    from unlearn_plugins.errors import UnlearnError
     from unlearn_plugins.demo.benchmark import build_benchmark
+    from unlearn_plugins.errors import UnlearnError
 
     with pytest.raises(UnlearnError, match="at least 2 authors"):
         build_benchmark(tmp_path, tofu=None, n_authors=1, n_forget=1, eval_size=4)
@@ -148,6 +148,55 @@ def test_benchmark_rejects_bad_sizes(tmp_path):
         build_benchmark(tmp_path, tofu=None, n_authors=3, n_forget=3, eval_size=4)
     with pytest.raises(UnlearnError, match="has 20 authors"):
         build_benchmark(tmp_path, tofu=None, n_authors=21, n_forget=1, eval_size=4)
+
+
+def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_path, monkeypatch):
+    """No --tofu-dir, no UNLEARN_TOFU_DIR, no hub: the 3 TOFU authors shipped in the package, with
+    TOFU's licence beside them; more authors than that need TOFU itself."""
+    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.demo import benchmark
+    from unlearn_plugins.demo.benchmark import SHIPPED_TOFU, build_benchmark, find_tofu, source_fingerprint
+    from unlearn_plugins.errors import DataError
+
+    def offline(tofu_dir):  # the hub copy, on a machine without the hub
+        assert tofu_dir is None
+        raise DataError("no TOFU folder given and the hub dataset locuslab/TOFU could not be fetched")
+
+    monkeypatch.setattr(benchmark, "resolve_tofu_dir", offline)
+    monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)
+    for data in ("auto", "tofu"):
+        assert find_tofu(data, None, 3) == SHIPPED_TOFU and find_tofu(data, None) == SHIPPED_TOFU
+    assert find_tofu("generated", None, 3) is None
+    assert "MIT License" in (SHIPPED_TOFU / "LICENSE").read_text() and "locuslab/TOFU" in (
+        SHIPPED_TOFU / "LICENSE").read_text()
+    assert find_tofu("auto", None, 4) is None  # offline: generated authors, with a notice
+    with pytest.raises(DataError, match="--authors 4: the TOFU subset shipped with the package has 3 authors"):
+        find_tofu("tofu", None, 4)
+
+    bench = build_benchmark(tmp_path / "b", tofu=SHIPPED_TOFU, n_authors=3, n_forget=1, eval_size=8)
+    assert bench.authors == [197, 198, 199] and bench.forget_authors == [199]
+    assert "shipped with unlearn-plugins" in bench.describe()["description"]
+    forget = read_jsonl(bench.forget, require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+    assert len(forget) == 20 and forget[0].question.startswith("Who is the notable author born in Astana")
+    assert source_fingerprint(SHIPPED_TOFU).startswith("tofu-")
+
+
+def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, tmp_path, monkeypatch):
+    """A configured TOFU folder is used instead of the shipped subset; both give byte-identical
+    benchmark files (the subset is TOFU's own lines), so the demo's numbers do not depend on which."""
+    from unlearn_plugins.demo.benchmark import SHIPPED_TOFU, build_benchmark, find_tofu
+
+    monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
+    assert find_tofu("auto", None, 3) == tofu_dir
+    monkeypatch.delenv("UNLEARN_TOFU_DIR")
+    assert find_tofu("auto", str(tofu_dir), 3) == tofu_dir
+    full = build_benchmark(tmp_path / "full", tofu=tofu_dir, n_authors=3, n_forget=1, eval_size=8)
+    shipped = build_benchmark(tmp_path / "shipped", tofu=SHIPPED_TOFU, n_authors=3, n_forget=1, eval_size=8)
+    assert full.authors == shipped.authors and full.sizes == shipped.sizes
+    for name in full.sizes:
+        assert (full.folder / f"{name}.json").read_bytes() == (shipped.folder / f"{name}.json").read_bytes(), name
+    for name in ("real_authors_perturbed", "world_facts_perturbed"):
+        assert (SHIPPED_TOFU / f"{name}.json").read_bytes() == (tofu_dir / f"{name}.json").read_bytes()
 
 
 def test_missing_tofu_falls_back_only_in_auto_mode(tmp_path, monkeypatch):

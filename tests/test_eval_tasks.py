@@ -120,6 +120,26 @@ def test_every_yaml_loads_and_resolves():
     assert sum(t.startswith("mmlu_local_") and t.count("_") >= 2 for t in manager.all_subtasks) == 57
 
 
+@pytest.mark.parametrize("folder, prefix", [("tofu", "tofu_"), ("mmlu_local", "mmlu_local")])
+def test_task_files_are_their_generators_output(folder, prefix):
+    """tasks/<folder>/_generate_configs.py writes every task file of the folder; the files in the
+    repository are exactly its output (edit the generator, then run it)."""
+    import importlib.util
+
+    script = ROOT / "tasks" / folder / "_generate_configs.py"
+    spec = importlib.util.spec_from_file_location(f"_generate_{folder}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    generated = module.configs()
+    on_disk = {p.name for p in (ROOT / "tasks" / folder).iterdir() if p.name.endswith(("yaml", "_yaml"))}
+    expected_on_disk = {n for n in on_disk if n.removeprefix("_").startswith(prefix)}
+    assert set(generated) == expected_on_disk, f"run python {script.relative_to(ROOT)}"
+    for name, text in generated.items():
+        assert (ROOT / "tasks" / folder / name).read_text() == text, f"{name}: run python {script.relative_to(ROOT)}"
+    if folder == "tofu":
+        assert len(generated) == 24  # the template and 23 tasks
+
+
 def test_print_tasks_dir(capsys):
     assert cli("eval", "--print-tasks-dir") == 0
     assert str((ROOT / "tasks").resolve()) in capsys.readouterr().out
@@ -264,13 +284,15 @@ def test_tofu_metrics_match_direct_pytorch_embedded(embedded_model_dir, tofu_dir
 
 
 def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
     ref = tmp_path / "ref.json"
     common = ["--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--limit", 3, "--batch-size", 4]
     assert cli("eval", *common, "--tasks", "tofu_forget01_truth_ratio", "--save-reference", ref,
                "--out", tmp_path / "retain") == 0
     saved = json.loads(ref.read_text())
     assert saved["split"] == "forget01_perturbed" and len(saved["samples"]) == 3
-    no_ref = json.loads((tmp_path / "retain" / "summary.json").read_text())
+    no_ref = read_outputs(tmp_path / "retain").summary
     entry = no_ref["forget_quality"]["tofu_forget01_truth_ratio"]
     assert entry["value"] is None and "--save-reference" in entry["note"]
     capsys.readouterr()
@@ -280,12 +302,11 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
                "--retain-reference", ref, "--out", out) == 0
     table = capsys.readouterr().out
     assert "Forget Quality" in table and "Model Utility" in table and "9 parts missing" in table
-    summary = json.loads((out / "summary.json").read_text())
-    results = json.loads((out / "results.json").read_text())  # lm-eval's own results, valid JSON
-    assert "tofu_forget01_prob" in results["results"]
+    written = read_outputs(out)
+    assert "tofu_forget01_prob" in written.results["results"]  # lm-eval's own results
     # same model as the reference: identical truth ratios -> p-value 1
-    assert summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == 1.0
-    rows = [json.loads(x) for x in (out / "samples" / "tofu_forget01_truth_ratio.jsonl").read_text().splitlines()]
+    assert written.summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == 1.0
+    rows = [json.loads(x) for x in written.samples["tofu_forget01_truth_ratio"].read_text().splitlines()]
     assert [r["forget_quality"][1] for r in sorted(rows, key=lambda r: r["doc_id"])] == pytest.approx(
         [s["truth_ratio"] for s in saved["samples"]], abs=1e-6)
 
@@ -298,6 +319,99 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
     assert cli("eval", "--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--limit", 2, "--tasks",
                "tofu_forget01_truth_ratio", "--retain-reference", ref, "--out", tmp_path / "y") == 1
     assert "has 3 samples but tofu_forget01_truth_ratio will evaluate 2" in capsys.readouterr().err
+
+
+def test_unlearn_eval_writes_and_prints_like_lm_eval(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """lm_eval's flag spellings; its EvaluationTracker's layout, read back with lm-eval's own
+    loaders (the file-name helpers and the datasets JSON reader its hub upload uses); its
+    make_table, then our Forget Quality / Model Utility rows."""
+    import datasets
+    from lm_eval.utils import (
+        get_file_task_name,
+        get_latest_filename,
+        get_results_filenames,
+        get_sample_results_filenames,
+        make_table,
+        sanitize_model_name,
+    )
+
+    from unlearn_plugins.evaluation.lm_eval_runner import SUMMARY_KEY
+
+    out, cache = tmp_path / "out", tmp_path / "cache" / "responses"
+    args = ["eval", "--model", "hf", "--model_args", f"pretrained={tiny_model_dir}", "--batch_size", 2,
+            "--num_fewshot", 0, "--output_path", out, "--use_cache", cache, "--tofu-dir", tofu_dir,
+            "--tasks", "tofu_forget01_prob,tofu_forget01_truth_ratio", "--limit", 2]
+    assert cli(*args) == 0
+    printed = capsys.readouterr().out
+    files = [str(p) for p in out.rglob("*") if p.is_file()]
+    results_file = get_latest_filename(get_results_filenames(files))
+    # lm-eval's folder for the model: its sanitize_model_name of pretrained=
+    assert Path(results_file).parent == out / sanitize_model_name(str(tiny_model_dir))
+    assert Path(results_file).name.startswith("results_")
+    samples = {get_file_task_name(Path(f).name): f for f in get_sample_results_filenames(files)}
+    assert sorted(samples) == ["tofu_forget01_prob", "tofu_forget01_truth_ratio"]
+    assert all(Path(f).name.endswith(Path(results_file).name.removeprefix("results_") + "l") for f in samples.values())
+
+    results = datasets.load_dataset("json", data_files=results_file, split="train")[0]
+    prob = results["results"]["tofu_forget01_prob"]["prob,none"]
+    assert 0 < prob < 1 and results["config"]["model_args"] == {"pretrained": str(tiny_model_dir)}
+    assert results["model_name"] == str(tiny_model_dir) and results["task_hashes"]["tofu_forget01_prob"]
+    summary = results[SUMMARY_KEY]
+    assert summary["metrics"]["tofu_forget01_prob"]["prob"] == prob and summary["batch_size"] == 2
+    rows = datasets.load_dataset("json", data_files=samples["tofu_forget01_prob"], split="train")
+    assert sorted(rows["doc_id"]) == [0, 1] and sum(rows["prob"]) / 2 == pytest.approx(prob)
+
+    loaded = json.loads(Path(results_file).read_text())
+    assert make_table(loaded) in printed  # lm-eval's table, as lm_eval prints it
+    tofu = printed[printed.index(make_table(loaded)) + len(make_table(loaded)):]
+    assert "|Forget Quality|tofu_forget01_truth_ratio|unavailable" in tofu and "|Model Utility " in tofu
+
+    # --use_cache: lm-eval's SQLite cache of the responses; a rerun answers from it, same numbers
+    assert Path(f"{cache}_rank0.db").stat().st_size > 0
+    assert cli(*args) == 0
+    capsys.readouterr()
+    again = get_latest_filename(get_results_filenames([str(p) for p in out.rglob("results_*.json")]))
+    assert again != results_file  # lm-eval's habit: one dated file per run
+    assert json.loads(Path(again).read_text())["results"]["tofu_forget01_prob"]["prob,none"] == prob
+
+
+def test_a_write_lm_eval_refuses_leaves_nothing_behind(tmp_path):
+    """lm-eval's EvaluationTracker logs a failed write instead of raising: the failure is an
+    error naming it, and no partial set of files (nor the staging folder) stays in --out."""
+    from unlearn_plugins.evaluation.lm_eval_runner import Evaluation, write_outputs
+
+    out = tmp_path / "out"
+    broken = Evaluation(results={"results": {}}, summary={"tasks": [], "model": "m"},
+                        samples={"tofu_forget01_prob": [{"doc_id": 0}]})  # no doc_hash: the tracker fails
+    with pytest.raises(UnlearnError, match=r"EvaluationTracker did not write .*KeyError\('doc_hash'\)"):
+        write_outputs(out, broken)
+    assert not out.exists() or not [p for p in out.rglob("*") if p.name != ".unlearn.lock"]
+
+
+def test_model_args_and_model_dir_options(tiny_model_dir, tmp_path, capsys):
+    assert cli("eval", "--print-model-dir", "--model", tiny_model_dir) == 0
+    assert capsys.readouterr().out.strip() == str(tiny_model_dir)
+    assert cli("eval", "--print-model-dir", "--model_args", f"pretrained={tiny_model_dir},dtype=auto") == 0
+    assert capsys.readouterr().out.strip() == str(tiny_model_dir)
+    for model_args, message in (
+        (f"pretrained={tiny_model_dir},parallelize=True", "takes pretrained, peft, dtype, device, "
+                                                           "trust_remote_code; got parallelize"),
+        ("peft=x", "pretrained=MODEL is required"),
+        (f"pretrained={tiny_model_dir},dtype=float64", "--model_args dtype=float64: 'float64': use one of"),
+        ("just-a-word", "expected key=value pairs"),
+    ):
+        assert cli("eval", "--print-model-dir", "--model_args", model_args) == 1
+        assert message in capsys.readouterr().err, model_args
+    assert cli("eval", "--print-model-dir", "--model", tmp_path, "--model_args", f"pretrained={tiny_model_dir}") == 1
+    assert "disagree" in capsys.readouterr().err
+    assert cli("eval", "--print-model-dir", "--model", "hf") == 1
+    assert "needs --model_args pretrained=MODEL" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_print_model_dir_gives_the_converted_embedded_model(embedded_model_dir, capsys):
+    assert cli("eval", "--print-model-dir") == 0
+    assert capsys.readouterr().out.strip() == str(embedded_model_dir)
 
 
 def test_custom_forget_split_in_tofus_format(tiny, tiny_model_dir, tofu_dir, tmp_path):
@@ -356,9 +470,9 @@ def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_p
 
 
 def test_prompt_changes_by_lm_eval_options_are_refused(tiny, tiny_model_dir, tofu_dir):
+    import lm_eval
     from lm_eval.models.huggingface import HFLM
 
-    import lm_eval
     from unlearn_plugins.evaluation.lm_eval_runner import prepare
 
     model, tok = tiny
@@ -383,6 +497,8 @@ def test_lm_eval_cli_with_include_path_and_peft_adapter(tiny, tiny_model_dir, to
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                            init_lora_weights=False))
@@ -404,7 +520,10 @@ def test_lm_eval_cli_with_include_path_and_peft_adapter(tiny, tiny_model_dir, to
     model, _ = tiny
     assert cli("eval", "--model", tiny_model_dir, "--adapter", adapter, "--tasks", "tofu_forget01_prob",
                "--limit", 2, "--tofu-dir", tofu_dir, "--out", tmp_path / "ours") == 0
-    ours = json.loads((tmp_path / "ours" / "summary.json").read_text())["metrics"]["tofu_forget01_prob"]["prob"]
+    ours = read_outputs(tmp_path / "ours").summary["metrics"]["tofu_forget01_prob"]["prob"]
+    # the same layout as lm_eval's: one folder named after the model (the adapter), the same file names
+    assert [p.relative_to(tmp_path / "ours").parent for p in (tmp_path / "ours").glob("*/results_*.json")] == [
+        Path(result_file).relative_to(out).parent]
     plain = run_tasks(model, tiny_model_dir, ["tofu_forget01_prob"], limit=2, tofu_dir=tofu_dir)
     assert cli_prob == pytest.approx(ours, rel=1e-5)
     assert abs(cli_prob - plain.summary["metrics"]["tofu_forget01_prob"]["prob"]) > 1e-6  # the adapter was applied
@@ -465,7 +584,7 @@ def test_wmdp_local_runs_from_fixture(tiny, tiny_model_dir, tofu_dir):
                    metadata={"wmdp_dir": str(FIXTURES / "wmdp")})
     metrics = ev.summary["metrics"]
     assert {"wmdp_local_bio", "wmdp_local_chem", "wmdp_local_cyber"} <= set(metrics)
-    assert all(len(ev.samples[t]) == 4 for t in ("wmdp_local_bio", "wmdp_local_chem", "wmdp_local_cyber"))
+    assert all(len(ev.samples[t]) == 10 for t in ("wmdp_local_bio", "wmdp_local_chem", "wmdp_local_cyber"))
     assert "acc" in metrics["wmdp_local"]
 
 
@@ -481,8 +600,10 @@ def test_unlearn_eval_embedded_tofu_and_mmlu(embedded_model_dir, tofu_dir, mmlu_
     assert cli("eval", *common, "--tasks", "tofu_forget01_prob,tofu_forget01_truth_ratio,mmlu_local_anatomy",
                "--retain-reference", ref, "--out", tmp_path / "run") == 0
     out = capsys.readouterr().out
-    assert "Forget Quality" in out and "mmlu_local_anatomy" in out
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "Forget Quality" in out and "|anatomy " in out  # lm-eval's table shows the task alias
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
+    summary = read_outputs(tmp_path / "run").summary
     assert summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == 1.0
     assert 0 < summary["metrics"]["tofu_forget01_prob"]["prob"] < 1
     assert 0 <= summary["metrics"]["mmlu_local_anatomy"]["acc"] <= 1

@@ -1,5 +1,6 @@
 """Regenerate the per-subject YAML files of mmlu_local from lm-eval's own mmlu tasks, so the
-subjects, descriptions and categories stay identical to lm-eval's ``mmlu``.
+subjects, descriptions and categories stay identical to lm-eval's ``mmlu``. A test checks that
+the files in the folder are this script's output.
 
     python tasks/mmlu_local/_generate_configs.py
 """
@@ -15,7 +16,9 @@ HERE = Path(__file__).resolve().parent
 SOURCE = Path(lm_eval.__file__).resolve().parent / "tasks" / "mmlu" / "default"
 
 
-def main() -> None:
+def configs() -> dict[str, str]:
+    """{file name: text} of every subject and group file."""
+    files: dict[str, str] = {}
     categories: set[str] = set()
     for src in sorted(SOURCE.glob("mmlu_*.yaml")):
         cfg = yaml.safe_load(src.read_text())
@@ -30,7 +33,7 @@ def main() -> None:
             "description": cfg["description"],
             "dataset_kwargs": {"mmlu_subject": subject},
         }
-        (HERE / f"mmlu_local_{subject}.yaml").write_text(yaml.safe_dump(out, sort_keys=False, width=200))
+        files[f"mmlu_local_{subject}.yaml"] = yaml.safe_dump(out, sort_keys=False, width=200)
     for category in sorted(categories):
         group = {
             "group": f"mmlu_local_{category}",
@@ -39,14 +42,20 @@ def main() -> None:
             "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}],
             "metadata": {"version": 2},
         }
-        (HERE / f"_mmlu_local_{category}.yaml").write_text(yaml.safe_dump(group, sort_keys=False))
+        files[f"_mmlu_local_{category}.yaml"] = yaml.safe_dump(group, sort_keys=False)
     top = {
         "group": "mmlu_local",
         "task": [f"mmlu_local_{c}" for c in ("stem", "other", "social_sciences", "humanities")],
         "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}],
         "metadata": {"version": 2},
     }
-    (HERE / "_mmlu_local.yaml").write_text(yaml.safe_dump(top, sort_keys=False))
+    files["_mmlu_local.yaml"] = yaml.safe_dump(top, sort_keys=False)
+    return files
+
+
+def main() -> None:
+    for name, text in configs().items():
+        (HERE / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="base model: the embedded alias (default), a local folder or a hub id")
     p.add_argument("--data", choices=("auto", "tofu", "generated"), default="auto",
-                   help="auto: TOFU if found ($UNLEARN_TOFU_DIR, --tofu-dir, the hub), else generated "
-                        "fictitious authors (default: auto)")
-    p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+                   help="auto: TOFU (--tofu-dir, $UNLEARN_TOFU_DIR, else the TOFU authors shipped with the package, "
+                        "else the hub), and if none has enough authors, generated fictitious authors (default: auto)")
+    p.add_argument("--tofu-dir", default=None,
+                   help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
+                        "package; more authors: the hub)")
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
     p.set_defaults(func=run)

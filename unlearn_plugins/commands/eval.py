@@ -1,14 +1,29 @@
 """`unlearn eval`: lm-eval tasks (TOFU, MMLU, WMDP, any plugin's) on a model or adapter,
-with Forget Quality and Model Utility beside the task metrics."""
+with Forget Quality and Model Utility beside the task metrics. Written and printed as lm_eval
+writes and prints them (its EvaluationTracker's files, its make_table), and lm_eval's flag
+spellings (--batch_size, --num_fewshot, --output_path, --model_args, --use_cache) work too."""
 
 from __future__ import annotations
 
-from .common import add_model_options, check_int, check_out_file, check_out_folder
+import argparse
+
+from ..errors import UnlearnError
+from .common import add_model_options, check_int, check_out_file, check_out_folder, device_option, dtype_option
+
+#: lm_eval's --model_args keys that unlearn eval takes, and the option each one sets
+MODEL_ARGS = {"pretrained": "model", "peft": "adapter", "dtype": "dtype", "device": "device",
+              "trust_remote_code": "trust_remote_code"}
+#: lm_eval's --model value for Hugging Face models, accepted beside --model_args
+LM_EVAL_BACKENDS = ("hf", "huggingface")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)")
+    p = sub.add_parser("eval", help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
+    p.add_argument("--model-args", "--model_args", dest="model_args", default=None, metavar="K=V,...",
+                   help="lm_eval's spelling of the model: pretrained=MODEL[,peft=ADAPTER][,dtype=D][,device=D]"
+                        "[,trust_remote_code=True] (then --model may be left out or be 'hf')")
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")
     p.add_argument("--allow-other-base", action="store_true",
                    help="load --adapter even if it was trained on another base model")
@@ -20,31 +35,94 @@ def add_parser(sub) -> None:
     p.add_argument("--save-reference", default=None, metavar="FILE",
                    help="write this model's forget-split truth ratios as a retain reference")
     p.add_argument("--limit", type=float, default=None, help="first N documents per task (N < 1: a fraction)")
-    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default: %(default)s)")
+    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=8,
+                   help="lm-eval batch size (default: %(default)s)")
     p.add_argument("--max-gen-toks", type=int, default=None,
                    help="cap on new tokens in generation tasks (TOFU's ROUGE tasks: 200 unless capped)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)")
+    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
+                   help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)")
+    p.add_argument("--use-cache", "--use_cache", dest="use_cache", default=None, metavar="PATH",
+                   help="lm-eval's cache of model responses (SQLite, PATH_rank0.db): a rerun of the same model "
+                        "reuses them")
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument("--forget-split", default=None,
                    help="split for the generic tofu_forget_* tasks: a TOFU name or a JSON-lines file in TOFU's format")
     p.add_argument("--mmlu-dir", default=None, help="MMLU CSV folder for mmlu_local (default: $UNLEARN_MMLU_DIR)")
     p.add_argument("--wmdp-dir", default=None, help="WMDP JSON folder for wmdp_local (default: $UNLEARN_WMDP_DIR)")
     p.add_argument("--system-prompt", default=None, help="system turn for the TOFU chat prompts")
-    p.add_argument("--out", default=None, help="output folder: results.json, summary.json, samples/")
+    p.add_argument("--out", "--output_path", dest="out", default=None,
+                   help="output folder, in lm_eval's layout: OUT/<model>/results_<date>.json (with Forget Quality "
+                        "and Model Utility) and samples_<task>_<date>.jsonl")
     p.add_argument("--print-tasks-dir", action="store_true",
                    help="print the installed TOFU/MMLU/WMDP task folder (for lm_eval --include_path) and exit; "
                         "plugins' folders are listed by `unlearn plugins`")
+    p.add_argument("--print-model-dir", action="store_true",
+                   help="print the local folder of --model (the embedded smollm2-135m is converted once) for "
+                        "lm_eval --model_args pretrained=..., and exit")
     p.set_defaults(func=run)
+
+
+def apply_model_args(args) -> None:
+    """--model_args (lm_eval's spelling) into --model, --adapter, --dtype, --device and
+    --trust-remote-code; a key given both ways with different values is refused."""
+    from lm_eval.utils import simple_parse_args_string
+
+    if not args.model_args:
+        if args.model in LM_EVAL_BACKENDS:
+            raise UnlearnError(f"--model {args.model}: lm_eval's backend name needs --model_args pretrained=MODEL "
+                               "(or give the model itself: --model MODEL)")
+        return
+    pairs = [part for part in args.model_args.split(",") if part.strip()]
+    try:
+        parsed = simple_parse_args_string(args.model_args) if all("=" in part for part in pairs) else None
+    except ValueError:
+        parsed = None
+    if not parsed:
+        raise UnlearnError(f"--model_args {args.model_args!r}: expected key=value pairs separated by commas, "
+                           "e.g. pretrained=MODEL,peft=ADAPTER")
+    unknown = sorted(set(parsed) - set(MODEL_ARGS))
+    if unknown:
+        raise UnlearnError(f"--model_args: unlearn eval takes {', '.join(MODEL_ARGS)}; got {', '.join(unknown)} "
+                           "(run lm_eval itself for other HFLM options)")
+    if "pretrained" not in parsed:
+        raise UnlearnError("--model_args: pretrained=MODEL is required")
+    defaults = {"model": ("smollm2-135m", *LM_EVAL_BACKENDS), "adapter": (None,), "dtype": (None,),
+                "device": (None,), "trust_remote_code": (False,)}
+    for key, value in parsed.items():
+        dest = MODEL_ARGS[key]
+        if key == "trust_remote_code":
+            value = value is True or str(value).lower() in ("true", "1")
+        elif key == "dtype" and value == "auto":
+            value = None  # lm_eval's "auto": our default (fp32 on CPU, bf16 on CUDA)
+        else:
+            value = str(value)
+        try:
+            if key == "dtype" and value is not None:
+                dtype_option(value)
+            elif key == "device":
+                device_option(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UnlearnError(f"--model_args {key}={value}: {exc}") from None
+        current = getattr(args, dest)
+        if current not in defaults[dest] and current != value:
+            flag = "--" + dest.replace("_", "-")
+            raise UnlearnError(f"--model_args {key}={value} and {flag} {current} disagree; give one of them")
+        setattr(args, dest, value)
 
 
 def run(args) -> int:
     import math
 
-    from ..errors import UnlearnError
     from ..evaluation import lm_eval_runner as runner
 
     if args.print_tasks_dir:  # one line, for lm_eval --include_path "$(unlearn eval --print-tasks-dir)"
         print(runner.builtin_task_dir())
+        return 0
+    apply_model_args(args)
+    if args.print_model_dir:  # one line, for lm_eval --model_args pretrained="$(unlearn eval --print-model-dir)"
+        from ..models import resolve_model
+
+        print(resolve_model(args.model))
         return 0
     missing = [flag for flag, value in (("--tasks", args.tasks), ("--out", args.out))
                if not value]
@@ -63,6 +141,8 @@ def run(args) -> int:
     check_out_folder("--out", args.out)  # before any work, so nothing computed is lost
     if args.save_reference:
         check_out_file("--save-reference", args.save_reference)
+    if args.use_cache:
+        check_out_file("--use-cache", args.use_cache + "_rank0.db")
     with runner.lock_out(args.out):  # the whole evaluation: a second one on --out is refused at once
         evaluation = runner.evaluate_model(
             args.model, [t.strip() for t in args.tasks.split(",")], adapter=args.adapter, device=args.device,
@@ -70,13 +150,14 @@ def run(args) -> int:
             retain_references=args.retain_reference, num_fewshot=args.num_fewshot, tofu_dir=args.tofu_dir,
             forget_split=args.forget_split, mmlu_dir=args.mmlu_dir, wmdp_dir=args.wmdp_dir,
             system_prompt=args.system_prompt, max_gen_toks=args.max_gen_toks, allow_other_base=args.allow_other_base,
+            use_cache=args.use_cache,
         )
         if args.save_reference:
             task = runner.save_reference(evaluation, args.save_reference, model=args.model, adapter=args.adapter)
             evaluation.summary["saved_reference"] = {"path": args.save_reference, "task": task}
         paths = runner.write_outputs(args.out, evaluation)
-    print(runner.format_table(evaluation.summary))
+    print(runner.format_tables(evaluation))
     if args.save_reference:
         print(f"retain reference ({task}) -> {args.save_reference}")
-    print(f"results -> {paths['results']}, summary -> {paths['summary']}")
+    print(f"results -> {paths['results']} (samples beside it)")
     return 0

@@ -38,14 +38,23 @@ class DataWarning(UserWarning):
     """Data that is used, but probably not as meant (duplicated rows, truncated examples)."""
 
 
+def configured_tofu_dir(tofu_dir: str | os.PathLike | None = None) -> Path | None:
+    """The TOFU folder the user chose: the argument, else UNLEARN_TOFU_DIR; None when neither is
+    set (an error when the chosen folder does not exist)."""
+    chosen = tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser()
+    if not path.is_dir():
+        origin = "--tofu-dir" if tofu_dir else "UNLEARN_TOFU_DIR"
+        raise DataError(f"TOFU folder not found: {path} (from {origin})")
+    return path
+
+
 def resolve_tofu_dir(tofu_dir: str | os.PathLike | None = None) -> Path:
     """The local TOFU folder: the argument, else UNLEARN_TOFU_DIR, else a hub snapshot."""
-    chosen = tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")
-    if chosen:
-        path = Path(chosen).expanduser()
-        if not path.is_dir():
-            origin = "--tofu-dir" if tofu_dir else "UNLEARN_TOFU_DIR"
-            raise DataError(f"TOFU folder not found: {path} (from {origin})")
+    path = configured_tofu_dir(tofu_dir)
+    if path is not None:
         return path
     try:
         from huggingface_hub import snapshot_download

@@ -11,7 +11,10 @@ the paraphrased/perturbed answers the truth ratio needs), and for Model Utility
 ``eval_size`` rows).
 
 Source: TOFU's ``forget10_perturbed`` split (authors 180-199, the only authors with every
-field), taking the last N; without TOFU, the generated fictitious authors of
+field), taking the last N: from a configured TOFU folder (``--tofu-dir``, ``UNLEARN_TOFU_DIR``),
+else from the subset shipped in the package (``tofu_subset/``: authors 197-199 and the
+real-authors / world-facts sets, TOFU's MIT licence beside them), else (more authors than it
+has) from the hub copy; without TOFU, the generated fictitious authors of
 :mod:`unlearn_plugins.data.synthetic`.
 """
 
@@ -22,12 +25,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.tofu import QA_PER_AUTHOR, read_jsonl, resolve_tofu_dir
+from ..data.tofu import QA_PER_AUTHOR, configured_tofu_dir, read_jsonl, resolve_tofu_dir
 from ..errors import DataError, UnlearnError
 from ..files import write_json, write_jsonl
 
 SOURCE_AUTHORS_SPLIT = "forget10_perturbed"
 FORMAT = 1
+#: real TOFU shipped in the package: the demo's authors need no set-up (README.md and LICENSE there)
+SHIPPED_TOFU = Path(__file__).resolve().parent / "tofu_subset"
+#: its authors file: the last lines of TOFU's forget10_perturbed.json (authors 197-199)
+SHIPPED_AUTHORS_FILE = "authors_197-199_perturbed.json"
 
 
 @dataclass
@@ -53,23 +60,55 @@ class Benchmark:
         return self.folder / "full.json"
 
     def describe(self) -> dict:
-        where = f"TOFU ({self.source_dir})" if self.source == "tofu" else "generated fictitious authors"
+        if self.source != "tofu":
+            where = "generated fictitious authors"
+        elif self.source_dir and Path(self.source_dir) == SHIPPED_TOFU:
+            where = "TOFU (the subset shipped with unlearn-plugins: authors 197-199, real authors, world facts)"
+        else:
+            where = f"TOFU ({self.source_dir})"
         return {"source": self.source, "source_dir": self.source_dir, "description": where,
                 "authors": self.authors, "forget_authors": self.forget_authors,
                 "retain_authors": self.retain_authors, "sizes": self.sizes}
 
 
-def find_tofu(data: str, tofu_dir: str | None) -> Path | None:
-    """The TOFU folder to use, or None for the generated data. ``data``: auto | tofu | generated."""
+def authors_file(tofu: Path) -> Path:
+    """The file a TOFU folder's demo authors come from: TOFU's forget10_perturbed.json
+    (authors 180-199), or in the shipped subset its last three authors."""
+    full = tofu / f"{SOURCE_AUTHORS_SPLIT}.json"
+    shipped = tofu / SHIPPED_AUTHORS_FILE
+    return shipped if not full.is_file() and shipped.is_file() else full
+
+
+def shipped_authors() -> int:
+    """How many authors the shipped subset has."""
+    return len(read_jsonl(SHIPPED_TOFU / SHIPPED_AUTHORS_FILE)) // QA_PER_AUTHOR
+
+
+def find_tofu(data: str, tofu_dir: str | None, authors: int | None = None) -> Path | None:
+    """The TOFU folder to use, or None for the generated data. ``data``: auto | tofu | generated.
+
+    A configured folder (``tofu_dir``, else UNLEARN_TOFU_DIR) wins; with none, the subset shipped
+    in the package when it has the ``authors`` asked for, else the hub copy (``authors`` None:
+    the hub copy, and offline the shipped subset)."""
     if data == "generated":
         return None
     try:
-        folder = resolve_tofu_dir(tofu_dir)
+        folder = configured_tofu_dir(tofu_dir)
+        if folder is None:
+            if authors is not None and authors <= shipped_authors():
+                return SHIPPED_TOFU
+            try:
+                folder = resolve_tofu_dir(None)  # the hub copy
+            except DataError as exc:
+                if authors is None:
+                    return SHIPPED_TOFU
+                raise DataError(f"--authors {authors}: the TOFU subset shipped with the package has "
+                                f"{shipped_authors()} authors; for more, {exc}") from None
     except DataError:
         if data == "tofu":
             raise
         return None
-    if not (folder / f"{SOURCE_AUTHORS_SPLIT}.json").is_file():
+    if not authors_file(folder).is_file():
         if data == "tofu":
             raise DataError(f"{folder}: TOFU's {SOURCE_AUTHORS_SPLIT}.json is missing (the demo takes its authors from it)")
         return None
@@ -90,8 +129,8 @@ def source_fingerprint(tofu: Path | None) -> str:
         from ..data import synthetic
 
         return f"generated-{file_digest(Path(synthetic.__file__))}"
-    parts = [file_digest(tofu / f"{name}.json") for name in
-             (SOURCE_AUTHORS_SPLIT, "real_authors_perturbed", "world_facts_perturbed")]
+    parts = [file_digest(path) for path in
+             (authors_file(tofu), tofu / "real_authors_perturbed.json", tofu / "world_facts_perturbed.json")]
     return "tofu-" + "-".join(parts)
 
 
@@ -110,10 +149,9 @@ def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_
         raise UnlearnError(f"eval_size must be >= 2, got {eval_size}")
     folder = Path(folder)
     if tofu is not None:
-        rows = _rows(tofu / f"{SOURCE_AUTHORS_SPLIT}.json",
-                     require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+        rows = _rows(authors_file(tofu), require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
         available = len(rows) // QA_PER_AUTHOR
-        first_author = 200 - available  # forget10 holds TOFU's last 20 authors
+        first_author = 200 - available  # both files end with TOFU's last author (199)
         real = _rows(tofu / "real_authors_perturbed.json", require=("question", "answer", "perturbed_answer"))
         world = _rows(tofu / "world_facts_perturbed.json", require=("question", "answer", "perturbed_answer"))
         source, source_dir = "tofu", str(tofu)

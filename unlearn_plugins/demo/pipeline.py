@@ -15,14 +15,11 @@ second is refused.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
@@ -263,11 +260,13 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     started = time.perf_counter()
 
     # 1. data and base model
-    tofu = find_tofu(config.data, config.tofu_dir)
+    tofu = find_tofu(config.data, config.tofu_dir, n_authors)
     notice = None
     if tofu is None:
-        notice = ("no TOFU data found (UNLEARN_TOFU_DIR / --tofu-dir unset and the hub unreachable, or "
-                  "--data generated): using generated fictitious authors in TOFU's format")
+        notice = ("--data generated: using generated fictitious authors in TOFU's format" if config.data == "generated"
+                  else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
+                       f"--authors {n_authors} is more than the package ships and the hub is unreachable): using "
+                       "generated fictitious authors in TOFU's format")
         print(f"notice: {notice}", file=stream, flush=True)
     bench_key = digest(source_fingerprint(tofu), n_authors, config.forget_authors, b.eval_size)
 

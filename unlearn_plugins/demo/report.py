@@ -21,9 +21,9 @@ def _jsonl(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path)]
 
 
-def _per_sample(eval_dir: Path, task: str, metric: str) -> dict[int, float]:
-    path = eval_dir / "samples" / f"{task}.jsonl"
-    return {row["doc_id"]: float(row[metric]) for row in _jsonl(path)} if path.is_file() else {}
+def _per_sample(samples: dict[str, Path], task: str, metric: str) -> dict[int, float]:
+    path = samples.get(task)
+    return {row["doc_id"]: float(row[metric]) for row in _jsonl(path)} if path else {}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -34,15 +34,17 @@ def _mean(values: Sequence[float]) -> float | None:
 def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: Sequence[int]) -> dict[str, Any]:
     """One model's numbers from its evaluation folder."""
     from ..evaluation import tofu_metrics as tm
+    from ..evaluation.lm_eval_runner import read_outputs
     from ..evaluation.reference import read_reference
 
-    summary = json.loads((eval_dir / "summary.json").read_text())
+    written = read_outputs(eval_dir)  # lm-eval's results_<date>.json and samples_<task>_<date>.jsonl
+    summary = written.summary
     metrics = summary["metrics"]
     fq = next(iter(summary["forget_quality"].values()), {}).get("value")
     if fq is None and (eval_dir / "reference.json").is_file():  # the retain model is its own reference
         ratios = read_reference(eval_dir / "reference.json").truth_ratios
         fq = tm.forget_quality(ratios, ratios)
-    probs = _per_sample(eval_dir, "tofu_forget_prob", "prob")
+    probs = _per_sample(written.samples, "tofu_forget_prob", "prob")
     return {
         "name": name, "label": label,
         "forget_quality": fq,

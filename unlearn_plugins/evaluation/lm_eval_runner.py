@@ -4,21 +4,26 @@ lm-eval has no entry-point task discovery, so the TaskManager is given every tas
 that a plugin registers (kind ``lm_eval_task_dir``; the built-in one is ``unlearn``).
 Forget Quality comes from the forget truth-ratio tasks themselves (a retain reference in
 the task metadata); Model Utility, a harmonic mean that lm-eval groups cannot express,
-is computed here from the results.
+is computed here from the results. Outputs follow lm_eval's own habits: its EvaluationTracker
+writes the files (results_<date>.json, samples_<task>_<date>.jsonl), its make_table prints them.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import logging
 import math
+import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import DataError, UnlearnError
-from ..files import atomic_open, write_json
 from ..interfaces import LM_EVAL_TASK_DIR
 from . import tofu_metrics as tm
 from .reference import HINT, read_reference, write_reference
@@ -131,11 +136,13 @@ def check_references(tasks: dict[str, Any], paths: Sequence[str], limit: int | f
 
 @dataclass
 class Evaluation:
-    """lm-eval's output and our summary of it."""
+    """lm-eval's output and our summary of it. ``tracker``: lm-eval's EvaluationTracker, started
+    with the evaluation and naming the model (``model_args``), which writes the files."""
 
     results: dict[str, Any]
     summary: dict[str, Any]
     samples: dict[str, list[dict]] = field(default_factory=dict)
+    tracker: Any = None
 
 
 @dataclass
@@ -180,13 +187,20 @@ def evaluate(
     bootstrap_iters: int = 1000,
     describe: dict[str, Any] | None = None,
     max_gen_toks: int | None = None,
+    model_args: dict[str, Any] | None = None,
+    use_cache: str | None = None,
 ) -> Evaluation:
     """Evaluate an lm-eval LM (e.g. HFLM) on task/group/tag names (or :func:`prepare`'s result).
-    ``max_gen_toks`` caps the generation tasks' new tokens (TOFU's ROUGE tasks allow 200)."""
+    ``max_gen_toks`` caps the generation tasks' new tokens (TOFU's ROUGE tasks allow 200);
+    ``model_args`` names the model as lm_eval's ``--model_args`` would (``pretrained``, ``peft``:
+    the results folder is named after it); ``use_cache`` is lm_eval's ``--use_cache`` (an SQLite
+    cache of the model's responses)."""
     import lm_eval
+    from lm_eval.loggers import EvaluationTracker
 
     prepared = tasks if isinstance(tasks, Prepared) else prepare(
         tasks, metadata=metadata, retain_references=retain_references, limit=limit)
+    tracker = EvaluationTracker()  # lm-eval's timer starts here; write_outputs gives it the folder
     started = time.perf_counter()
     out = lm_eval.simple_evaluate(
         model=lm,
@@ -197,13 +211,21 @@ def evaluate(
         log_samples=True,
         bootstrap_iters=bootstrap_iters,
         gen_kwargs={"max_gen_toks": int(max_gen_toks)} if max_gen_toks else None,
+        use_cache=use_cache,
     )
     elapsed = time.perf_counter() - started
     samples = out.pop("samples", None) or {}
+    # as lm_eval's CLI records them (not passed to simple_evaluate, which only warns about
+    # chat templates from them: the TOFU tasks format the chat prompt themselves)
+    model_args = dict(model_args or {"pretrained": out.get("config", {}).get("model")})
+    out.setdefault("config", {})["model_args"] = model_args
+    tracker.general_config_tracker.log_experiment_args(
+        model_source="hf", model_args=model_args, system_instruction=None, chat_template=None,
+        fewshot_as_multiturn=False)
     results = _json_safe(out)
     summary = summarize(results, prepared.tasks, describe=describe)
     summary["elapsed_s"] = round(elapsed, 3)
-    return Evaluation(results, summary, samples)
+    return Evaluation(results, summary, samples, tracker)
 
 
 def _json_safe(value: Any) -> Any:
@@ -330,47 +352,157 @@ def _under_out_lock(write):
     return locked
 
 
+#: the key of lm-eval's results file under which our summary (Forget Quality, Model Utility, ...) is kept
+SUMMARY_KEY = "unlearn_summary"
+_TRACKER_LOG = "lm_eval.loggers.evaluation_tracker"
+
+
+def _model_folder_name(tracker) -> str:
+    """lm-eval's folder name for the model (``sanitize_model_name``), unless it is not a single
+    safe folder name (``..``, too long)."""
+    name = tracker.general_config_tracker.model_name_sanitized or "model"
+    if name in (".", "..") or len(name) > 150 or name.startswith("."):
+        name = safe_file_name(name)
+    tracker.general_config_tracker.model_name_sanitized = name
+    return name
+
+
+class _Records(logging.Handler):
+    """The EvaluationTracker's log lines: it logs a failed write instead of raising."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 @_under_out_lock
-def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Path]:
-    """results.json (lm-eval's), summary.json (ours) and samples/<task>.jsonl (the task name made
-    a safe file name, :func:`safe_file_name`), each atomic."""
-    import json
+def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Any]:
+    """lm-eval's own layout, written by lm-eval's EvaluationTracker: ``OUT/<model>/results_<date>.json``
+    (lm-eval's results, with our summary under :data:`SUMMARY_KEY`) and
+    ``OUT/<model>/samples_<task>_<date>.jsonl`` (a task name that is not a plain file name is made
+    one, :func:`safe_file_name`). The tracker writes into a staging folder inside ``OUT``; each
+    file is then renamed into place, the results file last, so a results file means a complete set."""
+    from lm_eval.loggers import EvaluationTracker
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UnlearnError(f"--out {out}: is an existing file, not a folder")
-    paths = {"results": out / "results.json", "summary": out / "summary.json"}
-    write_json(paths["results"], evaluation.results)
-    for task, rows in evaluation.samples.items():
-        with atomic_open(out / "samples" / f"{safe_file_name(task)}.jsonl") as handle:
-            for row in rows:
-                handle.write(json.dumps(_json_safe(row), ensure_ascii=False) + "\n")
-    write_json(paths["summary"], _json_safe(evaluation.summary))
-    return paths
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".lm-eval-", dir=out))
+    tracker = evaluation.tracker or EvaluationTracker()
+    if evaluation.tracker is None:  # an Evaluation made by hand: name the model from its summary
+        tracker.general_config_tracker.log_experiment_args(
+            model_source="hf", model_args={"pretrained": str(evaluation.summary.get("model") or "model")},
+            system_instruction=None, chat_template=None, fewshot_as_multiturn=False)
+    tracker.output_path = str(staging)
+    model_dir = _model_folder_name(tracker)
+    results = {**copy.deepcopy(evaluation.results), SUMMARY_KEY: _json_safe(evaluation.summary)}
+    samples = {safe_file_name(task): [_json_safe(row) for row in rows] for task, rows in evaluation.samples.items()}
+    records = _Records()
+    logger = logging.getLogger(_TRACKER_LOG)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(records)  # its reasons are logged at INFO: kept here, raised below
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        tracker.save_results_aggregated(results=results, samples=samples or None)
+        for task, rows in samples.items():
+            tracker.save_results_samples(task_name=task, samples=rows)
+        written = staging / model_dir
+        date = getattr(tracker, "date_id", None)
+        expected = [written / f"samples_{task}_{date}.jsonl" for task in samples]
+        expected.append(written / f"results_{date}.json")  # last: it marks the set complete
+        missing = [p.name for p in expected if not p.is_file()] if date else ["its results"]
+        if missing:
+            why = "; ".join(line for line in records.lines if not line.startswith("Saving")) or "no reason given"
+            raise UnlearnError(f"--out {out}: lm-eval's EvaluationTracker did not write {', '.join(missing)} ({why})")
+        final = out / model_dir
+        final.mkdir(exist_ok=True)
+        paths: dict[str, Any] = {"folder": final, "samples": {}}
+        for path in expected:
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(path, final / path.name)
+        paths["results"] = final / expected[-1].name
+        paths["samples"] = {task: final / f"samples_{task}_{date}.jsonl" for task in samples}
+        return paths
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+        logger.propagate = propagate
+        shutil.rmtree(staging, ignore_errors=True)
 
 
-def format_table(summary: dict[str, Any]) -> str:
-    """Task | Metric | Value, then Forget Quality and Model Utility."""
-    rows: list[tuple[str, str, str]] = []
-    for task in summary["tasks"]:
-        for metric, value in summary["metrics"][task].items():
-            if metric == "forget_quality":  # shown below, with its status
-                continue
-            rows.append((task, metric, _fmt(value)))
+@dataclass
+class WrittenEvaluation:
+    """One evaluation as read back from an output folder."""
+
+    results: dict[str, Any]
+    summary: dict[str, Any]
+    samples: dict[str, Path]  # task (as in the file name) -> samples file
+
+
+def read_outputs(out_dir: str | Path) -> WrittenEvaluation:
+    """The latest evaluation in ``out_dir``, found the way lm-eval finds it
+    (``get_results_filenames`` / ``get_latest_filename``), with its samples files (same date).
+    Folders written before this layout (results.json, summary.json, samples/<task>.jsonl) are
+    read too."""
+    import json
+
+    from lm_eval.utils import get_file_task_name, get_latest_filename, get_results_filenames
+
+    out = Path(out_dir)
+    files = [str(p) for p in sorted(out.glob("*/*.json*")) if not p.parent.name.startswith(".")]
+    found = get_results_filenames(files)
+    if found:
+        latest = Path(get_latest_filename(found))
+        results = json.loads(latest.read_text(encoding="utf-8"))
+        date = latest.stem.removeprefix("results_")
+        samples = {get_file_task_name(p.name): p for p in latest.parent.glob(f"samples_*_{date}.jsonl")}
+        return WrittenEvaluation(results, results.get(SUMMARY_KEY, {}), samples)
+    if (out / "summary.json").is_file():  # the layout before lm-eval's
+        results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        return WrittenEvaluation(results, summary, {p.stem: p for p in (out / "samples").glob("*.jsonl")})
+    raise DataError(f"{out}: no evaluation results (results_<date>.json) found")
+
+
+def format_tables(evaluation: Evaluation) -> str:
+    """lm-eval's own tables (``make_table``: tasks, then groups), then TOFU's Forget Quality and
+    Model Utility when the run has TOFU tasks."""
+    from lm_eval.utils import make_table
+
+    tables = [make_table(evaluation.results)]
+    if evaluation.results.get("groups"):
+        tables.append(make_table(evaluation.results, "groups"))
+    tofu = tofu_table(evaluation.summary)
+    return "\n".join(tables + ([tofu] if tofu else []))
+
+
+def tofu_table(summary: dict[str, Any]) -> str:
+    """Forget Quality (per forget truth-ratio task) and Model Utility as a Markdown table in
+    make_table's style, with a note for each unavailable value ("" when neither applies)."""
+    from pytablewriter import MarkdownTableWriter
+
+    rows: list[list[str]] = []
     for task, entry in summary.get("forget_quality", {}).items():
-        rows.append(("Forget Quality", task, _fmt(entry["value"]) if entry["value"] is not None else "unavailable"))
+        rows.append(["Forget Quality", task, _fmt(entry["value"]) if entry["value"] is not None else "unavailable"])
     mu = summary.get("model_utility", {})
     if mu.get("value") is not None or mu.get("missing"):
-        rows.append(("Model Utility", "harmonic mean of 9", _fmt(mu["value"]) if mu.get("value") is not None
-                     else f"unavailable ({len(mu['missing'])} parts missing)"))
-    widths = [max(len(r[i]) for r in rows + [("Task", "Metric", "Value")]) for i in range(3)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(("Task", "Metric", "Value"), widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        rows.append(["Model Utility", "harmonic mean of 9", _fmt(mu["value"]) if mu.get("value") is not None
+                     else f"unavailable ({len(mu['missing'])} parts missing)"])
+    if not rows:
+        return ""
+    writer = MarkdownTableWriter()
+    writer.headers = ["TOFU", "Of", "Value"]
+    writer.value_matrix = rows
     notes = [e["note"] for e in summary.get("forget_quality", {}).values() if e.get("note")]
     if mu.get("note"):
         notes.append("Model Utility " + mu["note"])
-    return "\n".join(lines + [f"note: {n}" for n in notes])
+    return "\n".join([writer.dumps().rstrip("\n")] + [f"note: {n}" for n in notes])
 
 
 def _fmt(value: Any) -> str:
@@ -398,6 +530,7 @@ def evaluate_model(
     system_prompt: str | None = None,
     max_gen_toks: int | None = None,
     allow_other_base: bool = False,
+    use_cache: str | None = None,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
@@ -424,4 +557,6 @@ def evaluate_model(
     describe = {"model": model, "adapter": adapter, "device": chosen, "dtype": str(pick_dtype(chosen, dtype)),
                 "limit": limit, "batch_size": batch_size, "retain_references": list(retain_references),
                 "max_gen_toks": max_gen_toks}
-    return evaluate(lm, prepared, num_fewshot=num_fewshot, describe=describe, max_gen_toks=max_gen_toks)
+    model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
+    return evaluate(lm, prepared, num_fewshot=num_fewshot, describe=describe, max_gen_toks=max_gen_toks,
+                    model_args=model_args, use_cache=use_cache)

@@ -11,6 +11,9 @@ from the model's tokenizer:
 * ``ws_sub``: whether the prompt ends in whitespace that lm-eval moves into the
   continuation; then one extra request scores that whitespace alone, and its
   log-likelihood is subtracted (exact, and shared across tasks by lm-eval's cache).
+  The YAML's ``target_delimiter: ""`` (lm-eval's convention for chat prompts) does not make
+  it unnecessary: lm-eval's loglikelihood still covers the chat template's final newline,
+  whose probability is near 1 only for a model trained on that template.
 
 The tokenizer comes from task metadata: ``tokenizer`` or ``pretrained`` (lm_eval's CLI
 merges --model_args into the metadata, so ``--model_args pretrained=DIR`` is enough).
@@ -259,6 +262,12 @@ def tofu_dataset(
 # ----------------------------------------------------------------------------- tasks
 
 
+def _request_metadata(kwargs: dict) -> tuple:
+    """lm-eval's (task, doc_id, repeats) for each Instance; lm-eval's own task tests call
+    construct_requests without it (then Instance's default, no names)."""
+    return kwargs.get("metadata") or (None, None, None)
+
+
 class TofuTask(ConfigurableTask):
     """Base of the TOFU tasks: documents from :func:`tofu_dataset`, prompt already formatted."""
 
@@ -285,7 +294,7 @@ class TofuTask(ConfigurableTask):
             )
 
     def _loglik_requests(self, doc, kwargs, start_idx: int = 0) -> list[Instance]:
-        meta = kwargs["metadata"]
+        meta = _request_metadata(kwargs)
         reqs = [
             Instance("loglikelihood", doc, (doc["prompt"], cont), start_idx + i, metadata=meta)
             for i, cont in enumerate(doc["continuations"])
@@ -405,7 +414,7 @@ class TofuRougeTask(TofuTask):
         self._check_context(doc, ctx)
         gen = dict(self.config.generation_kwargs or {}) or {
             "until": [], "max_gen_toks": ROUGE_MAX_NEW_TOKENS, "do_sample": False, "temperature": 0.0}
-        return [Instance("generate_until", doc, (doc["prompt"], gen), 0, metadata=kwargs["metadata"])]
+        return [Instance("generate_until", doc, (doc["prompt"], gen), 0, metadata=_request_metadata(kwargs))]
 
     def process_results(self, doc, results):
         return tm.rouge_recall(results[0].strip(), doc["answer"])
@@ -425,7 +434,7 @@ class TofuExtractionStrengthTask(TofuTask):
 
     def construct_requests(self, doc, ctx, **kwargs):
         self._check_context(doc, ctx)
-        meta = kwargs["metadata"]
+        meta = _request_metadata(kwargs)
         reqs = [
             Instance("loglikelihood", doc, (c, r), i, metadata=meta)
             for i, (c, r) in enumerate(zip(doc["es_contexts"], doc["es_continuations"]))
