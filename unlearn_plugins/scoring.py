@@ -6,12 +6,13 @@ from __future__ import annotations
 import glob
 import json
 import math
+import numbers
 import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import UnlearnError
+from .errors import PluginError, UnlearnError
 from .interfaces import QASample
 
 #: samples per scorer call when scoring into a file with a per-sample scorer (no
@@ -21,26 +22,70 @@ from .interfaces import QASample
 CHUNK_SIZE = 64
 
 
+#: fields of a score row the host writes; a scorer's dict results may not set them
+HOST_FIELDS = ("index", "question")
+
+
+def _scorer_label(scorer_name: str) -> str:
+    from .host import component_label
+    from .interfaces import DIFFICULTY_SCORER
+
+    return component_label(DIFFICULTY_SCORER, scorer_name)
+
+
+def _as_score(value: Any) -> float | None:
+    """A real number (not a bool, str or None) as a float; a 0-d tensor or NumPy scalar too."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        try:
+            inner = item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        return float(inner) if isinstance(inner, numbers.Real) and not isinstance(inner, bool) else None
+    return None
+
+
 def score_samples(scorer: Any, samples: Sequence[QASample], *, model: Any, tokenizer: Any,
                   scorer_name: str = "?") -> list[dict]:
     """Rows ``{index, question, score, ...}``; a scorer may return floats or dicts with a
-    'score' key plus extra fields (CUD adds s_E and s_H)."""
-    results = scorer.score(samples, model=model, tokenizer=tokenizer)
-    results = list(results)
+    'score' key plus extra fields (CUD adds s_E and s_H).
+
+    What the scorer returns is checked, and every failure is one error naming the scorer and
+    its plugin: a scorer that raises (other than an UnlearnError, passed on as it is), returns
+    None or the wrong number of scores, a score that is not a real number or not finite, or a
+    row that would overwrite the host's ``index`` / ``question``."""
+    label = _scorer_label(scorer_name)
+    try:
+        results = scorer.score(samples, model=model, tokenizer=tokenizer)
+    except UnlearnError:
+        raise
+    except Exception as exc:  # a plugin's bug or a library error: one line that names it (--debug: traceback)
+        raise PluginError(f"{label} raised {type(exc).__name__}: {exc}") from exc
+    if results is None:
+        raise PluginError(f"{label} returned None; score() must return one number per sample")
+    try:
+        results = list(results)
+    except TypeError:
+        raise PluginError(f"{label} returned a {type(results).__name__}, not a list of scores") from None
     if len(results) != len(samples):
-        raise UnlearnError(f"scorer {scorer_name!r} returned {len(results)} scores for {len(samples)} samples")
+        raise PluginError(f"{label} returned {len(results)} scores for {len(samples)} samples")
     rows = []
     for sample, result in zip(samples, results):
         extra = {}
         if isinstance(result, dict):
+            taken = [k for k in HOST_FIELDS if k in result]
+            if taken:
+                raise PluginError(f"{label} returned field {taken[0]!r} for sample {sample.index}; the host writes "
+                                  f"{' and '.join(HOST_FIELDS)} itself (give yours another name)")
             extra = {k: v for k, v in result.items() if k != "score"}
             result = result.get("score")
-        try:
-            value = float(result)
-        except (TypeError, ValueError):
-            raise UnlearnError(f"scorer {scorer_name!r} returned a non-number {result!r} for sample {sample.index}") from None
+        value = _as_score(result)
+        if value is None:
+            raise PluginError(f"{label} returned a non-number {result!r} for sample {sample.index} ({sample.where})")
         if not math.isfinite(value):
-            raise UnlearnError(f"scorer {scorer_name!r} returned {value} for sample {sample.index} ({sample.where})")
+            raise PluginError(f"{label} returned {value} for sample {sample.index} ({sample.where})")
         rows.append({"index": sample.index, "question": sample.question, "score": value, **extra})
     return rows
 

@@ -1,6 +1,8 @@
 """Stratifying a forget set by difficulty scores: the N easiest and N hardest samples,
 written as TOFU JSON-lines splits (with the perturbed fields the truth-ratio tasks need)
-that `unlearn run --forget FILE` and the `tofu_forget_*` lm-eval tasks accept.
+that `unlearn run --forget FILE` and the `tofu_forget_*` lm-eval tasks accept; or, with a
+group field (``--group-by user_id`` on recommendation data), the N easiest and N hardest
+groups by the mean score of their samples, each with all of its samples.
 
 CUD anchors never enter a split: they were chosen *because* of how they behaved under
 unlearning, so a "hard" split holding them would be circular. Rows marked ``anchor`` and
@@ -109,12 +111,8 @@ def with_perturbed_fields(samples: Sequence[QASample], spec: str, tofu_dir=None)
     return out
 
 
-def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_hard: int,
-             where: str = "scores", meta: dict[str, Any] | None = None,
-             objective: str | None = None) -> tuple[list[QASample], list[QASample]]:
-    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first),
-    CUD anchors left out (:func:`split_anchor_rows`). ``objective``: rank by a per-objective
-    CUD score (``score_by_objective``) instead of ``score``."""
+def _check_rows(rows: Sequence[dict], samples: Sequence[QASample], where: str) -> dict[int, QASample]:
+    """Samples by index, after checking that every score row names a sample of the data."""
     by_index = {s.index: s for s in samples}
     for row in rows:
         sample = by_index.get(row["index"])
@@ -124,6 +122,16 @@ def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_h
         if "question" in row and row["question"] != sample.question:
             raise DataError(f"{where}:{row.get('_line', '?')}: index {row['index']} has another question than "
                             f"the data ({sample.where}): score file and --data do not match")
+    return by_index
+
+
+def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_hard: int,
+             where: str = "scores", meta: dict[str, Any] | None = None,
+             objective: str | None = None) -> tuple[list[QASample], list[QASample]]:
+    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first),
+    CUD anchors left out (:func:`split_anchor_rows`). ``objective``: rank by a per-objective
+    CUD score (``score_by_objective``) instead of ``score``."""
+    by_index = _check_rows(rows, samples, where)
     rows, dropped = split_anchor_rows(rows, samples, meta)
     if n_easy < 0 or n_hard < 0 or n_easy + n_hard > len(rows):
         left = f" left after dropping {len(dropped)} CUD anchors" if dropped else ""
@@ -133,6 +141,54 @@ def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_h
     easy = [by_index[r["index"]] for r in order[:n_easy]]
     hard = [by_index[r["index"]] for r in sorted(rows, key=lambda r: (-value[r["index"]], r["index"]))[:n_hard]]
     return easy, hard
+
+
+def group_of(sample: QASample, field: str, where: str) -> Any:
+    """The value of ``field`` (e.g. user_id) a sample is grouped by; a sample without it is an error."""
+    if field not in sample.extra:
+        raise DataError(f"{sample.where}: field {field!r} (--group-by) is missing; "
+                        f"fields of the data: {', '.join(sorted(sample.extra)) or 'none besides question and answer'}")
+    value = sample.extra[field]
+    if isinstance(value, (dict, list)):
+        raise DataError(f"{sample.where}: field {field!r} (--group-by) must be a string or a number, got {value!r}")
+    return value
+
+
+def group_scores(rows: Sequence[dict], samples: Sequence[QASample], field: str, where: str = "scores",
+                 meta: dict[str, Any] | None = None, objective: str | None = None) -> list[dict[str, Any]]:
+    """Per group of samples sharing ``field`` (a user's interactions): the MEAN score of its scored
+    samples (CUD anchors left out), how many were scored and the group's sample indices in the
+    data. Groups with no scored sample are left out. Sorted by score, ties by first index."""
+    by_index = _check_rows(rows, samples, where)
+    rows, _ = split_anchor_rows(rows, samples, meta)
+    scored: dict[Any, list[float]] = {}
+    for row in rows:
+        scored.setdefault(group_of(by_index[row["index"]], field, where), []).append(_score_of(row, objective, where))
+    members: dict[Any, list[int]] = {}
+    for s in samples:
+        key = group_of(s, field, where)
+        if key in scored:
+            members.setdefault(key, []).append(s.index)
+    out = [{"group": key, "score": sum(values) / len(values), "scored": len(values), "indices": members[key]}
+           for key, values in scored.items()]
+    return sorted(out, key=lambda g: (g["score"], min(g["indices"])))
+
+
+def stratify_groups(rows: Sequence[dict], samples: Sequence[QASample], field: str, n_easy: int, n_hard: int,
+                    where: str = "scores", meta: dict[str, Any] | None = None, objective: str | None = None
+                    ) -> tuple[list[QASample], list[QASample], list[dict], list[dict]]:
+    """(easy samples, hard samples, easy groups, hard groups): the n_easy groups with the lowest
+    mean score and the n_hard with the highest (:func:`group_scores`), each with every sample of
+    the group in the data (a forget request of users covers all their interactions)."""
+    groups = group_scores(rows, samples, field, where, meta, objective)
+    if n_easy < 0 or n_hard < 0 or n_easy + n_hard > len(groups):
+        raise DataError(f"--easy {n_easy} + --hard {n_hard} exceeds the {len(groups)} groups of scored samples "
+                        f"(--group-by {field})")
+    by_index = {s.index: s for s in samples}
+    easy = groups[:n_easy]
+    hard = sorted(groups, key=lambda g: (-g["score"], min(g["indices"])))[:n_hard]
+    pick = lambda chosen: [by_index[i] for g in chosen for i in g["indices"]]  # noqa: E731
+    return pick(easy), pick(hard), easy, hard
 
 
 def _score_of(row: dict, objective: str | None, where: str) -> float:

@@ -1,4 +1,5 @@
-"""`unlearn stratify`: easy / hard forget splits (TOFU format) from a score file."""
+"""`unlearn stratify`: easy / hard forget splits (TOFU format) from a score file; with
+``--group-by FIELD``, easy / hard groups (users) by the mean score of their samples."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from .common import add_data_options, check_int, check_out_file, check_out_folde
 def add_parser(sub) -> None:
     p = sub.add_parser("stratify", help="write the N easiest and N hardest samples of a score file as TOFU splits")
     p.add_argument("scores", help="JSON-lines output of `unlearn score`")
-    p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples")
-    p.add_argument("--hard", type=int, required=True, help="number of highest-score samples")
+    p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples (groups with --group-by)")
+    p.add_argument("--hard", type=int, required=True, help="number of highest-score samples (groups with --group-by)")
+    p.add_argument("--group-by", default=None, metavar="FIELD",
+                   help="rank groups of samples sharing this data field (e.g. user_id: easy / hard users) by the "
+                        "mean score of their samples; each split holds every sample of its groups")
     p.add_argument("--objective", default=None,
                    help="rank by this objective's CUD score (score files of cud with per_objective=true)")
     add_data_options(p)
@@ -36,6 +40,8 @@ def run(args) -> int:
     rows = read_scores(args.scores)
     meta = read_metadata(args.scores)
     samples = with_perturbed_fields(load_split(args.data, args.tofu_dir), args.data, args.tofu_dir)
+    if args.group_by:
+        return _run_groups(args, rows, samples, meta)
     easy, hard = stratify(rows, samples, args.easy, args.hard, where=args.scores, meta=meta, objective=args.objective)
     _, dropped = split_anchor_rows(rows, samples, meta)
     if dropped:
@@ -58,4 +64,27 @@ def run(args) -> int:
         picked = {r["index"]: r for r in rows}
         plot_easy_hard([picked[s.index] for s in easy], [picked[s.index] for s in hard], out / "circuits.png")
         print(f"circuit plot -> {out / 'circuits.png'}")
+    return 0
+
+
+def _run_groups(args, rows, samples, meta) -> int:
+    """--group-by: the easiest and hardest groups (users) by their samples' mean score."""
+    from pathlib import Path
+
+    from ..files import write_json
+    from ..stratify import stratify_groups, write_split
+
+    easy, hard, easy_groups, hard_groups = stratify_groups(rows, samples, args.group_by, args.easy, args.hard,
+                                                           where=args.scores, meta=meta, objective=args.objective)
+    out = Path(args.out)
+    write_split(out / "easy.json", easy)
+    write_split(out / "hard.json", hard)
+    shown = lambda groups: [{"group": g["group"], "score": g["score"], "scored_samples": g["scored"],  # noqa: E731
+                             "samples": len(g["indices"])} for g in groups]
+    write_json(out / "stratify.json", {
+        "scores": str(args.scores), "data": args.data, "objective": args.objective, "group_by": args.group_by,
+        "aggregation": "mean", "easy": shown(easy_groups), "hard": shown(hard_groups),
+    })
+    print(f"easy: {len(easy_groups)} groups ({args.group_by}), {len(easy)} samples -> {out / 'easy.json'}; "
+          f"hard: {len(hard_groups)} groups, {len(hard)} samples -> {out / 'hard.json'}")
     return 0

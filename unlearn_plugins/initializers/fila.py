@@ -12,6 +12,7 @@ the reference's (``niter=2, oversample=0`` restores it); see docs/methods.md, "F
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Annotated
 
 from ..data.tofu import pad_batch
 from ..errors import UnlearnError
@@ -135,14 +136,24 @@ class FILAInit:
     residual = True
     name = "fila"
 
-    def __init__(self, batch_size: int = 4, passes: int = 1, retain: str = "paired", svd: str = "randomized",
-                 niter: int = 4, oversample: int = 8, seed: int = 0):
+    def __init__(
+        self,
+        batch_size: Annotated[int, "forget examples per importance batch"] = 4,
+        passes: Annotated[int, "passes over the forget data (each a fresh shuffle)"] = 1,
+        retain: Annotated[str, "'paired': one drawn retain example per forget example; 'all': the whole "
+                               "retain split"] = "paired",
+        svd: Annotated[str, "'randomized' (torch.svd_lowrank) or 'exact'"] = "randomized",
+        niter: Annotated[int, "power iterations of the randomized SVD"] = 4,
+        oversample: Annotated[int, "extra columns of the randomized SVD"] = 8,
+        seed: Annotated[int, "seed of the batch order, the retain draw and the randomized SVD"] = 0,
+    ):
         self._check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an integer >= 1")
         self._check("passes", passes, isinstance(passes, int) and passes >= 1, "an integer >= 1")
         self._check("retain", retain, retain in RETAIN_KINDS, " or ".join(map(repr, RETAIN_KINDS)))
         self._check("svd", svd, svd in SVD_KINDS, " or ".join(map(repr, SVD_KINDS)))
         self._check("niter", niter, isinstance(niter, int) and niter >= 0, "an integer >= 0")
         self._check("oversample", oversample, isinstance(oversample, int) and oversample >= 0, "an integer >= 0")
+        self._check("seed", seed, isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "an integer >= 0")
         self.batch_size, self.passes, self.retain = batch_size, passes, retain
         self.svd, self.niter, self.oversample, self.seed = svd, niter, oversample, seed
 

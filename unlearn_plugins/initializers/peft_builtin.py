@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from ..interfaces import InitResult
 
 
@@ -77,7 +79,10 @@ class PiSSAInit(_LayerMethodInit):
 
     method = "pissa"
 
-    def __init__(self, niter: int | None = None):
+    def __init__(self, niter: Annotated[int | None, "power iterations of a fast randomized SVD (None: exact "
+                                                    "SVD)"] = None):
+        if niter is not None and (not isinstance(niter, int) or isinstance(niter, bool) or niter < 0):
+            raise ValueError(f"pissa option niter must be an integer >= 0, got {niter!r}")
         self.niter = niter
 
     def _apply(self, module, adapter):
@@ -110,7 +115,8 @@ class CorDAInit:
 
     residual = True
 
-    def __init__(self, mode: str = "kpm"):
+    def __init__(self, mode: Annotated[str, "'kpm': covariance of the retain data (keep what it uses); 'ipm': of "
+                                            "the forget data"] = "kpm"):
         if mode not in ("kpm", "ipm"):
             raise ValueError(f"corda mode must be 'kpm' or 'ipm', got {mode!r}")
         self.mode = mode
@@ -156,9 +162,13 @@ class EVAInit:
 
     residual = False
 
-    def __init__(self, data: str = "forget", batch_size: int = 8, rho: float = 1.0):
+    def __init__(self, data: Annotated[str, "examples whose inputs are decomposed: forget, retain or both"] = "forget",
+                 batch_size: Annotated[int, "examples per forward pass"] = 8,
+                 rho: Annotated[float, "EVA's rank redistribution (1: the configured rank everywhere)"] = 1.0):
         if data not in ("forget", "retain", "both"):
             raise ValueError(f"eva data must be forget, retain or both, got {data!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"eva option batch_size must be an integer >= 1, got {batch_size!r}")
         self.data, self.batch_size, self.rho = data, batch_size, rho
 
     def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:

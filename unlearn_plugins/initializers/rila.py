@@ -28,6 +28,7 @@ spanned by the forget AND retain rows whatever beta is, so Delta and Cr are both
 from __future__ import annotations
 
 import warnings
+from typing import Annotated
 
 from ..interfaces import InitResult
 from ..training.config import ConfigError
@@ -243,10 +244,25 @@ class RILAInit:
 
     residual = True
 
-    def __init__(self, beta: float = 0.7, mode: str = "faithful", n_samples: int | str | None = 256, seed: int = 0,
-                 pad_to: int | None = None, rol_rank: int = 128, batch_size: int = 8, path: str | None = None):
+    def __init__(
+        self,
+        beta: Annotated[float, "retain weight in Delta = (1 - beta) Cf - beta Cr, in [0, 1]"] = 0.7,
+        mode: Annotated[str, "'faithful': one row per sequence (sum over its tokens); 'token': one per answer "
+                             "token"] = "faithful",
+        n_samples: Annotated[int | str | None, "forget examples measured, each with one drawn retain partner; "
+                                               "\"all\": every example of both splits"] = 256,
+        seed: Annotated[int, "seed of the retain partners' draw"] = 0,
+        pad_to: Annotated[int | None, "pad every sequence to this many tokens (faithful pooling of TOFU-format "
+                                      "data)"] = None,
+        rol_rank: Annotated[int, "k of the retain basis handed to the rol regulariser"] = 128,
+        batch_size: Annotated[int, "examples per forward pass while measuring"] = 8,
+        path: Annotated[str | None, "force one exact path: dense, rows or factored (None: cheapest)"] = None,
+    ):
         def bad(option, value, expected):
             raise ConfigError(f"rila option {option} must be {expected}, got {value!r}")
+
+        def whole(value, minimum):
+            return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
         if not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
             bad("beta", beta, "in [0, 1]")
@@ -259,6 +275,9 @@ class RILAInit:
             bad("pad_to", pad_to, "a positive token count, with mode=faithful")
         if path not in (None, "dense", "rows", "factored"):
             bad("path", path, "dense, rows or factored")
+        for option, value, minimum in (("seed", seed, 0), ("rol_rank", rol_rank, 1), ("batch_size", batch_size, 1)):
+            if not whole(value, minimum):
+                bad(option, value, f"an integer >= {minimum}")
         self.beta, self.mode, self.rol_rank, self.batch_size, self.path = beta, mode, rol_rank, batch_size, path
         self.n_samples, self.seed, self.pad_to = n_samples, seed, pad_to
 

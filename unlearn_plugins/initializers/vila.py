@@ -12,6 +12,7 @@ See docs/methods.md, "VILA".
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Annotated
 
 from ..errors import UnlearnError
 from .fila import EPS, FILAInit, accumulate, measuring
@@ -39,9 +40,19 @@ class VILAInit(FILAInit):
 
     name = "vila"
 
-    def __init__(self, std: float = 0.05, dropout: float = 0.05, passes: int = 10, batch_size: int = 4,
-                 retain: str = "paired", svd: str = "randomized", niter: int = 4, oversample: int = 8, seed: int = 0,
-                 retain_weight=None):
+    def __init__(
+        self,
+        std: Annotated[float, "std of the N(0, std^2) draw of lora_A and lora_B while measuring"] = 0.05,
+        dropout: Annotated[float, "LoRA dropout while measuring"] = 0.05,
+        passes: Annotated[int, "passes over the forget data"] = 10,
+        batch_size: Annotated[int, "forget examples per batch"] = 4,
+        retain: Annotated[str, "'paired' or 'all' (as fila)"] = "paired",
+        svd: Annotated[str, "'randomized' or 'exact' (as fila)"] = "randomized",
+        niter: Annotated[int, "power iterations of the randomized SVD"] = 4,
+        oversample: Annotated[int, "extra columns of the randomized SVD"] = 8,
+        seed: Annotated[int, "seed of the draws and the batch order"] = 0,
+        retain_weight: Annotated[None, "removed: set the retain weight on the objective (alpha)"] = None,
+    ):
         if retain_weight is not None:
             raise UnlearnError(
                 "initializer 'vila': option 'retain_weight' was removed: VILA's 1.3 (lcoef) weights the retain "

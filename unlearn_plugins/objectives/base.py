@@ -10,27 +10,19 @@ Conventions (as in locuslab/open-unlearning, docs/methods.md):
   answer token (``retain_loss="kl"``; see :func:`kl_to_reference` for how it differs from
   the reference code's average).
 
-Besides the protocol (``needs_reference_model``, ``loss``), objectives here have optional
-attributes the trainer reads with ``getattr`` (third-party objectives may provide them too):
-
-* ``regularizer: bool`` - the component is a regulariser (``--regularizer``), added to a
-  forget objective as ``+ weight * L_reg``; it is not usable as ``--objective``;
-* ``weight: float`` - a regulariser's coefficient (lambda);
-* ``needs_retain_data: bool`` - refuse to train without a retain split;
-* ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
-  (RMU stops at a middle layer); multi-process training then asks DDP to look for them;
-* ``prepare(context) -> dict | None`` - called once before training with an
-  :class:`ObjectiveContext`; may return extra per-forget-example encodings (name -> sequence,
-  item i for forget example i) that the trainer adds to every batch under that name; a
-  sequence with ``set_epoch(epoch)`` is told each epoch, so its items may be redrawn per
-  epoch (IdkDPO's refusals), as a function of (seed, epoch, i) to stay resumable;
-* ``last_terms: dict[str, Tensor]`` - detached loss components of the last call, logged.
+The optional attributes an objective may have (``regularizer``, ``weight``,
+``needs_retain_data``, ``leaves_parameters_unused``, ``prepare``, ``last_terms``) are
+documented on the protocol, :class:`unlearn_plugins.interfaces.UnlearningObjective`. A
+sequence that ``prepare`` returns may have ``set_epoch(epoch)``: it is told each epoch, so its
+items may be redrawn per epoch (IdkDPO's refusals), as a function of (seed, epoch, i) to stay
+resumable. :class:`CombinedObjective` checks what every part returns (a scalar tensor with a
+gradient), so a broken plugin objective fails with one line naming it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 from ..errors import UnlearnError
 
@@ -55,9 +47,10 @@ class ObjectiveContext:
 
 
 def check_option(name: str, option: str, value: Any, ok: bool, expected: str) -> None:
-    """Raise a clear error for a bad objective option."""
+    """Raise a clear error for a bad objective option (:func:`unlearn_plugins.host.create` adds
+    which objective of which plugin; ``name`` is kept for callers that construct directly)."""
     if not ok:
-        raise UnlearnError(f"objective {name!r}: option {option!r} must be {expected}, got {value!r}")
+        raise UnlearnError(f"option {option!r} must be {expected}, got {value!r}")
 
 
 # ----------------------------------------------------------------------------- per-token maths
@@ -167,7 +160,12 @@ class ForgetRetainObjective:
     default_alpha = 1.0
     forget_needs_reference = False
 
-    def __init__(self, *, gamma: float | None = None, alpha: float | None = None, retain_loss: str = "nll"):
+    def __init__(self, *,
+                 gamma: Annotated[float | None, "weight of the forget term (None: the objective's default)"] = None,
+                 alpha: Annotated[float | None, "weight of the retain term; 0 trains without retain data "
+                                                "(None: the objective's default)"] = None,
+                 retain_loss: Annotated[str, "retain term: 'nll' on retain answers, or 'kl' to the reference "
+                                             "model"] = "nll"):
         self.gamma = float(self.default_gamma if gamma is None else gamma)
         self.alpha = float(self.default_alpha if alpha is None else alpha)
         check_option(self.name, "gamma", gamma, self.gamma >= 0, "a number >= 0")
@@ -213,49 +211,119 @@ class ForgetRetainObjective:
         return f"{self.name}({options})"
 
 
+def check_loss_value(value, label: str, *, needs_grad: bool = True):
+    """``value`` if it is what ``loss`` must return - a scalar tensor carrying a gradient - else a
+    :class:`~unlearn_plugins.errors.PluginError` naming the component (``label``)."""
+    import torch
+
+    from ..errors import PluginError
+
+    if not isinstance(value, torch.Tensor):
+        kind = "a Python float" if isinstance(value, (int, float)) else f"a {type(value).__name__}"
+        raise PluginError(f"{label}: loss() returned {kind} ({value!r:.60}), not a torch tensor; return the "
+                          f"scalar tensor itself (no .item() or float()) so it can be backpropagated")
+    if value.numel() != 1 or value.dim() > 1:
+        raise PluginError(f"{label}: loss() returned a tensor of shape {tuple(value.shape)}, not a scalar; "
+                          f"reduce it (e.g. .mean()) to one value")
+    if needs_grad and torch.is_grad_enabled() and not value.requires_grad:
+        raise PluginError(f"{label}: loss() returned a tensor without a gradient (detached, or computed under "
+                          f"no_grad / from the reference model only): training would not change the model")
+    return value.reshape(())
+
+
+def _describe(record: Mapping[str, Any] | None, part: Any) -> str:
+    """``name(option=value, ...)`` from a run.json component record, else the part's repr."""
+    if not record:
+        return repr(part)
+    options = ", ".join(f"{k}={v!r}" for k, v in record.get("options", {}).items() if not isinstance(v, (list, dict)))
+    return f"{record['name']}({options})"
+
+
 class CombinedObjective:
-    """A forget objective plus weighted regularisers: ``L = L_objective + sum_i w_i L_reg_i``."""
+    """A forget objective plus weighted regularisers: ``L = L_objective + sum_i w_i L_reg_i``.
+
+    ``labels`` name each part in errors (``objective 'x' (plugin 'p')``); ``records`` are what
+    run.json records of each part (name, plugin, object, options; see ``host.create_with_record``).
+    """
 
     regularizer = False
 
-    def __init__(self, objective, regularizers: Sequence[Any] = ()):
+    def __init__(self, objective, regularizers: Sequence[Any] = (), *, labels: Sequence[str] | None = None,
+                 records: Sequence[Mapping[str, Any]] | None = None):
         self.objective = objective
         self.regularizers = list(regularizers)
+        parts = (objective, *self.regularizers)
+        self.labels = list(labels) if labels is not None else [
+            f"objective {getattr(p, 'name', type(p).__name__)!r}" for p in parts]
+        self.records = list(records) if records is not None else [None] * len(parts)
         self.last_terms: dict[str, Any] = {}
 
     @property
+    def parts(self) -> list[Any]:
+        return [self.objective, *self.regularizers]
+
+    @property
     def needs_reference_model(self) -> bool:
-        return bool(getattr(self.objective, "needs_reference_model", False)) or any(
-            getattr(r, "needs_reference_model", False) for r in self.regularizers
-        )
+        return any(bool(getattr(p, "needs_reference_model", False)) for p in self.parts)
 
     @property
     def leaves_parameters_unused(self) -> bool:
-        return any(getattr(p, "leaves_parameters_unused", False) for p in (self.objective, *self.regularizers))
+        return any(getattr(p, "leaves_parameters_unused", False) for p in self.parts)
 
     @property
     def needs_retain_data(self) -> bool:
-        return bool(getattr(self.objective, "needs_retain_data", False)) or any(
-            getattr(r, "needs_retain_data", False) for r in self.regularizers
-        )
+        return bool(self.retain_data_needed_by())
+
+    def retain_data_needed_by(self) -> list[str]:
+        """Why retain data is needed: one phrase per part that needs it."""
+        reasons = []
+        for part, label in zip(self.parts, self.labels):
+            if not getattr(part, "needs_retain_data", False):
+                continue
+            if isinstance(part, ForgetRetainObjective):  # our objectives: a retain term weighted by alpha
+                reasons.append(f"{label} has a retain term (alpha={part.alpha}; --objective-option alpha=0 "
+                               f"drops it)")
+            else:
+                reasons.append(f"{label} needs retain data (its needs_retain_data is true)")
+        return reasons
 
     def prepare(self, context: ObjectiveContext) -> dict[str, list]:
+        from ..errors import PluginError, UnlearnError
+
         views: dict[str, list] = {}
-        for part in (self.objective, *self.regularizers):
+        for part, label in zip(self.parts, self.labels):
             prepare = getattr(part, "prepare", None)
-            if prepare is not None:
+            if prepare is None:
+                continue
+            try:
                 views.update(prepare(context) or {})
+            except UnlearnError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"{label}: prepare() raised {type(exc).__name__}: {exc}") from exc
         return views
 
     def __repr__(self) -> str:
-        parts = [repr(self.objective)] + [f"{getattr(r, 'weight', 1.0)} * {r!r}" for r in self.regularizers]
+        parts = [_describe(self.records[0], self.objective)] + [
+            f"{getattr(r, 'weight', 1.0)} * {_describe(rec, r)}" for r, rec in zip(self.regularizers, self.records[1:])]
         return " + ".join(parts)
 
+    def _part_loss(self, part, label, model, batch, reference_model):
+        from ..errors import PluginError, UnlearnError
+
+        try:
+            value = part.loss(model, batch, reference_model)
+        except UnlearnError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"{label}: loss() raised {type(exc).__name__}: {exc}") from exc
+        return check_loss_value(value, label)
+
     def loss(self, model, batch, reference_model=None):
-        total = self.objective.loss(model, batch, reference_model)
+        total = self._part_loss(self.objective, self.labels[0], model, batch, reference_model)
         terms = dict(getattr(self.objective, "last_terms", {}) or {})
-        for reg in self.regularizers:
-            value = reg.loss(model, batch, reference_model)
+        for reg, label in zip(self.regularizers, self.labels[1:]):
+            value = self._part_loss(reg, label, model, batch, reference_model)
             total = total + float(getattr(reg, "weight", 1.0)) * value
             terms[getattr(reg, "name", type(reg).__name__)] = value.detach()
         self.last_terms = terms

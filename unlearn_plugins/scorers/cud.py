@@ -463,6 +463,23 @@ class TrainerAnchorRunner:
 
 # ----------------------------------------------------------------------------- the scorer
 
+def first_answer_tokens(encoded: list[dict], n: int | None) -> list[dict]:
+    """Encoded examples with labels kept on their first ``n`` answer tokens only (None: all), so
+    the EAP-IG metric measures, e.g., the Yes/No token of a recommendation prompt without the end
+    token after it."""
+    if n is None:
+        return encoded
+    out = []
+    for e in encoded:
+        labels, seen = [], 0
+        for x in e["labels"]:
+            keep = x != -100 and seen < n
+            seen += x != -100
+            labels.append(x if keep else -100)
+        out.append({**e, "labels": labels})
+    return out
+
+
 def _none_if_off(value):
     return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "off", "") else value
 
@@ -481,7 +498,8 @@ class CUDScorer:
                  model_spec: str | None = None, unlearn_options: dict | None = None,
                  similarity: str = "cosine", circuit: str = "greedy", n_edges: int = 75, tau: float | None = None,
                  mode: str = "inputs", steps: int = 5, baseline: str = "zero", metric: str = "prob",
-                 max_rows: int = 20, max_length: int = 512, cache: bool = True, cache_dir: str | None = None,
+                 max_rows: int = 20, max_length: int = 512, answer_tokens: int | None = None,
+                 cache: bool = True, cache_dir: str | None = None,
                  progress: bool = False):
         from ..circuits.eap_ig import BASELINES, METRICS, MODES
         from ..circuits.similarity import SIMILARITIES
@@ -520,6 +538,10 @@ class CUDScorer:
         self.similarity, self.circuit, self.n_edges, self.tau = similarity, circuit, int(n_edges), tau
         self.eap = {"mode": mode, "steps": int(steps), "baseline": baseline, "metric": metric}
         self.max_rows, self.max_length = int(max_rows), int(max_length)
+        if answer_tokens is not None and (isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int)
+                                          or answer_tokens < 1):
+            raise UnlearnError(f"scorer cud: option answer_tokens={answer_tokens!r} must be an integer >= 1 or none")
+        self.answer_tokens = answer_tokens  # the EAP-IG metric on the first N answer tokens (1: a Yes/No answer)
         self.cache = bool(cache)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self.progress = progress
@@ -716,6 +738,8 @@ class CUDScorer:
         # corrupt inputs of 'mean' / 'other' depend on the whole set: key on it too
         context = samples_fingerprint(samples) if self.eap["baseline"] != "zero" else None
         settings = dict(self.eap, max_length=self.max_length, context=context, graph=g.to_dict())
+        if self.answer_tokens is not None:  # (absent otherwise: earlier cache keys stay valid)
+            settings["answer_tokens"] = self.answer_tokens
         keys = [_digest("eap-ig", model_fp, s.question, s.answer, settings) for s in samples]
         root = self._cache_root() / "matrices"
         out = torch.zeros((len(samples), g.n_src, g.n_dst), dtype=torch.float32)
@@ -731,11 +755,13 @@ class CUDScorer:
             missing.append(i)
         if missing:
             if self.eap["baseline"] == "zero":
-                encoded = encode_samples(tokenizer, [samples[i] for i in missing], max_length=self.max_length)
+                encoded = first_answer_tokens(encode_samples(tokenizer, [samples[i] for i in missing],
+                                                             max_length=self.max_length), self.answer_tokens)
                 batches = engine.iter_scores(encoded)
                 position = missing
             else:  # the corrupt inputs of 'mean' / 'other' need every sample
-                encoded = encode_samples(tokenizer, samples, max_length=self.max_length)
+                encoded = first_answer_tokens(encode_samples(tokenizer, samples, max_length=self.max_length),
+                                              self.answer_tokens)
                 batches = engine.iter_scores(encoded, indices=missing)
                 position = range(len(samples))
             for idx, scores in batches:
@@ -910,6 +936,7 @@ class CUDScorer:
                 "fixed_anchors": self.anchors is not None, "given_losses": self.anchor_losses is not None,
                 "similarity": self.similarity, "circuit": self.circuit, "n_edges": self.n_edges, "tau": self.tau,
                 **self.eap, "max_rows": self.max_rows, "max_length": self.max_length,
+                "answer_tokens": self.answer_tokens,
             },
             "anchors": {name: {"easy": entries(easy, "easy"), "hard": entries(hard, "hard")}
                         for name, (easy, hard) in groups.items()},

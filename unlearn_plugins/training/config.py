@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -225,9 +226,20 @@ class UnlearnConfig(TrainingConfig):
             raise ConfigError(f"option 'retain_loss' must be 'nll' or 'kl', got {self.retain_loss!r}")
 
     def objective_kwargs(self) -> dict[str, Any]:
+        """``objective_options``, plus ``retain_loss`` when given and the objective declares that
+        option: a plugin objective that does not is not passed one (a warning says so)."""
         options = dict(self.objective_options)
         if self.retain_loss is not None:
-            options["retain_loss"] = self.retain_loss
+            from ..host import accepts_option, component_label
+            from ..interfaces import UNLEARNING_OBJECTIVE
+
+            if accepts_option(UNLEARNING_OBJECTIVE, self.objective, "retain_loss"):
+                options["retain_loss"] = self.retain_loss
+            else:
+                label = component_label(UNLEARNING_OBJECTIVE, self.objective)
+                warnings.warn(f"--retain-loss {self.retain_loss}: {label} has no option 'retain_loss', so it is not "
+                              f"passed on (the objective keeps its own retain term, if it has one)", RuntimeWarning,
+                              stacklevel=2)
         return options
 
 

@@ -274,8 +274,12 @@ def _weight_dtype(config: TrainingConfig, device):
 
 def _load(config: TrainingConfig, device):
     """(model, tokenizer, base) where ``base`` is what run.json records of the base model (its
-    folder or hub id and weights fingerprint) so the adapter is only applied to the same base."""
-    from ..models import from_pretrained, load_tokenizer, resolve_model, weights_fingerprint
+    folder or hub id and weights fingerprint) so the adapter is only applied to the same base.
+
+    A model loaded from an alias is named by its hub id (``models.ALIAS_HUB_IDS``): PEFT writes
+    that name into adapter_config.json as ``base_model_name_or_path`` and a merged model's config
+    carries it, so both load anywhere, not only where this machine's cache folder exists."""
+    from ..models import ALIAS_HUB_IDS, from_pretrained, load_tokenizer, resolve_model, weights_fingerprint
 
     where = resolve_model(config.model)
     model = from_pretrained(config.model, where, dtype=_weight_dtype(config, device),
@@ -283,6 +287,11 @@ def _load(config: TrainingConfig, device):
     model.config.use_cache = False
     model.to(device)
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+    hub_id = ALIAS_HUB_IDS.get(config.model)
+    if hub_id:
+        model.name_or_path = model.config._name_or_path = hub_id
+        return model, tokenizer, {"name_or_path": hub_id, "alias": config.model,
+                                  "fingerprint": weights_fingerprint(where)}
     name = str(Path(where).resolve()) if Path(where).is_dir() else where
     return model, tokenizer, {"name_or_path": name, "fingerprint": weights_fingerprint(where)}
 
@@ -327,10 +336,13 @@ def _losses(log_history: Iterable[dict]) -> list[dict[str, float]]:
 
 
 def _train(config: TrainingConfig, *, command: str, objective, build_dataset, initializer=None,
-           samples: dict[str, Sequence[Any]], callbacks: Iterable[Any] = ()) -> RunResult:
+           samples: dict[str, Sequence[Any]], callbacks: Iterable[Any] = (), check_loss: bool = False) -> RunResult:
     """Load, wrap, initialise, train with the Trainer, save; write run.json. The main process
-    holds the lock on ``config.out`` from the first check to the last write."""
+    holds the lock on ``config.out`` from the first check to the last write. ``check_loss``:
+    call the objective once on the first batch before anything is written (:func:`_check_first_loss`)."""
     started = time.time()
+    if initializer is not None and not isinstance(initializer, Initializer):
+        initializer = Initializer(initializer, f"initializer {type(initializer).__name__!r}")
     args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)),
                               train_size=len(samples["forget"] if "forget" in samples else samples["train"]))
     with ExitStack() as stack:
@@ -338,7 +350,7 @@ def _train(config: TrainingConfig, *, command: str, objective, build_dataset, in
             stack.enter_context(folder_lock(config.out, f"--out {config.out}"))
         return _train_locked(config, args, started, command=command, objective=objective,
                              build_dataset=build_dataset, initializer=initializer, samples=samples,
-                             callbacks=callbacks)
+                             callbacks=callbacks, check_loss=check_loss)
 
 
 def _adapter_intact(folder: Path) -> bool:
@@ -353,8 +365,67 @@ def _adapter_intact(folder: Path) -> bool:
     return True
 
 
+def _initialize(initializer: Initializer, model, encoded: dict[str, Any], tokenizer):
+    """Run the adapter initializer; what it raises or returns wrongly is one error naming it."""
+    from ..errors import PluginError
+    from ..interfaces import InitResult
+
+    try:
+        result = initializer.obj.initialize(model, forget=encoded.get("forget", []), retain=encoded.get("retain", []),
+                                            tokenizer=tokenizer)
+    except UnlearnError:
+        raise
+    except Exception as exc:  # a plugin's bug or a library error: one line naming it (--debug: traceback)
+        raise PluginError(f"{initializer.label}: initialize() raised {type(exc).__name__}: {exc}") from exc
+    if result is not None and not isinstance(result, InitResult):
+        raise PluginError(f"{initializer.label}: initialize() returned a {type(result).__name__}; return an "
+                          f"unlearn_plugins.InitResult or None")
+    return result
+
+
+def _check_first_loss(trainer, dataset, collator) -> None:
+    """Call the objective once on the first batch, as the Trainer will (device placement,
+    autocast), before the run writes anything: an objective that raises or returns something
+    other than a scalar tensor with a gradient fails with nothing half-written. The RNG state
+    and each part's attributes (a call counter, ``last_terms``) are restored, so training runs
+    exactly as it would have run without the check."""
+    import torch
+
+    objective = trainer.objective
+    parts = [objective, *getattr(objective, "parts", [])]
+    saved = [(part, _attributes(part)) for part in parts if hasattr(part, "__dict__")]
+    items = [dataset[i] for i in range(min(trainer.args.per_device_train_batch_size, len(dataset)))]
+    batch = trainer._prepare_inputs(collator(items))
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices), trainer.compute_loss_context_manager():
+            objective.loss(trainer.model, batch, reference_model=trainer.reference_model)
+    finally:
+        for part, attributes in saved:
+            _restore(part, attributes)
+
+
+def _attributes(obj) -> dict[str, tuple[Any, Any]]:
+    """An object's attributes, with a copy of the content of each list, dict or set."""
+    return {name: (value, copy.copy(value) if type(value) in (list, dict, set) else None)
+            for name, value in vars(obj).items()}
+
+
+def _restore(obj, attributes: dict[str, tuple[Any, Any]]) -> None:
+    """Put back what :func:`_attributes` saw: the same objects, containers refilled in place."""
+    for value, content in attributes.values():
+        if isinstance(content, list):
+            value[:] = content
+        elif content is not None:
+            value.clear()
+            value.update(content)
+    vars(obj).clear()
+    vars(obj).update({name: value for name, (value, _) in attributes.items()})
+
+
 def _train_locked(config: TrainingConfig, args, started: float, *, command: str, objective, build_dataset,
-                  initializer, samples: dict[str, Sequence[Any]], callbacks: Iterable[Any]) -> RunResult:
+                  initializer, samples: dict[str, Sequence[Any]], callbacks: Iterable[Any],
+                  check_loss: bool = False) -> RunResult:
     from transformers import set_seed
 
     from ..data.tofu import PaddingCollator, encode_samples
@@ -389,8 +460,7 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
             train_model = lora.build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha,
                                                 dropout=config.lora_dropout, target_modules=config.target_modules)
             if initializer is not None:
-                init_result = initializer.initialize(train_model, forget=encoded.get("forget", []),
-                                                     retain=encoded.get("retain", []), tokenizer=tokenizer)
+                init_result = _initialize(initializer, train_model, encoded, tokenizer)
                 if init_result is not None and init_result.residual:
                     initial_adapter = ckpt_dir / lora.INITIAL_ADAPTER
 
@@ -404,10 +474,13 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
         views = (prepare(context) or {}) if prepare is not None else {}
         dataset = build_dataset(encoded, views)
 
+        collator = PaddingCollator(tokenizer.pad_token_id)
         trainer = UnlearningTrainer(
-            model=train_model, args=args, train_dataset=dataset, data_collator=PaddingCollator(tokenizer.pad_token_id),
+            model=train_model, args=args, train_dataset=dataset, data_collator=collator,
             objective=objective, reference_model=reference, callbacks=list(callbacks),
         )
+        if check_loss:
+            _check_first_loss(trainer, dataset, collator)
     except BaseException:
         if is_main and not had_checkpoints:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -439,7 +512,8 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
         "samples": {name: len(items) for name, items in samples.items()},
         "parameters": {"trainable": trainable, "total": total},
         "objective": repr(objective),
-        "initializer": None if init_result is None else {"residual": init_result.residual, **init_result.info},
+        "initializer": _initializer_record(initializer, init_result),
+        "components": _component_records(objective, initializer),
         "context": context.info,
         "resumed_from": str(resume_from) if resume_from else None,
         "base_model": base,  # checked when the adapter is loaded (models.check_adapter)
@@ -492,13 +566,31 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
     return RunResult(out, record)
 
 
+def _initializer_record(initializer: Initializer | None, init_result) -> dict[str, Any] | None:
+    """run.json's ``initializer``: what the init reported (``InitResult.info``, ``residual``) and,
+    for a configured one, its name, plugin and options (these win over same-named info keys)."""
+    if initializer is None:
+        return None
+    reported = {} if init_result is None else {"residual": init_result.residual, **init_result.info}
+    return {**reported, **(initializer.record or {})} or None
+
+
+def _component_records(objective, initializer: Initializer | None) -> dict[str, Any]:
+    """run.json's ``components``: name, plugin, defining object and option values of each part."""
+    records = list(getattr(objective, "records", None) or [None])
+    return {"objective": records[0], "regularizers": [r for r in records[1:] if r is not None],
+            "initializer": initializer.record if initializer is not None else None}
+
+
 # ----------------------------------------------------------------------------- public calls
 
 
 def _check_component(kind: str, name: str, options: dict[str, Any]):
-    from ..host import create
+    """(instance, run.json record, label) of a configured component (names and options checked)."""
+    from ..host import component_label, create_with_record
 
-    return create(kind, name, **options)
+    instance, record = create_with_record(kind, name, **options)
+    return instance, record, component_label(kind, name)
 
 
 def build_objective(config: UnlearnConfig):
@@ -506,20 +598,32 @@ def build_objective(config: UnlearnConfig):
     from ..interfaces import UNLEARNING_OBJECTIVE
     from ..objectives.base import CombinedObjective
 
-    objective = _check_component(UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs())
+    objective, record, label = _check_component(UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs())
     if getattr(objective, "regularizer", False):
         raise ConfigError(f"--objective {config.objective}: this is a regulariser; use it as --regularizer "
                           f"{config.objective} together with a forget objective")
-    regularizers = []
+    regularizers, records, labels = [], [record], [label]
     if config.regularizer:
-        reg = _check_component(UNLEARNING_OBJECTIVE, config.regularizer, dict(config.regularizer_options))
+        reg, reg_record, reg_label = _check_component(UNLEARNING_OBJECTIVE, config.regularizer,
+                                                      dict(config.regularizer_options))
         if not getattr(reg, "regularizer", False):
             raise ConfigError(f"--regularizer {config.regularizer}: this is a forget objective, not a regulariser "
                               f"(regularisers have regularizer = True, e.g. rol)")
         regularizers.append(reg)
+        records.append(reg_record)
+        labels.append(reg_label)
     elif config.regularizer_options:
         raise ConfigError("regularizer options were given without --regularizer")
-    return CombinedObjective(objective, regularizers)
+    return CombinedObjective(objective, regularizers, labels=labels, records=records)
+
+
+@dataclass
+class Initializer:
+    """A created adapter initializer, how errors name it, and what run.json records of it."""
+
+    obj: Any
+    label: str = "initializer"
+    record: dict[str, Any] | None = None
 
 
 def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
@@ -539,7 +643,10 @@ def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
         if config.initializer != UnlearnConfig.initializer or initializer is not None:
             raise ConfigError(f"--initializer {config.initializer} needs LoRA; it cannot be used with --full-finetune")
     elif initializer is None:
-        initializer = _check_component(ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options))
+        obj, record, label = _check_component(ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options))
+        initializer = Initializer(obj, label, record)
+    elif not isinstance(initializer, Initializer):
+        initializer = Initializer(initializer, f"initializer {type(initializer).__name__!r}")
 
     forget = load_split(config.forget, config.tofu_dir)
     if not forget:
@@ -548,13 +655,15 @@ def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
     if config.retain:
         samples["retain"] = load_split(config.retain, config.tofu_dir)
     elif getattr(objective, "needs_retain_data", False):
-        raise ConfigError(f"objective {config.objective!r} has a retain term: give --retain (or set its alpha to 0)")
+        reasons = objective.retain_data_needed_by() if hasattr(objective, "retain_data_needed_by") else [
+            f"objective {config.objective!r} needs retain data"]
+        raise ConfigError(f"{'; '.join(reasons)}: give --retain")
 
     def build(encoded, views):
         return UnlearningDataset(encoded["forget"], encoded.get("retain"), config.seed, views)
 
     return _train(config, command="run", objective=objective, build_dataset=build, initializer=initializer,
-                  samples=samples, callbacks=callbacks)
+                  samples=samples, callbacks=callbacks, check_loss=True)
 
 
 def _as_combined(objective):

@@ -1,0 +1,247 @@
+"""A component's options: what it declares, how given values are checked, what run.json records.
+
+A component declares its options the way the ecosystem does (transformers' HfArgumentParser,
+PEFT's LoraConfig): as a dataclass whose fields carry ``metadata={"help": ...}``, or as keyword
+parameters of its constructor, with help as ``Annotated[type, "help"]``. The host reads them
+to list them (`unlearn plugins --json`), to refuse an unknown option or a value of the wrong
+type with one line naming the component, and to record the values in use in run.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import types
+import typing
+from collections import abc
+from dataclasses import dataclass
+from typing import Any
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared option: its name, type (as text), default, and help."""
+
+    name: str
+    type: str = ""
+    default: Any = _MISSING
+    help: str = ""
+    hint: Any = None  # the resolved annotation (None: not resolvable, values are not type-checked)
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "type": self.type, "help": self.help}
+        entry["required" if self.required else "default"] = True if self.required else json_safe(self.default)
+        return entry
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A component's options; ``open_ended``: it also takes ``**kwargs`` that lead nowhere
+    declared, so unknown names are left to the component to refuse."""
+
+    options: tuple[Option, ...]
+    open_ended: bool = False
+
+    def names(self) -> list[str]:
+        return [o.name for o in self.options]
+
+    def get(self, name: str) -> Option | None:
+        return next((o for o in self.options if o.name == name), None)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [o.to_json() for o in self.options]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` if JSON can hold it, else its repr (run.json and `unlearn plugins --json`)."""
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _help_of(hint: Any) -> tuple[Any, str]:
+    """(the type inside ``Annotated[type, "help", ...]``, the help text) of an annotation."""
+    if typing.get_origin(hint) is typing.Annotated:
+        inner, *extras = typing.get_args(hint)
+        return inner, next((e for e in extras if isinstance(e, str)), "")
+    return hint, ""
+
+
+def _type_text(hint: Any, raw: Any) -> str:
+    if hint is None:
+        return "" if raw is inspect.Parameter.empty else str(raw)
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(obj, include_extras=True)
+    except Exception:  # noqa: BLE001 - a name only importable under TYPE_CHECKING, ...: not type-checked
+        return {}
+
+
+def _from_dataclass(cls: type) -> Declared:
+    hints = _hints(cls)
+    options = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        hint, annotated_help = _help_of(hints.get(f.name))
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = _MISSING
+        options.append(Option(f.name, _type_text(hint, f.type), default,
+                              str(f.metadata.get("help", annotated_help)), hint))
+    return Declared(tuple(options))
+
+
+def _constructors(obj: Any) -> list[Any]:
+    """The functions whose keyword parameters are ``obj``'s options: a class's ``__init__``,
+    followed up the MRO while one passes ``**kwargs`` on; a factory function itself."""
+    if not isinstance(obj, type):
+        return [obj]
+    found = []
+    for klass in obj.__mro__:
+        if klass is object:
+            break
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        found.append(init)
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return found
+
+
+def declared_options(obj: Any) -> Declared | None:
+    """The options of a component class or factory; None when it has no inspectable signature."""
+    if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+        return _from_dataclass(obj)
+    options: dict[str, Option] = {}
+    try:
+        functions = _constructors(obj)
+        if not functions:  # no __init__ of its own below object: no options
+            return Declared(())
+        signatures = [inspect.signature(function) for function in functions]
+    except (TypeError, ValueError):  # a builtin or C callable
+        return None
+    for function, signature in zip(functions, signatures):
+        params = list(signature.parameters.values())[1 if isinstance(obj, type) else 0:]  # not self
+        hints = _hints(function)
+        for p in params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) or p.name in options:
+                continue
+            hint, help_text = _help_of(hints.get(p.name))
+            default = _MISSING if p.default is p.empty else p.default
+            options[p.name] = Option(p.name, _type_text(hint, p.annotation), default, help_text, hint)
+    # the last constructor in the chain still takes **kwargs: names beyond these cannot be judged
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signatures[-1].parameters.values())
+    return Declared(tuple(options.values()), open_ended)
+
+
+# ----------------------------------------------------------------------------- checking values
+
+
+def _matches(value: Any, hint: Any) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint``; None when the annotation says too little."""
+    hint, _ = _help_of(hint)
+    if hint is None or hint is Any or hint is inspect.Parameter.empty:
+        return None
+    if hint is type(None):
+        return value is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        verdicts = [_matches(value, arm) for arm in args]
+        return True if any(v is True for v in verdicts) else (None if any(v is None for v in verdicts) else False)
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    container = origin or hint
+    if container in (list, tuple, typing.Sequence, abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = [a for a in args if a is not Ellipsis]
+        if len(inner) == 1:
+            verdicts = [_matches(item, inner[0]) for item in value]
+            return not any(v is False for v in verdicts)
+        return True
+    if container in (dict, typing.Mapping, abc.Mapping):
+        return isinstance(value, dict)
+    if isinstance(hint, type):
+        try:
+            return isinstance(value, hint)
+        except TypeError:
+            return None
+    return None
+
+
+def type_problems(declared: Declared | None, given: dict[str, Any]) -> list[str]:
+    """One sentence per given option whose value does not fit its declared type."""
+    if declared is None:
+        return []
+    problems = []
+    for name, value in given.items():
+        option = declared.get(name)
+        if option is not None and _matches(value, option.hint) is False:
+            problems.append(f"option {name!r} must be {option.type}, got {value!r}")
+    return problems
+
+
+def name_problems(declared: Declared | None, given: dict[str, Any]) -> list[str]:
+    """Unknown option names (unless the component takes any) and missing required ones."""
+    if declared is None:
+        return []
+    known = declared.names()
+    problems = []
+    if not declared.open_ended:
+        unknown = [name for name in given if name not in known]
+        if unknown:
+            listed = ", ".join(known) if known else "none"
+            problems.append(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)} "
+                            f"(its options: {listed})")
+    missing = [o.name for o in declared.options if o.required and o.name not in given]
+    if missing:
+        problems.append(f"missing required option{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+    return problems
+
+
+def values_in_use(declared: Declared | None, instance: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The option values a created component runs with (for run.json): each declared option's
+    attribute on the instance when it has one, else the value given, else the default."""
+    if declared is None:
+        return {k: json_safe(v) for k, v in given.items()}
+    values = {}
+    for option in declared.options:
+        if hasattr(instance, option.name) and not callable(getattr(instance, option.name)):
+            value = getattr(instance, option.name)
+        elif option.name in given:
+            value = given[option.name]
+        elif not option.required:
+            value = option.default
+        else:
+            continue
+        values[option.name] = json_safe(value)
+    for name, value in given.items():  # open-ended components: what was given beyond the declared
+        values.setdefault(name, json_safe(value))
+    return values
