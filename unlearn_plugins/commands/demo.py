@@ -1,8 +1,15 @@
-"""`unlearn demo`: the main job end to end on the embedded model: a small TOFU benchmark,
-target models, CUD difficulty scores, ReGLU and two baselines on the same budget, TOFU
-Forget Quality and Model Utility through lm-eval, and a report. Every stage is cached
-($UNLEARN_CACHE_DIR/demo): a second run, or a run after Ctrl-C, continues where the last
-one stopped."""
+"""`unlearn demo`: the main job end to end on the embedded model.
+
+--benchmark tofu (default): a small TOFU benchmark, target models, CUD difficulty scores,
+ReGLU and two baselines on the same budget, TOFU Forget Quality and Model Utility through
+lm-eval, and a report.
+
+--benchmark movielens: recommendation unlearning on an LLM recommender: MovieLens prompts,
+target and retrain models, E2URec, NegGrad, Bad-T and RecEraser (sharded), test / forget AUC
+and JSD to the retrain model through lm-eval, CUD-easy vs CUD-hard forget users, and a report.
+
+Every stage is cached ($UNLEARN_CACHE_DIR/demo): a second run, or a run after Ctrl-C,
+continues where the last one stopped."""
 
 from __future__ import annotations
 
@@ -11,26 +18,61 @@ import argparse
 from ..errors import UnlearnError
 from .common import check_int, check_out_folder, device_option
 
+#: options of one benchmark only: (flag, attribute)
+TOFU_ONLY = (("--authors", "authors"), ("--forget-authors", "forget_authors"), ("--data", "data"),
+             ("--tofu-dir", "tofu_dir"))
+MOVIELENS_ONLY = (("--movielens-dir", "movielens_dir"), ("--users", "users"), ("--train-per-user", "train_per_user"),
+                  ("--eval-per-user", "eval_per_user"), ("--forget-fraction", "forget_fraction"),
+                  ("--shards", "shards"), ("--aggregator", "aggregator"), ("--train-dtype", "train_dtype"))
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the embedded model and write a report",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="unlearn-demo", help="report folder (default: %(default)s)")
-    p.add_argument("--authors", type=int, default=None,
-                   help="authors in the benchmark, 20 QA each (default: 3; 2 with --fast)")
-    p.add_argument("--forget-authors", type=int, default=1, help="how many of them to forget (default: 1)")
+    p.add_argument("--benchmark", choices=("tofu", "movielens"), default="tofu",
+                   help="tofu: LLM unlearning on TOFU authors; movielens: recommendation unlearning (default: tofu)")
+    p.add_argument("--out", default=None,
+                   help="report folder (default: unlearn-demo, or unlearn-demo-movielens with --benchmark movielens)")
     p.add_argument("--fast", action="store_true", help="a smoke-test budget: every stage, minimal work")
     p.add_argument("--model", default="smollm2-135m",
                    help="base model: the embedded alias (default), a local folder or a hub id")
-    p.add_argument("--data", choices=("auto", "tofu", "generated"), default="auto",
-                   help="auto: TOFU (--tofu-dir, $UNLEARN_TOFU_DIR, else the TOFU authors shipped with the package, "
-                        "else the hub), and if none has enough authors, generated fictitious authors (default: auto)")
-    p.add_argument("--tofu-dir", default=None,
-                   help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
-                        "package; more authors: the hub)")
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
+    tofu = p.add_argument_group("--benchmark tofu")
+    tofu.add_argument("--authors", type=int, default=None,
+                      help="authors in the benchmark, 20 QA each (default: 3; 2 with --fast)")
+    tofu.add_argument("--forget-authors", type=int, default=None, help="how many of them to forget (default: 1)")
+    tofu.add_argument("--data", choices=("auto", "tofu", "generated"), default=None,
+                      help="auto: TOFU (--tofu-dir, $UNLEARN_TOFU_DIR, else the TOFU authors shipped with the "
+                           "package, else the hub), and if none has enough authors, generated fictitious authors "
+                           "(default: auto)")
+    tofu.add_argument("--tofu-dir", default=None,
+                      help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
+                           "package; more authors: the hub)")
+    rec = p.add_argument_group("--benchmark movielens (defaults: the budget in unlearn_plugins/demo/movielens.py)")
+    rec.add_argument("--movielens-dir", default=None,
+                     help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
+                          "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)")
+    rec.add_argument("--users", type=int, default=None, help="MovieLens users sampled (default: 20; 8 with --fast)")
+    rec.add_argument("--train-per-user", type=int, default=None,
+                     help="each user's latest training prompts (default: 4)")
+    rec.add_argument("--eval-per-user", type=int, default=None,
+                     help="each user's latest test prompts (default: 2)")
+    rec.add_argument("--forget-fraction", type=float, default=None,
+                     help="fraction of the users forgotten (default: 0.2; 0.25 with --fast)")
+    rec.add_argument("--shards", type=int, default=None, help="RecEraser's shards of users (default: 3; 2 with --fast)")
+    rec.add_argument("--aggregator", choices=("attention", "average"), default=None,
+                     help="RecEraser's attention or SISA's average over the shards (default: attention)")
+    rec.add_argument("--train-dtype", choices=("auto", "bf16", "fp32"), default=None,
+                     help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
+                          "(AVX512-BF16 / AMX), else fp32; measurements run in fp32 on CPU (default: auto)")
     p.set_defaults(func=run)
+
+
+def _refuse_other(args, flags, benchmark: str) -> None:
+    given = [flag for flag, attr in flags if getattr(args, attr) is not None]
+    if given:
+        raise UnlearnError(f"{', '.join(given)}: not an option of --benchmark {benchmark}")
 
 
 def check_args(args) -> None:
@@ -38,25 +80,62 @@ def check_args(args) -> None:
     against the authors its source has)."""
     from ..demo.pipeline import BUDGETS
 
+    if args.benchmark == "movielens":
+        return check_movielens_args(args)
+    _refuse_other(args, MOVIELENS_ONLY, "tofu")
     if args.authors is not None:
         check_int("--authors", args.authors, 2)  # one to forget, one to retain
     authors = args.authors if args.authors is not None else BUDGETS["fast" if args.fast else "default"].authors
-    check_int("--forget-authors", args.forget_authors, 1)
-    if args.forget_authors >= authors:
-        raise UnlearnError(f"--forget-authors {args.forget_authors} must be below --authors {authors} "
+    forget_authors = 1 if args.forget_authors is None else args.forget_authors
+    check_int("--forget-authors", forget_authors, 1)
+    if forget_authors >= authors:
+        raise UnlearnError(f"--forget-authors {forget_authors} must be below --authors {authors} "
                            f"(at least one author is retained)")
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
 
 
-def run(args) -> int:
-    from ..demo import DemoConfig, run_demo
+def movielens_config(args):
+    from ..demo.movielens import MovieLensDemoConfig
 
+    return MovieLensDemoConfig(out=args.out or "unlearn-demo-movielens", model=args.model, fast=args.fast,
+                               movielens_dir=args.movielens_dir, users=args.users, train_per_user=args.train_per_user,
+                               eval_per_user=args.eval_per_user, forget_fraction=args.forget_fraction,
+                               shards=args.shards, aggregator=args.aggregator, train_dtype=args.train_dtype or "auto",
+                               device=args.device, cache_dir=args.cache_dir)
+
+
+def check_movielens_args(args) -> None:
+    import math
+
+    from ..demo.movielens import check_budget
+
+    _refuse_other(args, TOFU_ONLY, "movielens")
+    for flag, attr in (("--users", "users"), ("--train-per-user", "train_per_user"),
+                       ("--eval-per-user", "eval_per_user"), ("--shards", "shards")):
+        if getattr(args, attr) is not None:
+            check_int(flag, getattr(args, attr), 1)
+    if args.forget_fraction is not None and not (math.isfinite(args.forget_fraction) and 0 < args.forget_fraction < 1):
+        raise UnlearnError(f"--forget-fraction {args.forget_fraction}: must be between 0 and 1 (exclusive)")
+    check_budget(movielens_config(args).budget)
+    check_out_folder("--out", args.out)
+    check_out_folder("--cache-dir", args.cache_dir)
+
+
+def run(args) -> int:
     check_args(args)
-    config = DemoConfig(out=args.out, model=args.model, authors=args.authors, forget_authors=args.forget_authors,
-                        fast=args.fast, data=args.data, tofu_dir=args.tofu_dir, device=args.device,
-                        cache_dir=args.cache_dir)
-    result = run_demo(config)
+    if args.benchmark == "movielens":
+        from ..demo.movielens import run_movielens_demo
+
+        result = run_movielens_demo(movielens_config(args))
+    else:
+        from ..demo import DemoConfig, run_demo
+
+        config = DemoConfig(out=args.out or "unlearn-demo", model=args.model, authors=args.authors,
+                            forget_authors=1 if args.forget_authors is None else args.forget_authors, fast=args.fast,
+                            data=args.data or "auto", tofu_dir=args.tofu_dir, device=args.device,
+                            cache_dir=args.cache_dir)
+        result = run_demo(config)
     print(result.table)
     print(f"report -> {result.out}/ ({', '.join(sorted(result.files))})")
     return 0

@@ -1,0 +1,269 @@
+"""The MovieLens demo's report, in the TOFU demo's format: a table for the terminal and, in
+the report folder, results.json, summary.md, three PNG plots (AUC per model, JSD to the
+retrain model against unlearning time, the forget users' CUD scores), the CUD scores and the
+CUD-easy / CUD-hard users' prompts. Reads only the cached stage folders; every file is
+written atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..data.jsonl import iter_jsonl
+from ..files import atomic_open, write_json, write_jsonl
+from .report import _fmt, _pyplot, _save
+
+COLUMNS = ("model", "test AUC", "forget AUC", "JSD to retrain", "time (s)", "forget AUC CUD-easy",
+           "forget AUC CUD-hard")
+KEYS = ("test_auc", "forget_auc", "jsd_to_retrain", "seconds", "forget_auc_cud_easy", "forget_auc_cud_hard")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [row for _, row in iter_jsonl(path)]
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def subset_auc(rows: Sequence[dict], users: Sequence[int]) -> float | None:
+    """Forget AUC over the prompts of ``users``, from a forget task's per-sample rows (each
+    holds its document's user and the (label, P(Yes)) pair the task's AUC aggregates); None
+    when those prompts hold one class only."""
+    from ..evaluation import rec_metrics as rm
+
+    chosen = set(users)
+    items = [row["auc"] for row in rows if row["doc"]["user_id"] in chosen]
+    if not items:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # one class: reported as n/a
+        return _finite(rm.auc(items))
+
+
+def model_row(name: str, label: str, eval_dir: Path, *, easy: Sequence[int], hard: Sequence[int],
+              reference: str, seconds: float | None) -> dict[str, Any]:
+    """One model's numbers from its evaluation folder."""
+    from ..evaluation import rec_metrics as rm
+    from ..evaluation.lm_eval_runner import read_outputs
+
+    written = read_outputs(eval_dir)
+    metrics = written.summary["metrics"]
+    test, forget = metrics.get("movielens_rec", {}), metrics.get("movielens_rec_forget", {})
+    rows = sorted(_jsonl(written.samples["movielens_rec_forget"]), key=lambda r: r["doc_id"])
+    jsd = _finite(forget.get("jsd"))
+    if jsd is None and (eval_dir / "reference.json").is_file():  # the retrain model is its own reference
+        ref = rm.read_prediction_reference(reference)
+        keys = [r["jsd"][0] for r in rows]
+        jsd = rm.mean_jsd([float(r["jsd"][1]) for r in rows], ref.aligned(keys, task="movielens_rec_forget"))
+    return {
+        "name": name, "label": label,
+        "test_auc": _finite(test.get("auc")), "test_logloss": _finite(test.get("logloss")),
+        "test_acc": _finite(test.get("acc")),
+        "forget_auc": _finite(forget.get("auc")), "forget_logloss": _finite(forget.get("logloss")),
+        "forget_acc": _finite(forget.get("acc")),
+        "jsd_to_retrain": jsd,
+        "seconds": seconds,
+        "forget_auc_cud_easy": subset_auc(rows, easy),
+        "forget_auc_cud_hard": subset_auc(rows, hard),
+        "forget_p_yes": [float(r["auc"][1]) for r in rows],
+        "eval_seconds": written.summary.get("elapsed_s"),
+    }
+
+
+def _cells(r: dict) -> list[str]:
+    cells = [r["label"]]
+    for k in KEYS:
+        value = r[k]
+        cells.append(f"{value:.0f}" if k == "seconds" and value is not None else _fmt(value))
+    return cells
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    cells = [_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells + [list(COLUMNS)]) for i in range(len(COLUMNS))]
+
+    def line(c):
+        return "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
+
+    return "\n".join([line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)])
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_auc(rows: Sequence[dict], path: Path) -> None:
+    """Grouped bars per model: test AUC, forget AUC, and the forget AUC of CUD-easy / -hard users."""
+    import numpy as np
+
+    plt = _pyplot()
+    series = (("test_auc", "test AUC (retained users)", "tab:blue"), ("forget_auc", "forget AUC", "tab:orange"),
+              ("forget_auc_cud_easy", "forget AUC, CUD-easy users", "tab:green"),
+              ("forget_auc_cud_hard", "forget AUC, CUD-hard users", "tab:red"))
+    x = np.arange(len(rows))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(8.0, 4.6))
+    for i, (key, label, color) in enumerate(series):
+        values = [r[key] if r[key] is not None else float("nan") for r in rows]
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label, color=color)
+    ax.axhline(0.5, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(x, [r["label"] for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_ylabel("AUC (0.5 = chance)")
+    ax.set_title("MovieLens: recommendation AUC before and after unlearning")
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
+    """JSD to the retrain model's forget predictions (lower: closer to exact unlearning)
+    against the seconds each method took (the retrain model: its whole fine-tune)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for r in rows:
+        if r["jsd_to_retrain"] is None or r["seconds"] is None:
+            continue
+        marker = "*" if r["name"] == "retrain" else "o"
+        ax.scatter(max(r["seconds"], 1e-2), r["jsd_to_retrain"], s=120 if marker == "*" else 70, marker=marker,
+                   label=r["label"])
+    ax.set_xscale("log")
+    ax.set_xlabel("unlearning time, s (retrain: its fine-tune), log scale")
+    ax.set_ylabel("JSD to the retrain model on the forget prompts")
+    ax.set_title("Closeness to retraining vs cost")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
+    """Each forget user's mean CUD score over their prompts, CUD-easy / CUD-hard coloured."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colors = ["tab:green" if g["group"] in easy else "tab:red" if g["group"] in hard else "tab:gray" for g in users]
+    ax.bar(range(len(users)), [g["score"] for g in users], color=colors)
+    ax.set_xticks(range(len(users)), [f"user {g['group']}\n({g['scored']} prompts)" for g in users], fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("mean CUD score (0 = like the easy anchors)")
+    ax.set_title("CUD difficulty of the forget users (green: easy, red: hard)")
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def write_report(out: Path, *, config, dtype, bench_dir: Path, info: dict, methods, evals: dict, reference: str,
+                 cud_dir: Path, seconds: dict, sharded: dict, models: dict, runs: dict, sharded_dirs: dict,
+                 timings: dict, wall_s: float) -> tuple[dict, str, dict]:
+    from dataclasses import asdict
+
+    users = json.loads((cud_dir / "users.json").read_text())
+    easy, hard = users["easy"], users["hard"]
+    unlearned = sharded["unlearned"]["report"]
+    labels = [("target", "original (before unlearning)"), ("retrain", "retrain (never saw the forget users)")]
+    labels += [(m.name, m.label) for m in methods]
+    method = "RecEraser" if config.budget.aggregator == "attention" else "SISA"  # the average aggregator
+    labels.append(("receraser", f"{method} ({unlearned['shards_total']} shards, {config.budget.aggregator})"))
+    rows = [model_row(name, label, evals[name], easy=easy, hard=hard, reference=reference,
+                      seconds=None if name == "target" else seconds.get(name)) for name, label in labels]
+    table = format_table(rows)
+    meta_path = cud_dir / "scores.jsonl.meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    scores = _jsonl(cud_dir / "scores.jsonl")
+    results = {
+        "config": asdict(config),
+        "budget": asdict(config.budget),
+        "train_dtype": dtype or "library default",
+        "benchmark": {k: info[k] for k in ("settings", "source", "users", "forget_users", "anchor_users", "counts")},
+        "benchmark_dir": str(bench_dir),
+        "models": rows,
+        "targets": models,
+        "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
+        "receraser": {"trained": sharded["trained"], "unlearning": unlearned, "folders": sharded_dirs},
+        "retrain_reference": reference,
+        "cud": {"users": users["scores"], "easy_users": easy, "hard_users": hard,
+                "scores": [{k: r.get(k) for k in ("index", "score", "s_E", "s_H", "circuit_depth")} for r in scores],
+                "anchor_pool": meta.get("anchor_pool"), "anchor_votes": meta.get("anchors"),
+                "anchor_runs": [{k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
+                                for r in meta.get("runs") or []]},
+        "stages": timings,
+        "wall_time_s": round(wall_s, 1),
+    }
+    out = Path(out)
+    files = {"results.json": out / "results.json", "summary.md": out / "summary.md",
+             "auc.png": out / "auc.png", "jsd_vs_time.png": out / "jsd_vs_time.png",
+             "cud_users.png": out / "cud_users.png", "cud_scores.jsonl": out / "cud_scores.jsonl",
+             "cud_easy.json": out / "cud_easy.json", "cud_hard.json": out / "cud_hard.json"}
+    write_json(files["results.json"], results)
+    write_jsonl(files["cud_scores.jsonl"], scores)
+    write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
+    write_jsonl(files["cud_hard.json"], _jsonl(cud_dir / "hard.json"))
+    plot_auc(rows, files["auc.png"])
+    plot_jsd_time(rows, files["jsd_vs_time.png"])
+    plot_cud_users(users["scores"], easy, hard, files["cud_users.png"])
+    with atomic_open(files["summary.md"]) as handle:
+        handle.write(markdown_summary(results, rows))
+    return results, table, {k: str(v) for k, v in files.items()}
+
+
+def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
+    b, bench, cfg = results["budget"], results["benchmark"], results["config"]
+    counts, source = bench["counts"], bench["source"]
+    sharded = results["receraser"]["unlearning"]
+    retrain_s = next((r["seconds"] for r in rows if r["name"] == "retrain"), None)
+    runs = results["cud"]["anchor_runs"]
+    objectives = sorted({r["objective"] for r in runs})
+    method = rows[-1]["label"].split(" (")[0]
+    lines = [
+        "# unlearn-plugins demo: recommendation unlearning (MovieLens)",
+        "",
+        f"Model `{cfg['model']}`; data: MovieLens ({source.get('layout')}, {source.get('folder')}), "
+        f"{len(bench['users'])} users sampled, each with their {b['train_per_user']} latest training prompts "
+        f"({b['history']} rated movies shown) and {b['eval_per_user']} latest test prompts. Forget request: all "
+        f"{counts['train_forget']} training prompts of {len(bench['forget_users'])} users {bench['forget_users']}; "
+        f"the target model trained on {counts['train']} prompts, the retrain model on {counts['train_retain']}.",
+        "",
+        f"Test AUC: the {counts['test_retain']} test prompts of the retained users; forget AUC and JSD: the forget "
+        f"users' {counts['train_forget']} training prompts (JSD: the mean Jensen-Shannon divergence of P(Yes) to "
+        f"the retrain model's). E2URec, NegGrad and Bad-T unlearned with the same budget: LoRA r "
+        f"{b['unlearn']['lora_r']}, lr {b['unlearn']['lr']}, {b['unlearn']['epochs']:g} epochs, batch "
+        f"{b['unlearn']['batch_size']}; training base weights: {results['train_dtype']}. {method} retrained "
+        f"{len(sharded['shards_retrained'])} of its {sharded['shards_total']} shards (shards "
+        f"{sharded['shards_retrained']}"
+        + (f", removed {sharded['shards_removed']}" if sharded["shards_removed"] else "")
+        + f") and refitted its aggregator in {sharded['seconds']:.0f} s"
+        + (f" (the retrain model's fine-tune: {retrain_s:.0f} s)" if retrain_s is not None else "") + ".",
+        "",
+        f"CUD: each forget prompt scored (EAP-IG on the Yes/No token; anchors chosen by "
+        f"{' and '.join(objectives) or 'n/a'} x {len(runs) // max(1, len(objectives))} "
+        f"seeds on the {b['anchor_users']} anchor users' prompts, never scored), users ranked by their mean score: "
+        f"CUD-easy users {results['cud']['easy_users']}, CUD-hard users {results['cud']['hard_users']}; the last "
+        f"two columns are the forget AUC over those users' prompts (n/a: one class only).",
+        "",
+        markdown_table(rows),
+        "",
+        "![AUC per model](auc.png)",
+        "![JSD to retrain vs time](jsd_vs_time.png)",
+        "![CUD scores of the forget users](cud_users.png)",
+        "",
+        f"Wall time {results['wall_time_s']:.0f} s; stages: "
+        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "")
+                    for k, v in results["stages"].items()) + ".",
+        "",
+    ]
+    return "\n".join(lines)
