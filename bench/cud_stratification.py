@@ -592,6 +592,27 @@ def diff_ci(a: list[float], b: list[float]) -> dict:
             "n": [len(a), len(b)]}
 
 
+def stratified_diff_ci(strata: list[tuple[list[float], list[float]]], n_resamples: int = 10000) -> dict:
+    """The mean over strata of mean(a) - mean(b), with a 95% percentile bootstrap interval that
+    resamples a and b within each stratum (for one stratum: :func:`diff_ci`)."""
+    import numpy as np
+
+    if len(strata) == 1:
+        return diff_ci(*strata[0])
+    est = float(np.mean([np.mean(a) - np.mean(b) for a, b in strata]))
+    n = [sum(len(a) for a, _ in strata), sum(len(b) for _, b in strata)]
+    if min(min(len(a), len(b)) for a, b in strata) < 2:
+        return {"diff": round(est, 2), "ci": None, "n": n}
+    rng = np.random.default_rng(0)
+    total = np.zeros(n_resamples)
+    for a, b in strata:
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        total += (a[rng.integers(0, len(a), (n_resamples, len(a)))].mean(1)
+                  - b[rng.integers(0, len(b), (n_resamples, len(b)))].mean(1))
+    low, high = np.percentile(total / len(strata), [2.5, 97.5])
+    return {"diff": round(est, 2), "ci": [round(float(low), 2), round(float(high), 2)], "n": n}
+
+
 def sample_ci(a: tuple[list[float], list[float]], b: tuple[list[float], list[float]]) -> dict:
     """Efficacy of group a minus group b, each ``(p_before, p_after)`` per sample, with a 95%
     percentile bootstrap interval over the samples of each group (which samples happened to be
@@ -651,7 +672,10 @@ def analyse(config: StudyConfig, sets, results, scores, before, extras, budget, 
             return None
         both = [seed for seed in config.seeds if any(k[2] == seed for k in keys) and any(k[2] == seed for k in rnd_keys)]
         objs = [o for o in objectives if any(k[1] == o for k in keys)]
-        out = {"runs": diff_ci([eff[k] for k in keys], [eff[k] for k in rnd_keys]),
+        # stratified by objective: objectives differ far more from each other than sets do, so
+        # runs are resampled within each objective and the per-objective differences averaged
+        strata = [([eff[k] for k in keys if k[1] == o], [eff[k] for k in rnd_keys if k[1] == o]) for o in objs]
+        out = {"runs": stratified_diff_ci(strata),
                "mean": round(sum(eff[k] for k in keys) / len(keys), 2),
                "random": round(sum(eff[k] for k in rnd_keys) / len(rnd_keys), 2)}
         if both and all((n, o, seed) in eff for n in [kind_set, *random_names] for o in objs for seed in both):
@@ -721,7 +745,8 @@ def markdown(config: StudyConfig, out: dict) -> str:
     lines = [status + f"Efficacy = 100 x (1 - mean answer probability after / before) on the unlearned set, in points; "
              f"{config.set_size} QA per set, {b['steps']} optimizer steps of batch {config.unlearn['batch_size']} "
              f"at lr {config.unlearn['lr']} for every run, seeds {', '.join(map(str, config.seeds))}. "
-             "Differences: estimate [95% CI, runs resampled] / [95% CI, samples resampled]. Spearman: score vs "
+             "Differences: estimate [95% CI, runs resampled (within each objective for all objectives)] / [95% CI, samples "
+             "resampled]. Spearman: score vs "
              "post-unlearning loss (mean over seeds) of the random sets' samples.", "",
              "| scorer | objective | random | hard | easy | hard - random | easy - random | Spearman (p) |",
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]

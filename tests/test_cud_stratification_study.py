@@ -132,3 +132,15 @@ def test_a_rebuilt_target_must_match_its_fingerprint(study_module):
         study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.05, 3.0]}, 1e-3, "rec")
     with pytest.raises(SystemExit, match="differs"):
         study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, float("nan"), 3.0]}, 1e-3, "rec")
+
+
+def test_all_objectives_interval_is_stratified_by_objective(study_module):
+    """Objectives far apart in efficacy (here 20 vs 80 points) must not widen the interval of a
+    set that is 5 points harder than random under each of them."""
+    strata = [([15.0, 15.5, 14.5, 15.2], [20.0, 20.3, 19.8, 19.9, 20.1, 20.2]),
+              ([75.0, 75.4, 74.8, 75.1], [80.0, 80.2, 79.9, 79.8, 80.1, 80.3])]
+    out = study_module.stratified_diff_ci(strata)
+    assert out["diff"] == pytest.approx(-4.95, abs=0.1)
+    assert -6 < out["ci"][0] < out["ci"][1] < -4
+    pooled = study_module.diff_ci(strata[0][0] + strata[1][0], strata[0][1] + strata[1][1])
+    assert pooled["ci"][1] - pooled["ci"][0] > 10 * (out["ci"][1] - out["ci"][0])

@@ -93,7 +93,7 @@ def test_plugins_lists_every_kind_with_module_options_and_path(installed, listin
     components = {kind: {c["name"]: c for c in items} for kind, items in example["components"].items()}
     assert {kind: sorted(items) for kind, items in components.items()} == {
         "difficulty_scorer": ["max_surprisal"], "adapter_initializer": ["forget_subspace"],
-        "unlearning_objective": ["capped_ascent"], "lm_eval_task_dir": ["surprisal"]}
+        "unlearning_objective": ["capped_ascent"], "lm_eval_task_dir": ["surprisal"], "attack": ["weight_noise"]}
     objective = components["unlearning_objective"]["capped_ascent"]
     assert objective["module"] == "unlearn_surprisal.objective:CappedAscent"
     assert objective["options"] == [
@@ -204,6 +204,37 @@ def test_initializer_starts_in_the_forget_input_subspace(installed, tiny_model_d
     x = torch.cat([h[0][torch.tensor(e["labels"]) != -100] for h, e in zip(captured, forget)]).double()
     top = torch.linalg.eigh(x.T @ x).eigenvectors[:, -4:]
     assert torch.allclose(a.T @ a, top @ top.T, atol=1e-5)  # the same subspace
+
+
+def test_attack_through_unlearn_attack(installed, tiny_model_dir, tmp_path):
+    """The third-party attack, registered through the entry point, run by `unlearn attack`: noise
+    of the asked scale on every decoder weight, the rest untouched, recorded in attack.json."""
+    import torch
+
+    from unlearn_plugins.models import load_model
+
+    out = tmp_path / "noisy"
+    done = unlearn(installed, "attack", "--model", tiny_model_dir, "--device", "cpu", "--attack", "weight_noise",
+                   "--option", "scale=0.1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((out / "attack.json").read_text())
+    assert record["attack"] == {"name": "weight_noise", "plugin": "surprisal",
+                                "object": "unlearn_surprisal.attack:WeightNoise",
+                                "options": {"scale": 0.1, "seed": 0}}
+    assert record["info"] == {"layers": 14}
+    original = {n: w.detach() for n, w in load_model(str(tiny_model_dir), device="cpu")[0].named_parameters()}
+    for name, weight in load_model(str(out), device="cpu")[0].named_parameters():
+        weight = weight.detach()
+        if "layers." in name and name.endswith("proj.weight"):
+            ratio = float((weight - original[name]).std() / original[name].std())
+            assert 0.07 < ratio < 0.13, (name, ratio)
+        else:
+            assert torch.equal(weight, original[name]), name
+    bad = unlearn(installed, "attack", "--model", tiny_model_dir, "--attack", "weight_noise", "--option", "scale=0",
+                  "--out", tmp_path / "bad")
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "error: attack 'weight_noise' (plugin 'surprisal') rejected its options {'scale': 0}: ValueError: scale must "
+        "be > 0, got 0"]
 
 
 def test_task_folder_through_unlearn_eval(installed, trained, tiny_model_dir, tofu_dir, tmp_path):

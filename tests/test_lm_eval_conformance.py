@@ -45,7 +45,8 @@ def task_class(request, tiny_model_dir):
     if name not in _BUILT:
         metadata = {"tokenizer": str(tiny_model_dir), "wmdp_dir": str(FIXTURES / "wmdp")}
         if name.startswith("tofu_"):
-            metadata.update(tofu_dir=str(request.getfixturevalue("tofu_dir")), forget_split="forget01")
+            metadata.update(tofu_dir=str(request.getfixturevalue("tofu_dir")), forget_split="forget01",
+                            holdout_split="real_authors_perturbed")
         elif name.startswith("mmlu_local"):
             metadata["mmlu_dir"] = str(request.getfixturevalue("mmlu_dir"))
         manager = TaskManager(include_path=[str(builtin_task_dir())], include_defaults=False, metadata=metadata)
@@ -66,7 +67,7 @@ def limit() -> int:
 def test_every_task_family_is_checked():
     """The parametrisation below covers the whole folder (a task lm-eval cannot index would
     silently drop out of it)."""
-    assert sum(t.startswith("tofu_") for t in TASKS) == 23
+    assert sum(t.startswith("tofu_") for t in TASKS) == 23 + 2 + 4  # TOFU, MIA (tofu_mia/), probes (tofu_probes/)
     assert sum(t.startswith("mmlu_local_") for t in TASKS) == 57
     assert [t for t in TASKS if t.startswith("wmdp_local_")] == ["wmdp_local_bio", "wmdp_local_chem",
                                                                 "wmdp_local_cyber"]

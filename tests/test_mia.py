@@ -136,3 +136,20 @@ def test_privleak_is_zero_for_the_retain_model_and_signed_like_muse():
     # an unlearned model whose forget set still looks trained on (AUC 0.9 vs the retain model's 0.5)
     assert mia.privleak(0.9, 0.5) == pytest.approx((0.1 - 0.5) / 0.5 * 100)
     assert mia.privleak(0.9, 0.5) < 0 < mia.privleak(0.3, 0.5)
+
+
+def test_gradnorm_of_an_adapter_is_the_merged_models(setup):
+    """On a PEFT model the score is over the base weights, whose gradient is the merged weights':
+    the same value as on the model with the adapter merged in."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    tok, model, examples = setup
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(copy.deepcopy(model), config)
+    peft_model.eval()
+    with_adapter = mia.gradnorm_scores(peft_model, examples[:2], tok.pad_token_id)
+    merged = peft_model.merge_and_unload()
+    assert with_adapter == pytest.approx(mia.gradnorm_scores(merged, examples[:2], tok.pad_token_id), rel=1e-4)
+    assert with_adapter != pytest.approx(mia.gradnorm_scores(model, examples[:2], tok.pad_token_id), rel=1e-3)

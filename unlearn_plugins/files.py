@@ -77,6 +77,12 @@ def file_sha256(path: str | os.PathLike) -> str:
 # ----------------------------------------------------------------------------- output locks
 
 LOCK_NAME = ".unlearn.lock"
+
+
+class LockHeld(UnlearnError):
+    """Another process holds the lock (a caller that can wait, e.g. a study, tells it apart)."""
+
+
 _HELD: dict[str, int] = {}  # lock files this process holds -> nesting depth
 
 
@@ -113,8 +119,8 @@ def _acquire_fd(lock: Path, what: str) -> Any:
                       f"a second command writing there", file=sys.stderr, flush=True)
                 return fd
             os.close(fd)
-            raise UnlearnError(f"{what} is in use by {_holder(lock)} (lock file {lock}); wait for it to "
-                               f"finish or write elsewhere") from None
+            raise LockHeld(f"{what} is in use by {_holder(lock)} (lock file {lock}); wait for it to "
+                           f"finish or write elsewhere") from None
         try:
             current = os.stat(lock)
         except FileNotFoundError:
@@ -135,8 +141,8 @@ def _acquire_portable(lock: Path, what: str) -> Any:
     try:
         handle.acquire(timeout=0)
     except filelock.Timeout:
-        raise UnlearnError(f"{what} is in use by another process (lock file {lock}); wait for it to finish "
-                           f"or write elsewhere") from None
+        raise LockHeld(f"{what} is in use by another process (lock file {lock}); wait for it to finish "
+                       f"or write elsewhere") from None
     return handle
 
 

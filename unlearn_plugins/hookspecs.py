@@ -1,4 +1,4 @@
-"""The four plugin hooks: the contract between the host and every plugin.
+"""The five plugin hooks: the contract between the host and every plugin.
 
 Each hook is register-style (as in simonw/llm): the host passes a ``register``
 callable and the plugin calls it once per component it provides::
@@ -67,4 +67,15 @@ def register_lm_eval_task_dirs(register):
     Component: a :class:`pathlib.Path` (or str) to a folder holding ``.yaml``
     task files; it is added to lm-eval's ``TaskManager(include_path=[...])`` by
     ``unlearn eval`` and listed with its path by ``unlearn plugins``.
+    """
+
+
+@hookspec
+def register_attacks(register):
+    """Register attacks on forgotten knowledge (relearning, quantization, ...).
+
+    Component: a callable taking keyword options and returning an object with
+    ``attack(context) -> AttackResult | None`` that saves the attacked model through
+    ``context.save_model(model, tokenizer)``; ``unlearn attack`` writes it with attack.json and
+    ``unlearn eval`` measures it. See :class:`unlearn_plugins.interfaces.Attack`.
     """

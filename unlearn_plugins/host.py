@@ -57,7 +57,7 @@ _OBJECT_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 _ENTRY_FIELDS = {"name": str, "kind": str, "object": str, "summary": str, "components": list}
 #: how messages name a component of each kind
 KIND_WORD = {"difficulty_scorer": "scorer", "adapter_initializer": "initializer",
-             "unlearning_objective": "objective", "lm_eval_task_dir": "task folder"}
+             "unlearning_objective": "objective", "lm_eval_task_dir": "task folder", "attack": "attack"}
 
 
 # ----------------------------------------------------------------------------- registry

@@ -19,6 +19,7 @@ DIFFICULTY_SCORER = "difficulty_scorer"
 ADAPTER_INITIALIZER = "adapter_initializer"
 UNLEARNING_OBJECTIVE = "unlearning_objective"
 LM_EVAL_TASK_DIR = "lm_eval_task_dir"
+ATTACK = "attack"
 
 #: kind -> the hook that registers it
 HOOK_OF_KIND = {
@@ -26,6 +27,7 @@ HOOK_OF_KIND = {
     ADAPTER_INITIALIZER: "register_adapter_initializers",
     UNLEARNING_OBJECTIVE: "register_unlearning_objectives",
     LM_EVAL_TASK_DIR: "register_lm_eval_task_dirs",
+    ATTACK: "register_attacks",
 }
 KINDS = tuple(HOOK_OF_KIND)
 
@@ -144,8 +146,11 @@ class UnlearningObjective(Protocol):
 
     The trainer calls ``loss`` once per micro-batch with the model being trained (a PeftModel,
     or the whole model with --full-finetune), a batch already on the model's device, and, when
-    ``needs_reference_model`` is true, a frozen copy of the starting model (the model as loaded,
-    before the adapter changes it; eval mode, no gradients) as ``reference_model``.
+    ``needs_reference_model`` is true, the starting model as ``reference_model``: called like the
+    model, it returns the outputs the model had before training (eval mode, no gradients). Under
+    LoRA it shares the trained model's weights (``training.lora.SharedWeightsReference``: the
+    adapter switched off, or a frozen copy of the initial adapter after a residual init); with
+    --full-finetune it is a frozen copy.
 
     Optional attributes, read with ``getattr`` when present:
 
@@ -173,10 +178,76 @@ class UnlearningObjective(Protocol):
         ...
 
 
+@dataclass
+class AttackResult:
+    """What an attack hands back besides the model it saved.
+
+    ``info``: JSON-able facts about what it did, recorded in attack.json under ``info``.
+    ``measure_on``: the forget rows (0-based, in split order) that evaluation should measure,
+    when the attack was shown the others (relearning); None: all of them. ``unlearn attack``
+    writes those rows as ``measure.json`` beside the model, for ``unlearn eval --forget-split``.
+    """
+
+    info: dict[str, Any] = field(default_factory=dict)
+    measure_on: list[int] | None = None
+
+
+@runtime_checkable
+class AttackContext(Protocol):
+    """What an attack is given (built by the host: :class:`unlearn_plugins.attacks.context.Context`).
+
+    ``model`` / ``adapter``: the attacked model as ``unlearn attack --model / --adapter`` name it;
+    ``device`` and ``dtype``: where and in which dtype to load it (fp32 unless ``--dtype``, so
+    attacked weights are stored exactly); ``out``: the folder the attacked model is saved to (a
+    staging folder, renamed into place when the attack succeeds).
+    """
+
+    model: str
+    adapter: str | None
+    device: str
+    dtype: str
+    out: Path
+
+    def load_model(self) -> tuple[Any, Any]:
+        """(model with the adapter merged in, tokenizer), on ``device``, in eval mode."""
+        ...
+
+    def model_dir(self) -> str:
+        """A folder (or hub id) holding the model with the adapter merged in, for attacks that
+        train from a path (``unlearn finetune``)."""
+        ...
+
+    def forget_samples(self) -> list[QASample]:
+        """The forget split (``unlearn attack --forget``), for attacks that need data."""
+        ...
+
+    def save_model(self, model: Any, tokenizer: Any) -> None:
+        """Save the attacked model (``save_pretrained``) and tokenizer into ``out``."""
+        ...
+
+    def adopt_folder(self, folder: Any) -> None:
+        """Take a model already saved in ``folder`` (e.g. ``run_finetune``'s ``merged/``) as the result."""
+        ...
+
+
+@runtime_checkable
+class Attack(Protocol):
+    """Turns a model (usually an unlearned one) into another model that evaluation then measures,
+    to see whether the forgetting survives: quantize it, fine-tune it briefly, perturb it.
+
+    Optional attribute ``needs_forget_data: bool``: refuse to run without ``--forget``.
+    """
+
+    def attack(self, context: AttackContext) -> AttackResult | None:
+        """Save the attacked model with ``context.save_model``; return what to record."""
+        ...
+
+
 TaskDir = Path
 
 PROTOCOL_OF_KIND = {
     DIFFICULTY_SCORER: DifficultyScorer,
     ADAPTER_INITIALIZER: AdapterInitializer,
     UNLEARNING_OBJECTIVE: UnlearningObjective,
+    ATTACK: Attack,
 }

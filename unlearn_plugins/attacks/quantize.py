@@ -15,7 +15,10 @@ weight-only LLM quantization.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..errors import UnlearnError
+from ..interfaces import AttackResult
 
 SCHEMES = {8: ("symmetric", -128, 127), 4: ("asymmetric", 0, 15)}
 
@@ -75,3 +78,25 @@ def quantize_model(model, *, bits: int, group_size: int | None = 128) -> dict:
         raise UnlearnError("quantize: no linear layer found in the decoder")
     return {"bits": bits, "scheme": SCHEMES[bits][0], "layers": layers,
             "group_size": sorted(groups) if bits == 4 else "per output channel"}
+
+
+@dataclass
+class Quantize:
+    """Round the merged model's decoder weights to ``bits``-bit integers (int8 per output channel,
+    int4 in groups of ``group_size``) and store them dequantized."""
+
+    bits: int = field(default=4, metadata={"help": "8 (symmetric, per output channel) or 4 (asymmetric, groups)"})
+    group_size: int = field(default=128, metadata={"help": "int4: input weights per (scale, zero) group"})
+
+    def __post_init__(self):
+        if self.bits not in SCHEMES:
+            raise ValueError(f"bits must be 8 or 4, got {self.bits!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2, got {self.group_size}")
+        _primitives()  # torchao missing: one line now, before any model loads
+
+    def attack(self, context) -> AttackResult:
+        model, tokenizer = context.load_model()
+        info = quantize_model(model, bits=self.bits, group_size=self.group_size)
+        context.save_model(model, tokenizer)
+        return AttackResult(info=info)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar
 
 from ..errors import UnlearnError
+from ..interfaces import AttackResult
 
 
 def split_forget(n: int, fraction: float, *, group: int = 20) -> tuple[list[int], list[int]]:
@@ -32,34 +34,45 @@ def split_forget(n: int, fraction: float, *, group: int = 20) -> tuple[list[int]
     return train, measure
 
 
-def merged_copy(model: str, adapter: str | None, folder: Path, *, device: str | None = None) -> str:
-    """``model`` (+ ``adapter`` folded in) saved as a plain checkpoint to fine-tune from."""
-    from ..models import load_model
+@dataclass
+class Relearn:
+    """Fine-tune (LoRA, merged) on the first ``fraction`` of each author's forget QA for ``steps``
+    optimizer steps; the evaluation then measures the rest (``measure.json``)."""
 
-    if adapter is None:
-        return model
-    loaded, tok = load_model(model, device=device, adapter=adapter)
-    loaded = loaded.merge_and_unload()
-    loaded.save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    return str(folder)
+    fraction: float = field(default=0.5, metadata={"help": "share of each author's forget QA shown to the attack"})
+    steps: int = field(default=10, metadata={"help": "optimizer steps"})
+    lr: float = field(default=1e-4, metadata={"help": "learning rate (constant)"})
+    batch_size: int = field(default=4, metadata={"help": "QA per step"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: float = field(default=32.0, metadata={"help": "LoRA alpha"})
+    max_length: int = field(default=512, metadata={"help": "tokens per QA (chat prompt + answer)"})
+    group: int = field(default=20, metadata={"help": "QA per author in the forget split (TOFU: 20)"})
+    seed: int = field(default=0, metadata={"help": "training seed"})
+    needs_forget_data: ClassVar[bool] = True
 
+    def __post_init__(self):
+        if not 0 < self.fraction < 1:
+            raise ValueError(f"fraction must be in (0, 1), got {self.fraction}")
+        for name in ("steps", "batch_size", "lora_r", "group"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
 
-def relearn(model: str, *, adapter: str | None, samples: Sequence, out: str, fraction: float = 0.5,
-            steps: int = 10, lr: float = 1e-4, batch_size: int = 4, lora_r: int = 16, lora_alpha: float = 32.0,
-            max_length: int = 512, seed: int = 0, group: int = 20, device: str | None = None) -> dict:
-    """Fine-tune on the first part of the forget set; the merged result lands in ``out/merged``.
-    Returns which rows were shown and which are to be measured."""
-    from ..files import write_jsonl
-    from ..training import FinetuneConfig, run_finetune
+    def attack(self, context) -> AttackResult:
+        from ..files import write_jsonl
+        from ..training import FinetuneConfig, run_finetune
 
-    train, measure = split_forget(len(samples), fraction, group=group)
-    with tempfile.TemporaryDirectory(prefix="relearn-") as tmp:
-        start = merged_copy(model, adapter, Path(tmp) / "start", device=device)
-        data = str(Path(tmp) / "relearn.json")
-        write_jsonl(data, [samples[i].to_record() for i in train])
-        run_finetune(FinetuneConfig(out=out, model=start, data=data, max_steps=steps, lr=lr, batch_size=batch_size,
-                                    grad_accum=1, lora_r=lora_r, lora_alpha=lora_alpha, max_length=max_length,
-                                    seed=seed, device=device, merge=True, save_steps=0, overwrite=True))
-    return {"attack": "relearn", "steps": steps, "lr": lr, "fraction": fraction, "trained_on": train,
-            "measure_on": measure, "model": str(Path(out) / "merged")}
+        samples = context.forget_samples()
+        train, measure = split_forget(len(samples), self.fraction, group=self.group)
+        with tempfile.TemporaryDirectory(prefix="relearn-") as tmp:
+            data = str(Path(tmp) / "relearn.json")
+            write_jsonl(data, [samples[i].to_record() for i in train])
+            result = run_finetune(FinetuneConfig(
+                out=str(Path(tmp) / "run"), model=context.model_dir(), data=data, max_steps=self.steps, lr=self.lr,
+                batch_size=self.batch_size, grad_accum=1, lora_r=self.lora_r, lora_alpha=self.lora_alpha,
+                max_length=self.max_length, seed=self.seed, device=context.device, dtype=context.dtype, merge=True,
+                save_steps=0, overwrite=True, trust_remote_code=context.trust_remote_code))
+            context.adopt_folder(Path(tmp) / "run" / "merged")
+        return AttackResult(info={"trained_on": train, "steps": result.record.get("steps"),
+                                  "final_loss": result.record.get("final_loss")}, measure_on=measure)

@@ -1,14 +1,21 @@
 """`unlearn eval`: lm-eval tasks (TOFU, MMLU, WMDP, any plugin's) on a model or adapter,
 with Forget Quality and Model Utility beside the task metrics. Written and printed as lm_eval
 writes and prints them (its EvaluationTracker's files, its make_table), and lm_eval's flag
-spellings (--batch_size, --num_fewshot, --output_path, --model_args, --use_cache) work too."""
+spellings (--batch_size, --num_fewshot, --output_path, --model_args, --use_cache) work too.
+
+--mia adds membership inference (the tofu_mia and exact-memorization tasks, and Min-K%++ and
+gradient-norm computed on the model, which no lm-eval request type can express); --robustness
+measures the forgetting after every attack plugin and under the paraphrase and format probes."""
 
 from __future__ import annotations
 
 import argparse
 
+from pathlib import Path
+
 from ..errors import UnlearnError
-from .common import add_model_options, check_int, check_out_file, check_out_folder, device_option, dtype_option
+from .common import (add_model_options, check_int, check_out_file, check_out_folder, device_option, dtype_option,
+                     parse_options)
 
 #: lm_eval's --model_args keys that unlearn eval takes, and the option each one sets
 MODEL_ARGS = {"pretrained": "model", "peft": "adapter", "dtype": "dtype", "device": "device",
@@ -50,6 +57,28 @@ def add_parser(sub) -> None:
     p.add_argument("--mmlu-dir", default=None, help="MMLU CSV folder for mmlu_local (default: $UNLEARN_MMLU_DIR)")
     p.add_argument("--wmdp-dir", default=None, help="WMDP JSON folder for wmdp_local (default: $UNLEARN_WMDP_DIR)")
     p.add_argument("--system-prompt", default=None, help="system turn for the TOFU chat prompts")
+    g = p.add_argument_group("membership inference")
+    g.add_argument("--mia", action="store_true",
+                   help="add the MIA tasks (tofu_mia: LOSS, zlib, Min-K%%, reference attack, privleak; "
+                        "tofu_forget_exact_memorization) and compute Min-K%%++ and gradient-norm on the model; "
+                        "needs --forget-split and --holdout-split")
+    g.add_argument("--holdout-split", default=None,
+                   help="QA the model never trained on, for tofu_mia: a TOFU split name or a JSON-lines file")
+    g.add_argument("--mia-reference", default=None, metavar="FILE",
+                   help="the retain model's MIA reference (--save-mia-reference): reference attack and privleak")
+    g.add_argument("--save-mia-reference", default=None, metavar="FILE",
+                   help="write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)")
+    g = p.add_argument_group("robustness")
+    g.add_argument("--robustness", action="store_true",
+                   help="measure forget probability and ROUGE-L plain, under the paraphrase and format probes and "
+                        "after each attack (attack-aware worst case); needs --forget-split")
+    g.add_argument("--robustness-attacks", default=None, metavar="A,B",
+                   help="the attacks --robustness runs (default: every installed attack, see `unlearn plugins`)")
+    g.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="an option of one of those attacks (repeatable), e.g. quantize.bits=8, relearn.steps=20")
+    g.add_argument("--keep-attacked-models", action="store_true",
+                   help="keep the attacked models' weights in OUT/attacks/<attack>/model (default: removed once "
+                        "measured)")
     p.add_argument("--out", "--output_path", dest="out", default=None,
                    help="output folder, in lm_eval's layout: OUT/<model>/results_<date>.json (with Forget Quality "
                         "and Model Utility) and samples_<task>_<date>.jsonl")
@@ -114,6 +143,7 @@ def run(args) -> int:
     import math
 
     from ..evaluation import lm_eval_runner as runner
+    from ..evaluation import membership, robustness
 
     if args.print_tasks_dir:  # one line, for lm_eval --include_path "$(unlearn eval --print-tasks-dir)"
         print(runner.builtin_task_dir())
@@ -124,10 +154,26 @@ def run(args) -> int:
 
         print(resolve_model(args.model))
         return 0
-    missing = [flag for flag, value in (("--tasks", args.tasks), ("--out", args.out))
+    missing = [flag for flag, value in (("--tasks", args.tasks or args.mia or args.robustness), ("--out", args.out))
                if not value]
     if missing:
         raise UnlearnError(f"unlearn eval: {', '.join(missing)} required")
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if args.mia:
+        tasks += [membership.MIA_TASK, membership.MEMORIZATION_TASK]
+    if args.robustness:
+        tasks += robustness.tasks_needed()
+    tasks = list(dict.fromkeys(tasks))
+    if (args.mia or args.robustness) and not args.forget_split:
+        raise UnlearnError(f"unlearn eval {'--mia' if args.mia else '--robustness'}: --forget-split required (the "
+                           "forget split to measure: a TOFU split name or a JSON-lines file)")
+    if args.mia and not args.holdout_split:
+        raise UnlearnError("unlearn eval --mia: --holdout-split required (QA the model never trained on, e.g. other "
+                           "TOFU authors: a TOFU split name or a JSON-lines file)")
+    if (args.mia_reference or args.save_mia_reference) and not {membership.MIA_TASK, "tofu_forget_mia"} & set(tasks):
+        raise UnlearnError(f"--mia-reference and --save-mia-reference need the {membership.MIA_TASK} task: add --mia "
+                           f"(or --tasks {membership.MIA_TASK})")
+    attacks, options = _robustness_attacks(args) if args.robustness else ([], {})
     if args.max_gen_toks is not None:
         check_int("--max-gen-toks", args.max_gen_toks, 1)
     check_int("--batch-size", args.batch_size, 1)
@@ -139,25 +185,81 @@ def run(args) -> int:
             raise UnlearnError(f"--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got {limit}")
         limit = int(limit) if limit >= 1 else limit
     check_out_folder("--out", args.out)  # before any work, so nothing computed is lost
-    if args.save_reference:
-        check_out_file("--save-reference", args.save_reference)
+    for flag in ("--save-reference", "--save-mia-reference"):
+        check_out_file(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.use_cache:
         check_out_file("--use-cache", args.use_cache + "_rank0.db")
+    common = dict(device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                  batch_size=args.batch_size, limit=limit, num_fewshot=args.num_fewshot, tofu_dir=args.tofu_dir,
+                  mmlu_dir=args.mmlu_dir, wmdp_dir=args.wmdp_dir, system_prompt=args.system_prompt,
+                  max_gen_toks=args.max_gen_toks, allow_other_base=args.allow_other_base, use_cache=args.use_cache)
+    metadata = {"holdout_split": args.holdout_split, "mia_reference": args.mia_reference}
+    failed = False
     with runner.lock_out(args.out):  # the whole evaluation: a second one on --out is refused at once
+        loaded = direct = None
+        if args.mia:  # the model is needed twice: for the attacks lm-eval cannot express, then by lm-eval
+            from ..models import load_model
+
+            runner.task_manager_for(tasks)  # bad input fails before the model loads
+            membership.check_before_loading(args.forget_split, args.holdout_split, tofu_dir=args.tofu_dir,
+                                            limit=limit, reference=args.mia_reference)
+            loaded = load_model(args.model, device=args.device, dtype=args.dtype,
+                                trust_remote_code=args.trust_remote_code, adapter=args.adapter,
+                                allow_other_base=args.allow_other_base)
+            direct = membership.direct_attacks(*loaded, forget_split=args.forget_split,
+                                               holdout_split=args.holdout_split, tofu_dir=args.tofu_dir, limit=limit,
+                                               system_prompt=args.system_prompt, batch_size=args.batch_size)
         evaluation = runner.evaluate_model(
-            args.model, [t.strip() for t in args.tasks.split(",")], adapter=args.adapter, device=args.device,
-            dtype=args.dtype, trust_remote_code=args.trust_remote_code, batch_size=args.batch_size, limit=limit,
-            retain_references=args.retain_reference, num_fewshot=args.num_fewshot, tofu_dir=args.tofu_dir,
-            forget_split=args.forget_split, mmlu_dir=args.mmlu_dir, wmdp_dir=args.wmdp_dir,
-            system_prompt=args.system_prompt, max_gen_toks=args.max_gen_toks, allow_other_base=args.allow_other_base,
-            use_cache=args.use_cache,
-        )
+            args.model, tasks, adapter=args.adapter, retain_references=args.retain_reference,
+            forget_split=args.forget_split, metadata=metadata, loaded=loaded, **common)
+        loaded = None
+        summary = membership.mia_summary(evaluation.summary["metrics"], direct, reference_path=args.mia_reference)
+        if summary is not None:
+            evaluation.summary["mia"] = summary
         if args.save_reference:
             task = runner.save_reference(evaluation, args.save_reference, model=args.model, adapter=args.adapter)
             evaluation.summary["saved_reference"] = {"path": args.save_reference, "task": task}
+        if args.save_mia_reference:
+            membership.save_mia_reference(args.save_mia_reference, evaluation.samples,
+                                          evaluation.summary["metrics"], direct, model=args.model, adapter=args.adapter)
+            evaluation.summary["saved_mia_reference"] = {"path": args.save_mia_reference}
+        if args.robustness:
+            def evaluate_attacked(model_dir: str, split: str):
+                return runner.evaluate_model(model_dir, list(robustness.PLAIN_TASKS), forget_split=split, **common)
+
+            attacked = robustness.run_attacks(
+                Path(args.out), attacks, options, evaluate=evaluate_attacked, model=args.model, adapter=args.adapter,
+                forget_split=args.forget_split, tofu_dir=args.tofu_dir, device=args.device, dtype=args.dtype,
+                trust_remote_code=args.trust_remote_code, allow_other_base=args.allow_other_base,
+                keep_models=args.keep_attacked_models, write=runner.write_outputs)
+            failed = any(isinstance(r, str) for r in attacked.values())
+            evaluation.summary["robustness"] = robustness.robustness_summary(evaluation, attacked)
         paths = runner.write_outputs(args.out, evaluation)
     print(runner.format_tables(evaluation))
+    if evaluation.summary.get("mia"):
+        print(membership.mia_table(evaluation.summary["mia"]))
+    if evaluation.summary.get("robustness"):
+        print(robustness.robustness_table(evaluation.summary["robustness"]))
     if args.save_reference:
         print(f"retain reference ({task}) -> {args.save_reference}")
+    if args.save_mia_reference:
+        print(f"MIA reference -> {args.save_mia_reference}")
     print(f"results -> {paths['results']} (samples beside it)")
-    return 0
+    return 1 if failed else 0
+
+
+def _robustness_attacks(args) -> tuple[list[str], dict[str, dict]]:
+    """The attacks --robustness runs and their options; unknown names and bad options fail here,
+    before any model loads."""
+    from ..attacks.run import create_attack
+    from ..evaluation import robustness
+    from ..host import list_components
+    from ..interfaces import ATTACK
+
+    installed = [c.name for c in list_components(ATTACK)]
+    names = [n.strip() for n in args.robustness_attacks.split(",") if n.strip()] if args.robustness_attacks \
+        else installed
+    options = robustness.attack_options(parse_options(args.attack_option, "--attack-option"), names)
+    for name in names:
+        create_attack(name, options[name])
+    return names, options

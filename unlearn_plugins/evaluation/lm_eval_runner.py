@@ -531,11 +531,15 @@ def evaluate_model(
     max_gen_toks: int | None = None,
     allow_other_base: bool = False,
     use_cache: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
     The PeftModel itself goes to HFLM (its ``peft=`` argument is ignored for objects);
-    the tasks get the base model's tokenizer through the metadata.
+    the tasks get the base model's tokenizer through the metadata. ``metadata``: more task
+    metadata (e.g. the MIA tasks' ``holdout_split``); ``loaded``: the (model, tokenizer) that
+    :func:`unlearn_plugins.models.load_model` gave for these arguments, when the caller needs it too.
     """
     from lm_eval.models.huggingface import HFLM
 
@@ -544,12 +548,12 @@ def evaluate_model(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UnlearnError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     where = resolve_model(model)
-    metadata = {"tokenizer": where, "trust_remote_code": trust_remote_code or None, "tofu_dir": tofu_dir,
-                "forget_split": forget_split, "mmlu_dir": mmlu_dir, "wmdp_dir": wmdp_dir,
+    metadata = {**(metadata or {}), "tokenizer": where, "trust_remote_code": trust_remote_code or None,
+                "tofu_dir": tofu_dir, "forget_split": forget_split, "mmlu_dir": mmlu_dir, "wmdp_dir": wmdp_dir,
                 "system_prompt": system_prompt}
     prepared = prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
-    loaded, tokenizer = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                   adapter=adapter, allow_other_base=allow_other_base)
+    loaded, tokenizer = loaded or load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                                             adapter=adapter, allow_other_base=allow_other_base)
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
     lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=trust_remote_code,
               softmax_dtype="float32")

@@ -86,16 +86,17 @@ def sample_statistics(model, examples: Sequence[dict], pad_token_id: int, *, att
                 lo, hi = _answer_positions(labels[j])
                 tokens = target[j, lo:hi]
                 if "min_k" in attacks:
-                    out["min_k"].append(_min_k(tokens.double().tolist(), k))
+                    out["min_k"].append(min_k_score(tokens.double().tolist(), k))
                 if "min_k++" in attacks:
                     vocab = logp[j, lo:hi].double()
                     mu = (vocab.exp() * vocab).sum(-1)
                     sigma = ((vocab.exp() * vocab.square()).sum(-1) - mu.square()).clamp_min(1e-6)
-                    out["min_k++"].append(_min_k(((tokens.double() - mu) / sigma.sqrt()).tolist(), k))
+                    out["min_k++"].append(min_k_score(((tokens.double() - mu) / sigma.sqrt()).tolist(), k))
     return out
 
 
-def _min_k(values: Sequence[float], k: float) -> float:
+def min_k_score(values: Sequence[float], k: float) -> float:
+    """Minus the mean of the lowest ``k`` fraction (at least one) of per-token values."""
     if not values:
         return 0.0
     n = max(1, int(len(values) * k))
@@ -104,20 +105,24 @@ def _min_k(values: Sequence[float], k: float) -> float:
 
 def gradnorm_scores(model, examples: Sequence[dict], pad_token_id: int, *, p: float = 2) -> list[float]:
     """Per-sample mean over parameter tensors of ||d loss / d theta||_p, the loss being the mean
-    NLL of the answer tokens but the last. Every parameter takes part (an adapter's frozen base
-    too, as in a merged model); gradients and ``requires_grad`` are restored afterwards."""
+    NLL of the answer tokens but the last. Every weight of the model takes part, frozen or not;
+    of a PEFT model, the base weights and not the adapter's own (the gradient with respect to a
+    base weight W is the one with respect to the merged W + BA, so the score is the merged
+    model's). Gradients and ``requires_grad`` are restored afterwards."""
     import torch
 
     if p not in (1, 2, math.inf):
         raise UnlearnError(f"membership inference: gradnorm's p must be 1, 2 or inf, got {p}")
-    params = list(model.parameters())
-    saved = [(q.requires_grad, q.grad) for q in params]
+    params = _model_weights(model)
+    every = list(model.parameters())
+    saved = [(q.requires_grad, q.grad) for q in every]
     was_training = model.training
     scores = []
     try:
+        for q in every:
+            q.grad = None
         for q in params:
             q.requires_grad_(True)
-            q.grad = None
         model.eval()  # the reference switches to train(): identical for models without dropout
         for ex in examples:
             logits, batch = _forward(model, [ex], pad_token_id)
@@ -127,17 +132,23 @@ def gradnorm_scores(model, examples: Sequence[dict], pad_token_id: int, *, p: fl
             if target.numel() == 0:
                 scores.append(0.0)
                 continue
-            for q in params:
+            for q in every:
                 q.grad = None
             (-target.mean()).backward()
             norms = [q.grad.detach().float().norm(p=p) for q in params if q.grad is not None]
             scores.append(float(torch.stack(norms).mean()))
     finally:
-        for q, (requires, grad) in zip(params, saved):
+        for q, (requires, grad) in zip(every, saved):
             q.requires_grad_(requires)
             q.grad = grad
         model.train(was_training)
     return scores
+
+
+def _model_weights(model) -> list:
+    """The model's weights: all parameters, less a PEFT adapter's (named with its tuner prefix)."""
+    prefix = getattr(getattr(model, "base_model", None), "prefix", None) if hasattr(model, "peft_config") else None
+    return [q for name, q in model.named_parameters() if not (prefix and prefix in name)]
 
 
 def auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:

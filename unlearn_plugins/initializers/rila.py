@@ -23,6 +23,11 @@ Exact paths, chosen per module:
 The orthogonal complement of a subspace path holds the eigenvalue -beta*ridge of Delta
 (and ridge of Cr): exactly what the dense path would find there. The rows-path subspace is
 spanned by the forget AND retain rows whatever beta is, so Delta and Cr are both exact on it.
+
+Cost: one forward pass without the LM head over each split, the statistics pooled inside the
+forward hooks (one batched matmul or index per module and batch, the pooling worked out once per
+batch), then the decompositions batched: modules of one shape are stacked and every QR and
+eigendecomposition of a stack is one call (chunked to bound memory).
 """
 
 from __future__ import annotations
@@ -61,15 +66,30 @@ class _Stats:
         return torch.cat(self.rows)
 
 
-def _rows(x, batch, mode: str, padded: bool = False):
-    """Representation rows of one batch: answer-token positions, or per-sequence sums (over
-    every position when ``padded``: the pad positions count, as in the reference's pooling)."""
-    x = x.float()
-    if mode == "token":
-        return x[batch["labels"] != -100]
-    if padded:
-        return x.sum(1)
-    return (x * batch["attention_mask"].unsqueeze(-1).to(x.dtype)).sum(1)
+class _Pooling:
+    """How one batch's module activations (B, T, d) become representation rows, worked out once
+    per batch for every hooked module: answer-token positions (``token``: their flat indices), or
+    per-sequence sums (``faithful``: a (B, 1, T) weight applied by one batched matmul; 1 on every
+    position when ``padded``, as the reference pools pad positions, else the attention mask)."""
+
+    def __init__(self, batch, mode: str, padded: bool = False):
+        import torch
+
+        self.index = self.weight = None
+        if mode == "token":
+            self.index = (batch["labels"] != -100).flatten().nonzero().squeeze(1)
+        elif not padded:
+            self.weight = batch["attention_mask"].unsqueeze(1).to(torch.float32)
+
+    def __call__(self, x):
+        import torch
+
+        x = x.float()
+        if self.index is not None:
+            return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+        if self.weight is None:
+            return x.sum(1)
+        return torch.bmm(self.weight, x).squeeze(1)
 
 
 def select_examples(forget, retain, n_samples, seed: int = 0):
@@ -130,17 +150,17 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
     for name, m in modules:
         p = path or choose_path(m, n_rows)
         stats[name] = (_Stats(p), _Stats(p))
-    state = {"batch": None, "split": 0}
+    state = {"pool": None, "split": 0}
     handles = []
     for name, m in modules:
         base = m.get_base_layer()
         if stats[name][0].path == "factored":
             def pre(_mod, args, _name=name):
-                stats[_name][state["split"]].add(_rows(args[0], state["batch"], mode, padded))
+                stats[_name][state["split"]].add(state["pool"](args[0]))
             handles.append(base.register_forward_pre_hook(pre))
         else:
             def post(_mod, _args, output, _name=name):
-                stats[_name][state["split"]].add(_rows(output, state["batch"], mode, padded))
+                stats[_name][state["split"]].add(state["pool"](output))
             handles.append(base.register_forward_hook(post))
     backbone = getattr(peft_model.get_base_model(), "model", None)  # decoder without LM head
     run = backbone if backbone is not None and hasattr(backbone, "layers") else peft_model
@@ -152,7 +172,7 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
                 split_batches = (_pad_batches(examples, pad_token_id, batch_size, device, pad_to) if padded
                                  else batches(examples, pad_token_id, batch_size, device))
                 for batch in split_batches:
-                    state["batch"] = batch
+                    state["pool"] = _Pooling(batch, mode, padded)
                     run(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     finally:
         for h in handles:
@@ -160,68 +180,126 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
     return stats
 
 
-class DeltaProblem:
-    """Delta and Cr of one module, either dense (d x d) or as U S U^T on a subspace U
-    (d x m, orthonormal) with the complement holding -beta*ridge (Delta) / ridge (Cr).
-    Eigenproblems in float64, as the reference."""
+SOLVE_CHUNK_BYTES = 256 * 2**20  # float64 working set of one stacked solve (bounds the peak memory)
 
-    def __init__(self, fs: _Stats, rs: _Stats, beta: float, weight):
-        import torch
 
-        self.beta = beta
-        self.shift = beta * RIDGE
-        if fs.path == "dense":
-            self.basis = None
-            self.d = fs.gram.shape[0]
-            self.cf, self.cr = fs.gram.double() / fs.count, rs.gram.double() / rs.count
-            return
-        if fs.path == "rows":
-            hf, hr = fs.matrix().double(), rs.matrix().double()
-            # the span of BOTH row sets, independent of beta (a beta-weighted stack loses the
-            # retain rows at beta = 0 and with them P_B)
-            x = torch.cat([hf / fs.count ** 0.5, hr / rs.count ** 0.5])
-            u, _ = torch.linalg.qr(x.T)  # d x n
-            pf, pr = hf @ u, hr @ u
-            self.cf, self.cr = pf.T @ pf / fs.count, pr.T @ pr / rs.count
-        else:  # factored: Cout = W Cin W^T, W = U R
-            w = weight.double()
-            u, rmat = torch.linalg.qr(w)  # d_out x d_in
-            self.cf = rmat @ (fs.gram.double() / fs.count) @ rmat.T
-            self.cr = rmat @ (rs.gram.double() / rs.count) @ rmat.T
-        self.basis, self.d = u, u.shape[0]
+class Solution:
+    """One module's result: Q (d x r) and the eigenvalues of Delta (largest algebraic first), and
+    the retain basis P_B (top-k eigenvectors of Cr)."""
 
-    def _top(self, mat, k: int, complement_value: float):
-        import torch
+    def __init__(self, q, values, retain_basis):
+        self.q, self.values, self.retain_basis = q, values, retain_basis
 
-        evals, evecs = torch.linalg.eigh((mat + mat.T) / 2)
-        evals, evecs = evals.flip(0), evecs.flip(1)
-        if self.basis is None:
-            return evecs[:, :k], evals[:k]
-        keep = evals > complement_value  # eigenpairs that outrank the complement
-        vecs, vals = self.basis @ evecs[:, keep][:, :k], evals[keep][:k]
-        if vecs.shape[1] < k:
-            extra = _complement(self.basis, self.d, k - vecs.shape[1])
-            vecs = torch.cat([vecs, extra], 1)
-            vals = torch.cat([vals, torch.full((extra.shape[1],), complement_value).to(vals)])
-        return vecs, vals
 
-    def top_delta(self, r: int):
-        """(Q (d x r), eigenvalues) of Delta, largest algebraic first."""
-        if self.basis is None:
-            import torch
+def _group_key(fs: _Stats, rs: _Stats, weight) -> tuple:
+    """Modules with equal keys have equally shaped problems and are solved in one stack."""
+    if fs.path == "rows":
+        return ("rows", weight.shape[0], sum(len(h) for h in fs.rows), sum(len(h) for h in rs.rows))
+    return (fs.path, *weight.shape)
 
-            eye = torch.eye(self.d, dtype=self.cf.dtype, device=self.cf.device)
-            return self._top((1 - self.beta) * self.cf - self.beta * (self.cr + RIDGE * eye), r, 0.0)
-        # on the subspace Delta = U ((1-b) Cf - b Cr) U^T - shift: eigenvalues move by -shift
-        vecs, vals = self._top((1 - self.beta) * self.cf - self.beta * self.cr, r, 0.0)
-        return vecs, vals - self.shift
 
-    def retain_basis(self, k: int):
-        """Top-k eigenvectors of Cr; on a subspace path at most its dimension (the rest is
-        the isotropic ridge, which carries no retain direction)."""
-        if self.basis is None:
-            return self._top(self.cr, k, 0.0)[0]
-        return self._top(self.cr, min(k, self.basis.shape[1]), 0.0)[0][:, : min(k, self.basis.shape[1])]
+def _projected(path: str, fs: list, rs: list, weights: list):
+    """(Cf, Cr, basis) of a stack of M modules, float64: Cf, Cr (M x m x m) dense (basis None) or
+    on the orthonormal subspace ``basis`` (M x d x m) of each module."""
+    import torch
+
+    nf = torch.tensor([s.count for s in fs], dtype=torch.float64).view(-1, 1, 1)
+    nr = torch.tensor([s.count for s in rs], dtype=torch.float64).view(-1, 1, 1)
+    if path == "dense":
+        cf = torch.stack([s.gram for s in fs]).double()
+        cr = torch.stack([s.gram for s in rs]).double()
+        return cf / nf.to(cf.device), cr / nr.to(cr.device), None
+    if path == "rows":
+        hf = torch.stack([s.matrix() for s in fs]).double()  # M x n_f x d
+        hr = torch.stack([s.matrix() for s in rs]).double()
+        nf, nr = nf.to(hf.device), nr.to(hf.device)
+        # the span of BOTH row sets, independent of beta (a beta-weighted stack loses the retain
+        # rows at beta = 0 and with them P_B)
+        x = torch.cat([hf / nf.sqrt(), hr / nr.sqrt()], 1)
+        u, _ = torch.linalg.qr(x.mT)  # M x d x n
+        pf, pr = hf @ u, hr @ u
+        return pf.mT @ pf / nf, pr.mT @ pr / nr, u
+    # factored: Cout = W Cin W^T, W = U R
+    w = torch.stack(list(weights)).double()
+    u, rmat = torch.linalg.qr(w)  # M x d_out x d_in
+    gf = torch.stack([s.gram for s in fs]).double() / nf.to(w.device)
+    gr = torch.stack([s.gram for s in rs]).double() / nr.to(w.device)
+    return rmat @ gf @ rmat.mT, rmat @ gr @ rmat.mT, u
+
+
+def _top(evals, evecs, basis, d: int, k: int, complement_value: float):
+    """Top-k eigenpairs (largest first) from one module's ascending eigh output; on a subspace,
+    lifted by ``basis`` and topped up from its complement, whose eigenvalue is ``complement_value``."""
+    import torch
+
+    evals, evecs = evals.flip(0), evecs.flip(1)
+    if basis is None:
+        return evecs[:, :k], evals[:k]
+    keep = evals > complement_value  # eigenpairs that outrank the complement
+    vecs, vals = basis @ evecs[:, keep][:, :k], evals[keep][:k]
+    if vecs.shape[1] < k:
+        extra = _complement(basis, d, k - vecs.shape[1])
+        vecs = torch.cat([vecs, extra], 1)
+        vals = torch.cat([vals, torch.full((extra.shape[1],), complement_value).to(vals)])
+    return vecs, vals
+
+
+def solve(problems: list, beta: float, r: list, k: list) -> list[Solution]:
+    """Solve M modules' problems, stacked: ``problems`` holds (forget _Stats, retain _Stats,
+    base weight) of modules whose :func:`_group_key` is the same; ``r`` and ``k`` per module.
+
+    Delta = (1 - beta) Cf - beta (Cr + ridge I) and Cr go through one batched eigendecomposition
+    (float64, as the reference); on a subspace path Delta's eigenvalues move by -beta * ridge."""
+    import torch
+
+    fs, rs, weights = zip(*problems)
+    path = fs[0].path
+    cf, cr, basis = _projected(path, fs, rs, weights)
+    m = cf.shape[-1]
+    if basis is None:
+        eye = torch.eye(m, dtype=cf.dtype, device=cf.device)
+        delta = (1 - beta) * cf - beta * (cr + RIDGE * eye)
+    else:
+        delta = (1 - beta) * cf - beta * cr
+    mats = torch.cat([delta, cr])
+    evals, evecs = torch.linalg.eigh((mats + mats.mT) / 2)
+    shift = 0.0 if basis is None else beta * RIDGE
+    out = []
+    for i, weight in enumerate(weights):
+        d = weight.shape[0]
+        own = None if basis is None else basis[i]
+        q, vals = _top(evals[i], evecs[i], own, d, r[i], 0.0)
+        kk = k[i] if own is None else min(k[i], m)
+        retain = _top(evals[len(weights) + i], evecs[len(weights) + i], own, d, kk, 0.0)[0][:, :kk]
+        out.append(Solution(q, vals - shift, retain))
+    return out
+
+
+def _solve_bytes(fs: _Stats, rs: _Stats, weight) -> int:
+    """float64 bytes a module adds to a stacked solve (inputs, the subspace and its eigenproblems)."""
+    d_out, d_in = weight.shape
+    if fs.path == "rows":
+        n = sum(len(h) for h in fs.rows) + sum(len(h) for h in rs.rows)
+        return 8 * (3 * n * d_out + 6 * n * n)
+    m = d_out if fs.path == "dense" else d_in
+    return 8 * (d_out * d_in + 8 * m * m)
+
+
+def solve_in_stacks(items: dict, beta: float, r: dict, k: dict, *, chunk_bytes: int = SOLVE_CHUNK_BYTES):
+    """Yield (name, Solution) for every module of ``items`` (name -> (forget _Stats, retain _Stats,
+    base weight)), solving same-shaped modules together in stacks of at most ``chunk_bytes``.
+    Each module's statistics are dropped from ``items`` once its stack is solved."""
+    groups: dict[tuple, list[str]] = {}
+    for name, (fs, rs, weight) in items.items():
+        groups.setdefault(_group_key(fs, rs, weight), []).append(name)
+    for names in groups.values():
+        per = max(1, chunk_bytes // max(1, _solve_bytes(*items[names[0]])))
+        for start in range(0, len(names), per):
+            chunk = names[start: start + per]
+            solutions = solve([items[n] for n in chunk], beta, [r[n] for n in chunk], [k[n] for n in chunk])
+            for name, solution in zip(chunk, solutions):
+                del items[name]
+                yield name, solution
 
 
 def _complement(basis, d: int, k: int, seed: int = 0):
@@ -290,20 +368,24 @@ class RILAInit:
         pad_id = tokenizer.eos_token_id if self.pad_to and tokenizer.eos_token_id is not None else tokenizer.pad_token_id
         stats = collect_stats(peft_model, forget, retain, pad_id, mode=self.mode,
                               batch_size=self.batch_size, path=self.path, pad_to=self.pad_to)
-        bases, short, paths = {}, [], {}
-        for name, module in lora_modules(peft_model):
-            fs, rs = stats.pop(name)
+        modules = dict(lora_modules(peft_model))
+        items = {name: (*stats.pop(name), module.get_base_layer().weight) for name, module in modules.items()}
+        ranks = {name: module.r[adapter] for name, module in modules.items()}
+        keep = {name: min(self.rol_rank, module.get_base_layer().weight.shape[0]) for name, module in modules.items()}
+        paths = {}
+        for name, (fs, _rs, _w) in items.items():
+            paths[fs.path] = paths.get(fs.path, 0) + 1
+        solved = dict(solve_in_stacks(items, self.beta, ranks, keep))
+        bases, short = {}, []
+        for name, module in modules.items():  # model order, as before
+            solution, r = solved.pop(name), ranks[name]
             w0 = module.get_base_layer().weight
-            problem = DeltaProblem(fs, rs, self.beta, w0)
-            r = module.r[adapter]
-            q, vals = problem.top_delta(r)
-            n_pos = int((vals > 0).sum())
+            n_pos = int((solution.values > 0).sum())
             if n_pos < r:
                 short.append(f"{name} ({n_pos}/{r})")
-            q = q.to(w0.device)
+            q = solution.q.to(w0.device)
             write_residual(module, adapter, q.T @ w0.double(), q)
-            bases[name] = problem.retain_basis(min(self.rol_rank, w0.shape[0])).float().to(w0.device)
-            paths[fs.path] = paths.get(fs.path, 0) + 1
+            bases[name] = solution.retain_basis.float().to(w0.device)
         if short:
             warnings.warn(
                 f"rila: fewer than r positive eigenvalues of Delta in {len(short)} module(s), e.g. "

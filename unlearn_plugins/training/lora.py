@@ -4,17 +4,27 @@ Default targets are every linear layer inside the decoder blocks (attention and 
 projections; never the embeddings or LM head). Residual initializers (those that change the
 base weights, InitResult.residual) are saved relative to the ORIGINAL base through PEFT's
 ``path_initial_model_for_weight_conversion``, so the adapter loads on the unchanged model.
+
+The reference model of an objective (NPO, UNDIAL, the KL retain term, ...) costs no second copy
+of the weights under LoRA (:class:`SharedWeightsReference`): the frozen base weights are already
+in memory, so the starting model is the same model with the adapter switched off, or, when the
+adapter does not start as a no-op (residual inits: B != 0 and base weights changed), switched to
+a frozen copy of the initial adapter.
 """
 
 from __future__ import annotations
 
+import copy
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError
+from ..errors import ModelError, UnlearnError
 
 INITIAL_ADAPTER = "initial_adapter"  # must be a valid PEFT adapter name (no dots)
+REFERENCE_ADAPTER = "reference"  # the frozen copy of the initial adapter (not INITIAL_ADAPTER: PEFT's weight
+#                                  conversion loads the saved initial adapter under that name)
 
 
 def _linear_types():
@@ -80,9 +90,10 @@ def build_lora_model(model, *, r: int, alpha: float, dropout: float, target_modu
 
 
 def save_initial_adapter(peft_model, folder: str | Path) -> Path:
-    """Save the adapter right after a residual init (needed later for the weight conversion)."""
+    """Save the adapter right after a residual init (needed later for the weight conversion);
+    only the trained adapter, not the reference's frozen copy of it."""
     path = Path(folder) / INITIAL_ADAPTER
-    peft_model.save_pretrained(str(path))
+    peft_model.save_pretrained(str(path), selected_adapters=[_trained_adapter(peft_model)])
     return path
 
 
@@ -101,3 +112,159 @@ def save_adapter(peft_model, out: str | Path, *, initial: str | Path | None = No
 def merge(peft_model):
     """The base model with the adapter folded in (a plain transformers model)."""
     return peft_model.merge_and_unload()
+
+
+# ----------------------------------------------------------------------------- reference without a copy
+
+
+def _trained_adapter(peft_model) -> str:
+    active = peft_model.active_adapter
+    return active if isinstance(active, str) else active[0]
+
+
+def adapter_is_noop(peft_model, adapter: str | None = None) -> bool:
+    """Whether ``adapter`` (default: the active one) adds nothing to the base layers: plain LoRA
+    with every lora_B (weights and bias) exactly zero. Other variants (DoRA, ...) count as not."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    adapter = adapter or _trained_adapter(peft_model)
+    found = False
+    for module in peft_model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        if adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False):
+            return False
+        for holder in (module.lora_B, module.lora_embedding_B):
+            if adapter in holder:
+                found = True
+                part = holder[adapter]
+                tensors = [part] if isinstance(part, torch.Tensor) else list(part.parameters())
+                if any(bool(t.detach().ne(0).any()) for t in tensors):
+                    return False
+    return found
+
+
+def add_frozen_copy(peft_model, name: str = REFERENCE_ADAPTER) -> str:
+    """Add ``name``: a frozen, inactive copy of the active adapter as it is now (weights and
+    scaling). Every other parameter keeps its requires_grad (PEFT's add_adapter re-marks the
+    active adapter trainable, which would undo a freeze an initializer chose)."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from peft.tuners.lora import LoraLayer
+
+    source = _trained_adapter(peft_model)
+    flags = [(p, p.requires_grad) for p in peft_model.parameters()]
+    config = copy.deepcopy(peft_model.peft_config[source])
+    config.init_lora_weights = False  # overwritten below; never re-run a data or SVD init (PiSSA would
+    #                                   change the base weights a second time)
+    config.inference_mode = True
+    peft_model.add_adapter(name, config)
+    weights = get_peft_model_state_dict(peft_model, adapter_name=source, save_embedding_layers=False)
+    set_peft_model_state_dict(peft_model, weights, adapter_name=name)
+    for module in peft_model.modules():
+        if isinstance(module, LoraLayer) and source in module.scaling and name in module.scaling:
+            module.scaling[name] = module.scaling[source]
+    for param, flag in flags:
+        param.requires_grad_(flag)
+    for param_name, param in peft_model.named_parameters():
+        if f".{name}." in param_name or param_name.endswith(f".{name}"):
+            param.requires_grad_(False)
+    return name
+
+
+@contextmanager
+def adapter_switched(layers, adapter: str | None):
+    """Within the block, the PEFT ``layers`` run only ``adapter`` (None: no adapter, the base
+    weights). Switched through the layers' own active/disabled state: PEFT's ``set_adapter`` and
+    ``disable_adapter()`` also set requires_grad (re-enabling marks the active adapter trainable),
+    and the trained adapter must stay as the optimizer sees it."""
+    saved = [(layer, layer._active_adapter, layer._disable_adapters) for layer in layers]
+    try:
+        for layer in layers:
+            if adapter is None:
+                layer._disable_adapters = True
+            else:
+                layer._active_adapter, layer._disable_adapters = [adapter], False
+        yield
+    finally:
+        for layer, active, disabled in saved:
+            layer._active_adapter, layer._disable_adapters = active, disabled
+
+
+@contextmanager
+def eval_mode(modules):
+    """Every module in eval mode (no dropout) within the block; each module's own mode after."""
+    saved = [(module, module.training) for module in modules]
+    try:
+        for module, _ in saved:
+            module.training = False
+        yield
+    finally:
+        for module, mode in saved:
+            module.training = mode
+
+
+class SharedWeightsReference:
+    """The starting model, computed on the model being trained (no copy of its weights).
+
+    Called like the model; a call runs it without gradient and in eval mode with the adapter
+    switched off (``how = "adapter_disabled"``: the adapter started as a no-op, so the base
+    weights are the starting model), or through a frozen copy of the initial adapter
+    (``how = "initial_adapter"``: residual inits, whose base weights were changed at init and
+    whose adapter holds the rest). Gradients, requires_grad flags, module modes and the
+    optimizer's parameters are as they were after each call. Build it right after the
+    initializer, before any training step; :meth:`release` drops the frozen copy (before saving).
+    """
+
+    def __init__(self, peft_model):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self.model = peft_model
+        self.adapter = None if adapter_is_noop(peft_model) else add_frozen_copy(peft_model)
+        self.how = "adapter_disabled" if self.adapter is None else "initial_adapter"
+        self._layers = [m for m in peft_model.modules() if isinstance(m, BaseTunerLayer)]
+        self._modules = list(peft_model.modules())
+        self.released = False
+
+    def __call__(self, *args, **kwargs):
+        import torch
+
+        if self.released:
+            raise UnlearnError("the reference model was released after training (its frozen initial adapter is gone)")
+        with torch.no_grad(), eval_mode(self._modules), adapter_switched(self._layers, self.adapter):
+            return self.model(*args, **kwargs)
+
+    forward = __call__
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def frozen_copy(self):
+        """A frozen copy of the starting model to use instead, and this reference released: for
+        weights sharded by FSDP or DeepSpeed, which run only inside their wrapper. Before any
+        training step (the trained adapter still equals the initial one, so merging it gives the
+        starting model)."""
+        clone = copy.deepcopy(self.model)
+        if self.adapter is not None:
+            clone.delete_adapter(self.adapter)
+        self.release()
+        return clone.merge_and_unload().eval().requires_grad_(False)
+
+    def release(self) -> None:
+        """Delete the frozen initial adapter (saving and merging then see the trained one only)."""
+        if self.adapter is not None and self.adapter in self.model.peft_config:
+            self.model.delete_adapter(self.adapter)
+        self.released = True
+
+    def record(self) -> dict[str, Any]:
+        """What run.json says about how the reference outputs were computed."""
+        what = {"adapter_disabled": "the trained model's base weights with the adapter switched off (it started "
+                                    "as a no-op); no copy of the model",
+                "initial_adapter": "the trained model's base weights through a frozen copy of the initial adapter "
+                                   "(residual init); no copy of the model"}
+        return {"how": self.how, "description": what[self.how]}

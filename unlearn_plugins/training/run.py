@@ -448,8 +448,10 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
                                         system_prompt=config.system_prompt)
                    for name, items in samples.items()}
 
+        # The reference model: full fine-tuning keeps a frozen copy (every weight changes); LoRA
+        # computes it on the trained model's own frozen weights (lora.SharedWeightsReference).
         needs_ref = bool(getattr(objective, "needs_reference_model", False))
-        reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref else None
+        reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref and config.full_finetune else None
 
         init_result = None
         initial_adapter = None
@@ -463,6 +465,8 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
                 init_result = _initialize(initializer, train_model, encoded, tokenizer)
                 if init_result is not None and init_result.residual:
                     initial_adapter = ckpt_dir / lora.INITIAL_ADAPTER
+            if needs_ref:
+                reference = lora.SharedWeightsReference(train_model)
 
         context = ObjectiveContext(
             model=train_model, tokenizer=tokenizer, forget_samples=samples.get("forget", ()),
@@ -479,6 +483,10 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
             model=train_model, args=args, train_dataset=dataset, data_collator=collator,
             objective=objective, reference_model=reference, callbacks=list(callbacks),
         )
+        if isinstance(reference, lora.SharedWeightsReference) and (trainer.is_fsdp_enabled
+                                                                   or trainer.is_deepspeed_enabled):
+            # sharded weights run only inside their wrapper: a frozen copy, as with full fine-tuning
+            reference = trainer.reference_model = reference.frozen_copy().to(args.device)
         if check_loss:
             _check_first_loss(trainer, dataset, collator)
     except BaseException:
@@ -516,6 +524,7 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
         "components": _component_records(objective, initializer),
         "context": context.info,
         "resumed_from": str(resume_from) if resume_from else None,
+        "reference_model": _reference_record(reference),
         "base_model": base,  # checked when the adapter is loaded (models.check_adapter)
     }
     try:
@@ -532,6 +541,8 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
         raise TrainingError(f"training stopped: {exc}; {where}") from None
 
     trainer.accelerator.wait_for_everyone()
+    if isinstance(reference, lora.SharedWeightsReference):
+        reference.release()  # the saved adapter and the merged model hold the trained adapter only
     outputs: dict[str, str] = {}
     if is_main:
         if initial_adapter is not None:
@@ -564,6 +575,16 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
             shutil.rmtree(ckpt_dir, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
     return RunResult(out, record)
+
+
+def _reference_record(reference) -> dict[str, Any] | None:
+    """run.json's ``reference_model``: how the objective's reference outputs were computed."""
+    if reference is None:
+        return None
+    if hasattr(reference, "record"):
+        return reference.record()
+    return {"how": "copy", "description": "a frozen copy of the starting model (full fine-tuning, or LoRA with "
+                                          "weights sharded by FSDP / DeepSpeed)"}
 
 
 def _initializer_record(initializer: Initializer | None, init_result) -> dict[str, Any] | None:

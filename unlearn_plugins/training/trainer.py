@@ -65,7 +65,7 @@ class UnlearningTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.objective = objective
         self.reference_model = reference_model
-        if reference_model is not None:
+        if isinstance(reference_model, torch.nn.Module):  # a frozen copy (a LoRA run's shares the weights)
             reference_model.to(self.args.device)
             reference_model.eval()
             reference_model.requires_grad_(False)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from unlearn_plugins import hookimpl
 
+from .attack import WeightNoise
 from .initializer import ForgetSubspaceInit
 from .objective import CappedAscent
 from .scorer import MaxSurprisalScorer
@@ -27,3 +28,8 @@ def register_unlearning_objectives(register):
 @hookimpl
 def register_lm_eval_task_dirs(register):
     register("surprisal", Path(__file__).parent / "tasks")
+
+
+@hookimpl
+def register_attacks(register):
+    register("weight_noise", WeightNoise)

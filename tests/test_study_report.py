@@ -1,0 +1,116 @@
+"""The study report's statistics (intervals over seeds, Model Utility's bootstrap over QA) and
+the extraction strength a study computes when its evaluation does not run that task."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from unlearn_plugins.evaluation import tofu_metrics as tm
+from unlearn_plugins.study.report import MU_PARTS, interval, mu_bootstrap
+
+
+def test_t_interval_over_seeds_cut_to_the_metric_range():
+    from scipy.stats import t
+
+    values = [0.2, 0.4, 0.6]
+    half = t.ppf(0.975, 2) * 0.2 / math.sqrt(3)
+    raw = interval(values, "t")
+    assert raw["mean"] == pytest.approx(0.4) and raw["n"] == 3 and raw["values"] == values
+    assert (raw["low"], raw["high"]) == pytest.approx((0.4 - half, 0.4 + half))
+    cut = interval(values, "t", (0.0, 1.0))
+    assert cut["low"] == 0.0 and cut["high"] == pytest.approx(0.4 + half)  # -0.097 is no probability
+    assert interval([0.3], "t") == {"mean": 0.3, "low": None, "high": None, "n": 1, "values": [0.3]}
+    assert interval([0.3, 0.3], "t")["low"] == interval([0.3, 0.3], "t")["high"] == 0.3
+    assert interval([None, float("nan")], "t")["mean"] is None
+
+
+def test_bootstrap_interval_over_seeds():
+    values = [0.1, 0.3, 0.5, 0.7]
+    boot = interval(values, "bootstrap")
+    assert boot["mean"] == pytest.approx(0.4)
+    assert 0.1 <= boot["low"] < 0.4 < boot["high"] <= 0.7  # percentile: within the seeds' range
+    assert boot == interval(values, "bootstrap")  # fixed random state
+
+
+def _samples(n: dict[str, int], seed: int = 0) -> dict[str, list[dict]]:
+    """Per-QA values of the nine Model Utility parts (truth ratios raw, as the tasks log them)."""
+    rng = random.Random(seed)
+    rows: dict[str, list[dict]] = {}
+    for split, parts in MU_PARTS.items():
+        for doc in range(n[split]):
+            for task, metric in parts:
+                value = rng.uniform(0.3, 1.6) if metric == "truth_ratio" else rng.uniform(0.05, 0.95)
+                task_rows = rows.setdefault(task, [])
+                row = next((r for r in task_rows if r["doc_id"] == doc), None)
+                if row is None:
+                    task_rows.append(row := {"doc_id": doc})
+                row[metric] = value
+    for task_rows in rows.values():
+        task_rows.reverse()  # order in the file must not matter
+    return rows
+
+
+def test_model_utility_bootstrap_matches_tofu_and_narrows_with_more_qa():
+    samples = _samples({"retain": 60, "real_authors": 30, "world_facts": 40})
+    metrics: dict[str, dict] = {}
+    for parts in MU_PARTS.values():
+        for task, metric in parts:
+            values = [r[metric] for r in samples[task]]
+            agg = tm.true_better_truth_ratio(values) if metric == "truth_ratio" else sum(values) / len(values)
+            metrics.setdefault(task, {})[metric] = agg
+    expected, _, missing = tm.model_utility(metrics)
+    assert not missing
+    small = mu_bootstrap(samples)
+    assert small["value"] == pytest.approx(expected)
+    assert small["low"] < expected < small["high"] and small["qa"] == {"retain": 60, "real_authors": 30,
+                                                                       "world_facts": 40}
+    large = mu_bootstrap(_samples({"retain": 960, "real_authors": 480, "world_facts": 640}))
+    assert large["width"] < 0.5 * small["width"]  # 16x the QA: about a quarter of the width
+    assert mu_bootstrap({"tofu_retain_prob": []}) is None
+
+
+class _Echo:
+    """A stand-in causal LM whose greedy prediction is the next input token only at the last
+    ``m`` positions of each row (so exactly the last ``m`` answer tokens are 'extracted')."""
+
+    def __init__(self, m: int, vocab: int):
+        import torch
+
+        self.m, self.vocab = m, vocab
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def parameters(self):
+        return iter([self.weight])
+
+    def __call__(self, input_ids, attention_mask):
+        import torch
+
+        batch, length = input_ids.shape
+        logits = torch.zeros(batch, length, self.vocab)
+        for b in range(batch):
+            n = int(attention_mask[b].sum())
+            for pos in range(n - 1):
+                nxt = int(input_ids[b, pos + 1])
+                right = pos + 1 >= n - self.m
+                logits[b, pos, nxt if right else (nxt + 1) % self.vocab] = 1.0
+        return type("Output", (), {"logits": logits})()
+
+
+@pytest.mark.parametrize("m", [0, 3, 10_000])
+def test_extraction_strength_of_a_study_without_the_task(monkeypatch, tmp_path, tiny_tokenizer, m):
+    from unlearn_plugins import models
+    from unlearn_plugins.data.synthetic import generate_authors
+    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.files import write_jsonl
+    from unlearn_plugins.study.cells import extraction_strengths
+
+    data = tmp_path / "forget.json"
+    write_jsonl(data, generate_authors(1)[:6])
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (_Echo(m, len(tiny_tokenizer)), tiny_tokenizer))
+    got = extraction_strengths("model", None, str(data), 128, "cpu", batch_size=4)
+    answers = [sum(1 for y in e["labels"] if y != -100) for e in
+               encode_samples(tiny_tokenizer, load_split(str(data)), max_length=128)]
+    assert got == pytest.approx([min(m, n) / n for n in answers])  # 1 - k/n with k = n - min(m, n)

@@ -1,0 +1,227 @@
+"""`unlearn study` end to end on the tiny model and generated authors: two local workers, a
+fully cached rerun, a failed cell, a worker killed with SIGKILL and the resumed run, two
+concurrent runs of one study, and the Dask executor on a LocalCluster.
+
+The tests share one stage cache (module scope), so the target and retain models are built
+once; each test that must build method cells uses seeds of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from unlearn_plugins.cli import main
+from unlearn_plugins.study import builtin_studies
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY = builtin_studies()["tiny"].read_text()
+CELLS = ["target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "grad_diff/forget1/seed0",
+         "grad_diff/forget1/seed1", "ihl_fila/forget1/seed0", "ihl_fila/forget1/seed1"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("study-cache")
+
+
+def study_file(folder: Path, seeds: list[int], methods=("grad_diff", "ihl_fila"), extra: str = "") -> Path:
+    """The tiny study with other seeds, some of its methods, and more text at the end."""
+    head, rest = TINY.split("[[methods]]", 1)
+    blocks = ["[[methods]]" + b for b in rest.split("[[methods]]")]
+    blocks[-1], evaluation = blocks[-1].split("[evaluation]")
+    kept = [b for b in blocks if any(f'name = "{m}"' in b for m in methods)]
+    text = head.replace("seeds = [0, 1]", f"seeds = {list(seeds)}") + "".join(kept) + "[evaluation]" + evaluation
+    path = folder / "study.toml"
+    path.write_text(text + extra)
+    return path
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main(["study", *map(str, args), "--threads", "1"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "study.json").read_text())
+
+
+def run_cli(*args, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", "study", *map(str, args), "--threads", "1"],
+                            env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
+    from unlearn_plugins.study.report import read_evaluation
+
+    out = tmp_path / "report"
+    code, stdout, err = run(capsys, "tiny", "--workers", "2", "--out", out, "--cache-dir", cache)
+    assert code == 0, err[-3000:]
+    assert "executor: local: 2 worker process(es), 1 thread(s) each" in err
+    workers = {line.split(" on ")[1] for line in err.splitlines() if " start " in line}
+    assert len(workers) == 2  # both workers built cells
+    for name in ("study.json", "summary.md", "pareto.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    data = report(out)
+    assert list(data["cells"]) == CELLS
+    assert all(c["status"] == "done" and c["source"] == "built" for c in data["cells"].values())
+    assert data["failed"] == [] and data["ci"] == {"method": "t", "level": 0.95}
+    groups = {g["method"]: g for g in data["groups"]}
+    assert set(groups) == {"grad_diff", "ihl_fila"}
+    for name, g in groups.items():
+        m = g["metrics"]
+        assert g["seeds_done"] == [0, 1]
+        for key in ("forget_quality", "model_utility", "forget_prob", "forget_rougeL", "extraction_strength",
+                    "retain_prob"):
+            assert m[key]["n"] == 2 and 0 <= m[key]["mean"] <= 1, (name, key)
+            assert m[key]["low"] <= m[key]["mean"] <= m[key]["high"], (name, key)
+        assert m["wall_s"]["mean"] > 0 and m["peak_rss_mb"]["mean"] > 50
+    refs = {r["name"]: r for r in data["references"]}
+    assert refs["retain"]["forget_quality"] == pytest.approx(1.0)  # its own reference
+    assert 0 <= refs["full"]["forget_quality"] <= 1
+    # each seed's unlearning changed the target's answers, differently per seed
+    cells = data["cells"]
+    _, full_samples = read_evaluation(Path(cells["eval-full/forget1"]["stages"][0]))
+    before = [r["prob"] for r in sorted(full_samples["tofu_forget_prob"], key=lambda r: r["doc_id"])]
+    after = {}
+    for seed in (0, 1):
+        _, samples = read_evaluation(Path(cells[f"grad_diff/forget1/seed{seed}"]["stages"][1]))
+        after[seed] = [r["prob"] for r in sorted(samples["tofu_forget_prob"], key=lambda r: r["doc_id"])]
+        assert max(abs(a - b) for a, b in zip(after[seed], before)) > 1e-6
+    assert after[0] != after[1]
+    summary = (out / "summary.md").read_text()
+    assert "| GradDiff | 2/2 |" in summary and "| IHL + FILA | 2/2 |" in summary
+    assert "Student-t" in summary and "8 cells: 8 built in this run, 0 cached" in summary
+    assert "GradDiff" in stdout and f"report -> {out}/" in stdout
+
+    # the rerun builds nothing, starts no worker, and reports the same numbers
+    code, _, err = run(capsys, "tiny", "--workers", "2", "--out", out, "--cache-dir", cache)
+    assert code == 0
+    assert sum(" cached  " in line for line in err.splitlines()) == 8 and "executor:" not in err
+    again = report(out)
+    assert all(c["source"] == "cached" for c in again["cells"].values())
+    assert again["groups"] == data["groups"] and again["references"] == data["references"]
+
+    code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", cache)
+    assert code == 0 and stdout.splitlines()[-1] == f"8 cells: 8 cached, 0 to build (cache {cache})"
+
+
+def test_dry_run_lists_the_grid_and_builds_nothing(tmp_path, capsys):
+    code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", tmp_path / "cache")
+    assert code == 0
+    lines = stdout.splitlines()
+    assert lines[0].split() == ["cell", "needs", "stages", "state"]
+    assert [line.split()[0] for line in lines[2:-1]] == CELLS
+    assert lines[6].split() == ["grad_diff/forget1/seed0", "target,", "eval-retain/forget1", "unlearn", "+",
+                                "evaluate", "to", "build"]
+    assert lines[-1] == f"8 cells: 0 cached, 8 to build (cache {tmp_path / 'cache'})"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_failed_cell_is_reported_and_the_others_go_on(cache, tmp_path, capsys):
+    # a method whose training diverges (its forget loss overflows): that cell fails, the rest finish
+    path = study_file(tmp_path, [0], extra=(
+        '\n[[methods]]\nname = "diverge"\nobjective = "grad_diff"\nobjective_options = { gamma = 1e308 }\n'))
+    out = tmp_path / "report"
+    code, _, err = run(capsys, path, "--workers", "2", "--out", out, "--cache-dir", cache)
+    assert code == 1
+    failed = [line for line in err.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and "diverge/forget1/seed0: training stopped: " in failed[0]
+    assert err.splitlines()[-1].startswith("error: 1 of 7 cells failed: diverge/forget1/seed0 (see ")
+    data = report(out)
+    assert data["failed"] == ["diverge/forget1/seed0"]
+    cell = data["cells"]["diverge/forget1/seed0"]
+    assert cell["error"].startswith("training stopped: ") and "\n" not in cell["error"]
+    assert Path(cell["log"]).is_file() and "training stopped" in Path(cell["log"]).read_text()
+    assert all(c["status"] == "done" for cid, c in data["cells"].items() if cid != "diverge/forget1/seed0")
+    groups = {g["method"]: g for g in data["groups"]}
+    assert groups["diverge"]["seeds_done"] == [] and groups["grad_diff"]["metrics"]["forget_quality"]["n"] == 1
+    summary = (out / "summary.md").read_text()
+    assert "## Failed cells (1)" in summary and "- `diverge/forget1/seed0`: training stopped: " in summary
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    out, err = proc.communicate()
+    pytest.fail(f"not seen within {timeout} s; the study said: {err[-3000:]}")
+
+
+def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
+    path = study_file(tmp_path, [5, 6, 7], methods=["grad_diff"])
+    out = tmp_path / "report"
+    args = (path, "--workers", "1", "--out", out, "--cache-dir", cache)
+    proc = run_cli(*args)
+    # one worker builds the seeds in order: kill it (SIGKILL) while it builds the second one
+    building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed6-*.tmp-*")), None), 600, proc)
+    pid = int(building.name.rsplit(".tmp-", 1)[1])
+    assert pid != proc.pid
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err[-3000:]
+    assert f"FAILED  grad_diff/forget1/seed6: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
+    first = report(out)
+    assert first["failed"] == ["grad_diff/forget1/seed6"]
+    assert first["cells"]["grad_diff/forget1/seed7"]["status"] == "done"  # a new worker went on
+
+    proc = run_cli(*args)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    sources = {cid: c["source"] for cid, c in report(out)["cells"].items()}
+    assert sources.pop("grad_diff/forget1/seed6") == "built"
+    assert set(sources.values()) == {"cached"}  # nothing that had finished was built again
+    assert not list(cache.glob("*.tmp-*"))  # the killed stage's temporary folder is gone
+
+
+def test_two_concurrent_runs_build_each_cell_once(tmp_path):
+    cache = tmp_path / "cache"
+    path = study_file(tmp_path, [0], methods=["grad_diff"])
+    procs = [run_cli(path, "--workers", "1", "--out", tmp_path / f"report{i}", "--cache-dir", cache) for i in (0, 1)]
+    errs = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+    runs = [report(tmp_path / f"report{i}") for i in (0, 1)]
+    cells = list(runs[0]["cells"])
+    assert cells == ["target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "grad_diff/forget1/seed0"]
+    waited = 0
+    for cell in cells:
+        sources = sorted(r["cells"][cell]["source"] for r in runs)
+        assert sources in (["built", "cached"], ["built", "waited"]), (cell, sources)
+        waited += sources.count("waited")
+    assert waited >= 1  # one run waited for a stage the other was building, then used it
+    assert any(" wait " in line and "is in use by pid" in line for err in errs for line in err.splitlines())
+    assert runs[0]["groups"] == runs[1]["groups"]
+
+
+def test_dask_executor_runs_a_grid_on_a_local_cluster(cache, tmp_path, capsys):
+    pytest.importorskip("distributed")
+    path = study_file(tmp_path, [11, 12], methods=["grad_diff"])
+    out = tmp_path / "report"
+    code, _, err = run(capsys, path, "--executor", "dask", "--workers", "2", "--out", out, "--cache-dir", cache)
+    assert code == 0, err[-3000:]
+    assert "executor: dask: LocalCluster tcp://127.0.0.1:" in err and ", 2 worker(s)" in err
+    data = report(out)
+    built = [cid for cid, c in data["cells"].items() if c["source"] == "built"]
+    assert built == ["grad_diff/forget1/seed11", "grad_diff/forget1/seed12"]
+    assert {line.split(" on ")[1].split(":")[0] for line in err.splitlines() if " start " in line} == {
+        "dask worker tcp"}
+    for g in data["groups"]:
+        assert g["seeds_done"] == [11, 12] and g["metrics"]["model_utility"]["n"] == 2

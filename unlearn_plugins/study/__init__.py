@@ -1,0 +1,20 @@
+"""`unlearn study`: experiment grids (methods x forget sizes x seeds) from a TOML study file,
+built in parallel as cached stages, reported with confidence intervals over the seeds.
+
+- :mod:`.spec`: the study file's format, its validation and the grid of cells;
+- :mod:`.cells`: each cell as stages of the shared cache (:mod:`unlearn_plugins.stages`);
+- :mod:`.executors`: local worker processes or a Dask cluster;
+- :mod:`.runner`: scheduling the cells, failures, resumption;
+- :mod:`.report`: intervals, the Pareto plot, Markdown and JSON.
+"""
+
+from .spec import Study, StudyError, builtin_studies, expand, load_study
+
+__all__ = ["Study", "StudyError", "load_study", "builtin_studies", "expand", "run_study"]
+
+
+def run_study(*args, **kwargs):
+    """See :func:`.runner.run_study` (imported on use: torch is not needed to read a study)."""
+    from .runner import run_study as run
+
+    return run(*args, **kwargs)

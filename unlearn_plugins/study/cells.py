@@ -1,0 +1,529 @@
+"""A study's cells as stages of the shared content-keyed cache (:mod:`unlearn_plugins.stages`).
+
+:func:`plan_study` turns the grid into cells whose stages (fine-tune, unlearn, evaluate) each
+have a cache folder keyed by everything their result depends on: the base model's weights,
+the benchmark files' content, the recipe or resolved unlearning config (preset < method <
+budget, with the seed), the evaluation settings, and the keys of the stages they read. A
+rerun, another study with the same target, or a second concurrent run find them there.
+
+:func:`execute_cell` builds one cell's stages in the calling process (a worker), its output
+going to a log file. A stage that another process is building (its lock is held) is waited
+for, then reused: two runs of one study build each stage once. Each built stage records its
+wall time and peak memory (``resources.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import resource
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import UnlearnError
+from ..files import LockHeld, write_json
+from ..stages import DONE, Stages, digest
+from .spec import TINY_MODEL, Cell, Study, expand
+
+#: part of every key: a change of what a stage writes recomputes it
+STUDY_FORMAT = 1
+RESOURCES = "resources.json"
+EXTRACTION = "extraction_strength.json"
+#: seconds between two looks at a stage that another process is building
+WAIT_POLL_S = 1.0
+
+
+def default_cache() -> Path:
+    from ..models import cache_dir
+
+    return cache_dir() / "studies"
+
+
+@dataclass
+class Stage:
+    """One build-then-rename stage: ``build`` names a builder of :data:`BUILDERS`."""
+
+    label: str
+    folder: str
+    build: str
+    params: dict
+
+    @property
+    def done(self) -> bool:
+        return (Path(self.folder) / DONE).is_file()
+
+
+@dataclass
+class CellPlan:
+    cell: Cell
+    stages: list[Stage]
+    #: the stage whose folder holds the cell's result (a model, or an evaluation)
+    result: str = ""
+    model: str | None = None  # the model a target/retain cell makes
+
+    @property
+    def cached(self) -> bool:
+        return all(s.done for s in self.stages)
+
+
+@dataclass
+class Plan:
+    study: Study
+    cache: Path
+    device: str | None
+    benches: dict[int, dict]  # forget size -> the benchmark's description (+ folder)
+    cells: dict[str, CellPlan] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # "target", "retain/forgetK" -> model folder
+
+    def ordered(self) -> list[CellPlan]:
+        return list(self.cells.values())
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, str]:
+    """(model folder or id, key of its weights) of the study's base model. ``tiny-llama`` is
+    built into the cache (``stages`` None, a dry run: not built, its key only)."""
+    from ..models import resolve_model, weights_fingerprint
+
+    if study.model == TINY_MODEL:
+        from .. import testing
+
+        key = digest(STUDY_FORMAT, TINY_MODEL, _file_digest(Path(testing.__file__)))
+        folder = cache / f"base-{TINY_MODEL}-{key}"
+        if stages is not None:
+            def build(tmp: Path) -> None:
+                with output_to(Path(os.devnull)):  # the tokenizer trainer's and transformers' progress bars
+                    testing.save_tiny_model(tmp / "model")
+
+            run_stage(stages, f"build the {TINY_MODEL} base model", folder, build)
+        return str(folder / "model"), key
+    where = resolve_model(study.model)  # converts the embedded model once per machine
+    fingerprint = weights_fingerprint(where)
+    return where, digest(STUDY_FORMAT, "weights", fingerprint or study.model)
+
+
+def _file_digest(path: Path) -> str:
+    from ..demo.benchmark import file_digest
+
+    return file_digest(path)
+
+
+def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
+    """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
+    in ``scratch`` only, to know their content)."""
+    from ..demo.benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+
+    from ..errors import DataError
+
+    try:
+        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
+    except DataError as exc:
+        raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
+    out = {}
+    for k in study.forget_sizes:
+        key = digest(STUDY_FORMAT, "bench", source_fingerprint(tofu), study.authors, k, study.evaluation.mu_size)
+        folder = cache / f"bench-{study.source}-{key}"
+
+        def build(tmp: Path, k=k) -> None:
+            build_benchmark(tmp, tofu=tofu, n_authors=study.authors, n_forget=k, eval_size=study.evaluation.mu_size)
+
+        if stages is not None:
+            run_stage(stages, f"benchmark: {study.authors} authors, forget {k}", folder, build)
+        elif not (folder / DONE).is_file():
+            folder = scratch / folder.name
+            build(folder)
+            (folder / DONE).write_text("{}")
+        bench = load_benchmark(folder)
+        if bench is None:
+            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
+        out[k] = {**bench.describe(), "folder": str(folder), "key": key,
+                  "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")}}
+    return out
+
+
+def _initializer_seed(config: dict, seed: int) -> dict:
+    """The cell's seed for an initializer that takes one (FILA's randomized SVD, RILA's
+    sampling, ...) unless the method fixed it: seeds then vary the whole run."""
+    from ..host import get_component
+    from ..interfaces import ADAPTER_INITIALIZER
+
+    options = dict(config.get("initializer_options") or {})
+    if config.get("full_finetune") or "seed" in options:
+        return options
+    try:
+        accepts = "seed" in inspect.signature(get_component(ADAPTER_INITIALIZER, config["initializer"])).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if accepts:
+        options["seed"] = seed
+    return options
+
+
+def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False,
+               stream=None) -> Plan:
+    """Every cell with its stages and their cache folders. A real run builds the base model (if
+    it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
+    stream = stream or sys.stderr
+    stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
+    with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
+        base_path, base_key = base_model(study, stages, cache)
+        benches = prepare_benchmarks(study, cache, stages, Path(scratch))
+        if dry_run:  # the scratch folder goes away: keep only what the keys need
+            for bench in benches.values():
+                bench["folder"] = None
+    plan = Plan(study, cache, device, benches)
+    ev = study.evaluation
+    eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
+
+    def folder(kind: str, name: str, key: str) -> str:
+        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+
+    def finetune_stage(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
+        key = digest(STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads,
+                     study.max_length)
+        return Stage(label, folder("target", name, key), "finetune",
+                     {"model": base_path, "data": data, "max_length": study.max_length, "seed": recipe.seed,
+                      "threads": recipe.threads, "finetune": recipe.finetune, "device": device, "key": key})
+
+    # models: the target and the retain model of every forget size
+    first = benches[study.forget_sizes[0]]
+    model_keys: dict[str, str] = {}
+    for cell in expand(study):
+        if cell.kind == "target":
+            stage = finetune_stage(f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
+                                   "full", study.target, first["content"]["full"], _file(first, "full"))
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
+            model_keys["target"] = stage.params["key"]
+            plan.models["target"] = plan.cells[cell.id].model
+        elif cell.kind == "retain":
+            bench = benches[cell.forget]
+            stage = finetune_stage(f"fine-tune the retain model on {len(bench['retain_authors'])} authors "
+                                   f"({bench['sizes']['retain']} QA)", "retain", study.retain,
+                                   bench["content"]["retain"], _file(bench, "retain"))
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
+            model_keys[cell.id] = stage.params["key"]
+            plan.models[cell.id] = plan.cells[cell.id].model
+    if study.target.given is not None:
+        plan.models["target"] = study.target.given
+        model_keys["target"] = _given_key(study.target.given)
+    for k, given in study.retain_given.items():
+        plan.models[f"retain/forget{k}"] = given
+        model_keys[f"retain/forget{k}"] = _given_key(given)
+
+    # evaluations and methods
+    eval_keys: dict[int, str] = {}
+    for cell in expand(study):
+        if cell.kind in ("target", "retain"):
+            continue
+        k = cell.forget
+        bench = benches[k]
+        common = {"bench": bench["folder"], "tasks": list(ev.tasks), "batch_size": ev.batch_size,
+                  "gen_margin": ev.gen_margin, "max_length": study.max_length, "device": device,
+                  "extraction_from_task": ev.extraction_from_task}
+        reference = None if cell.kind == "eval_retain" else str(
+            Path(folder("eval", "retain", eval_keys[k])) / "reference.json")
+        if cell.kind == "eval_retain":
+            key = digest(STUDY_FORMAT, "eval", model_keys[f"retain/forget{k}"], bench["key"], eval_settings)
+            eval_keys[k] = key
+            stage = Stage(f"evaluate the retain model (forget {k}; the Forget Quality reference)",
+                          folder("eval", "retain", key), "evaluate",
+                          {**common, "model": plan.models[f"retain/forget{k}"], "adapter": None, "references": [],
+                           "save_reference": True})
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        elif cell.kind == "eval_full":
+            key = digest(STUDY_FORMAT, "eval", model_keys["target"], eval_keys[k], bench["key"], eval_settings)
+            stage = Stage(f"evaluate the target (forget {k})", folder("eval", "full", key), "evaluate",
+                          {**common, "model": plan.models["target"], "adapter": None, "references": [reference],
+                           "save_reference": False})
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        else:
+            method = study.method(cell.method)
+            config = {**method.config, "seed": cell.seed}
+            config["initializer_options"] = _initializer_seed(config, cell.seed)
+            run_key = digest(STUDY_FORMAT, "unlearn", model_keys["target"], bench["content"]["forget"],
+                             bench["content"]["retain"], config)
+            run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
+            unlearn = Stage(f"unlearn: {cell.label}", run_folder, "unlearn",
+                            {"config": config, "model": plan.models["target"], "bench": bench["folder"],
+                             "device": device})
+            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings)
+            evaluate = Stage(f"evaluate: {cell.label}", folder("eval", f"{method.name}-forget{k}-seed{cell.seed}",
+                                                                key), "evaluate",
+                             {**common, "model": plan.models["target"], "adapter": str(Path(run_folder) / "run"),
+                              "references": [reference], "save_reference": False})
+            plan.cells[cell.id] = CellPlan(cell, [unlearn, evaluate], result=evaluate.folder)
+    return plan
+
+
+def _made_model(stage: Stage) -> str:
+    """The model folder a fine-tuning stage leaves: the merged LoRA model, or the model itself
+    after full fine-tuning."""
+    run = Path(stage.folder) / "run"
+    return str(run if stage.params["finetune"].get("full_finetune") else run / "merged")
+
+
+def _file(bench: dict, name: str) -> str | None:
+    return str(Path(bench["folder"]) / f"{name}.json") if bench["folder"] else None
+
+
+def _given_key(model: str) -> str:
+    from ..models import resolve_model, weights_fingerprint
+
+    return digest(STUDY_FORMAT, "weights", weights_fingerprint(resolve_model(model)) or model)
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def build_finetune(tmp: Path, p: dict) -> None:
+    from ..training import FinetuneConfig, run_finetune
+
+    with _threads(p["threads"]):  # part of the recipe: another thread count sums in another order
+        run_finetune(FinetuneConfig(out=str(tmp / "run"), model=p["model"], data=p["data"], merge=True, save_steps=0,
+                                    max_length=p["max_length"], seed=p["seed"], device=p["device"], **p["finetune"]))
+
+
+def build_unlearn(tmp: Path, p: dict) -> None:
+    from ..training import UnlearnConfig, run_unlearning
+
+    bench = Path(p["bench"])
+    _need(p["model"], "the target model")
+    run_unlearning(UnlearnConfig(out=str(tmp / "run"), model=p["model"], forget=str(bench / "forget.json"),
+                                 retain=str(bench / "retain.json"), device=p["device"], **p["config"]))
+
+
+def build_evaluate(tmp: Path, p: dict) -> None:
+    from ..demo.benchmark import load_benchmark
+    from ..demo.pipeline import generation_cap
+    from ..evaluation import lm_eval_runner as runner
+    from ..models import load_tokenizer
+
+    _need(p["model"], "the model to evaluate")
+    for ref in p["references"]:
+        _need(ref, "the retain model's Forget Quality reference")
+    bench = load_benchmark(p["bench"])
+    if bench is None:
+        raise UnlearnError(f"{p['bench']}: benchmark folder missing or unreadable; run the study again")
+    max_gen_toks = generation_cap(load_tokenizer(p["model"]), bench, p["gen_margin"])
+    evaluation = runner.evaluate_model(
+        p["model"], p["tasks"], adapter=p["adapter"], device=p["device"], batch_size=p["batch_size"],
+        retain_references=p["references"], tofu_dir=str(bench.folder), forget_split=str(bench.forget),
+        max_gen_toks=max_gen_toks)
+    if p["save_reference"]:
+        runner.save_reference(evaluation, tmp / "reference.json", model=p["model"], adapter=p["adapter"])
+    runner.write_outputs(tmp, evaluation)
+    if not p["extraction_from_task"]:
+        values = extraction_strengths(p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"],
+                                      p["batch_size"])
+        write_json(tmp / EXTRACTION, {"definition": "1 - k/n, teacher-forced greedy predictions (tofu_metrics)",
+                                      "mean": sum(values) / len(values), "per_sample": values})
+
+
+def _need(path: str, what: str) -> None:
+    if path.startswith(("/", ".")) and not Path(path).exists():
+        raise UnlearnError(f"{what} is missing ({path}); its cell did not finish: run the study again")
+
+
+def extraction_strengths(model: str, adapter: str | None, data: str, max_length: int, device: str | None,
+                         batch_size: int = 8) -> list[float]:
+    """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..evaluation.tofu_metrics`): ``k``
+    the first answer position from which every teacher-forced greedy prediction equals the
+    answer (its tokens and the end token), in one forward pass per batch; for studies whose
+    evaluation does not run the ``tofu_forget_extraction_strength`` task."""
+    import torch
+
+    from ..data.tofu import encode_samples, load_split, pad_batch
+    from ..evaluation import tofu_metrics as tm
+    from ..models import load_model
+
+    loaded, tok = load_model(model, device=device, adapter=adapter)
+    encoded = encode_samples(tok, load_split(data), max_length=max_length)
+    out: list[float] = []
+    dev = next(loaded.parameters()).device
+    with torch.inference_mode():
+        for i in range(0, len(encoded), batch_size):
+            batch = {k: v.to(dev) for k, v in pad_batch(encoded[i:i + batch_size], tok.pad_token_id).items()}
+            logits = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            predicted, labels = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
+            for row_pred, row_labels in zip(predicted.tolist(), labels.tolist()):
+                pairs = [(p, y) for p, y in zip(row_pred, row_labels) if y != -100]
+                k = tm.first_matching_suffix([p for p, _ in pairs], [y for _, y in pairs])
+                out.append(tm.extraction_strength(k, len(pairs)))
+    return out
+
+
+BUILDERS: dict[str, Callable[[Path, dict], None]] = {
+    "finetune": build_finetune, "unlearn": build_unlearn, "evaluate": build_evaluate}
+
+
+# ----------------------------------------------------------------------------- running a cell
+
+
+def _reset_peak() -> str:
+    """Reset this process's peak resident memory (Linux: /proc/self/clear_refs), so the next
+    reading is the stage's own; elsewhere the reading is the process's peak so far."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return "stage"
+    except OSError:
+        return "process"
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS, KiB on Linux
+
+
+def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None]:
+    """``build`` that also writes resources.json: wall time and peak memory (RSS, and CUDA's
+    allocator peak where a GPU was used) of the stage."""
+    def run(tmp: Path) -> None:
+        import torch
+
+        scope = _reset_peak()
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        build(tmp)
+        record = {"seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": _peak_rss_mb(),
+                  "peak_scope": scope, "threads": torch.get_num_threads(), "pid": os.getpid(),
+                  "host": socket.gethostname(), **info}
+        if cuda:
+            record["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        write_json(tmp / RESOURCES, record)
+    return run
+
+
+@dataclass
+class CellTask:
+    """What a worker needs to build a cell (picklable: no study, no open files)."""
+
+    plan: CellPlan
+    cache: str
+    log: str
+
+
+def _emit_nothing(*event: Any) -> None:
+    return None
+
+
+def run_stage(stages: Stages, label: str, folder: Path, build: Callable[[Path], None], *,
+              on_wait: Callable[[str], None] = lambda message: None) -> str:
+    """``stages.run`` (build, or find it cached) that, while another process builds the stage
+    (its lock is held), waits and then reuses that result. Returns built, cached or waited."""
+    waited = False
+    while True:
+        try:
+            stages.run(label, folder, build)
+        except LockHeld as exc:
+            stages.n -= 1  # the same stage again, not the next one
+            if not waited:
+                on_wait(str(exc))
+                waited = True
+            time.sleep(WAIT_POLL_S)
+            continue
+        if waited:
+            return "waited"
+        return "cached" if stages.timings[label]["cached"] else "built"
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """This process's stdout and stderr (file descriptors too: the Trainer's and lm-eval's
+    progress bars, library warnings) into the cell's log file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a", buffering=1, encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield log
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> dict:
+    """Build every stage of one cell here; never raises for a failure of the cell itself (the
+    result says ``failed`` with the error's one line, the log has the traceback), so the other
+    cells go on."""
+    import gc
+    import traceback
+
+    from ..demo.pipeline import quiet_libraries
+
+    plan = task.plan
+    cell_id = plan.cell.id
+    started = time.perf_counter()
+    sources: list[str] = []
+    error = None
+    with output_to(Path(task.log)) as log, quiet_libraries():
+        print(f"== {plan.cell.label} ({cell_id}), pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+              file=log, flush=True)
+        try:
+            stages = Stages(Path(task.cache), total=len(plan.stages), stream=log)
+            for i, stage in enumerate(plan.stages):
+                emit("stage", cell_id, i, len(plan.stages), stage.label)
+                build = measured(lambda tmp, stage=stage: BUILDERS[stage.build](tmp, stage.params), {"cell": cell_id})
+                sources.append(run_stage(stages, stage.label, Path(stage.folder), build,
+                                         on_wait=lambda msg: emit("wait", cell_id, msg)))
+        except Exception as exc:  # noqa: BLE001 - reported per cell; the study goes on
+            error = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+            if not isinstance(exc, UnlearnError):
+                error = f"{type(exc).__name__}: {error}"
+            print(f"\nFAILED: {error}\n{traceback.format_exc()}", file=log, flush=True)
+        gc.collect()  # a failed run's progress bars close here, into the log
+    result = {"status": "done" if error is None else "failed", "sources": sources, "log": task.log,
+              "seconds": round(time.perf_counter() - started, 2)}
+    if error is not None:
+        result["error"] = error
+    return result
+
+
+def cell_source(sources: list[str]) -> str:
+    """How a cell's result came about in this run: built (some stage built here), waited
+    (built by another process while this run waited), or cached."""
+    if "built" in sources:
+        return "built"
+    return "waited" if "waited" in sources else "cached"
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["plan_study", "execute_cell", "CellTask", "Plan", "CellPlan", "Stage", "default_cache", "run_stage",
+           "extraction_strengths", "cell_source", "STUDY_FORMAT"]

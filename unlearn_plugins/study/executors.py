@@ -1,0 +1,311 @@
+"""Where a study's cells run: ``local`` worker processes on this machine, or a ``dask``
+cluster (a LocalCluster, or an existing scheduler's address).
+
+Both run one cell per task through :func:`.cells.execute_cell`, which writes into the shared
+stage cache, and report events to the runner: ``("start", cell, where)``, ``("stage", cell, i,
+n, label)``, ``("wait", cell, message)`` and ``("done", cell, result)``.
+
+Local workers are single processes started with ``spawn`` (no inherited torch or OpenMP
+state), each pinned to its share of the cores (``torch.set_num_threads`` and the OpenMP/MKL
+thread variables): on 2 cores two single-threaded workers do more cells per hour than one
+two-threaded one (bench/study_throughput.py). With GPUs, worker k sees GPU k mod N only. A
+worker that dies (killed, out of memory) fails the cell it was running, and a new worker
+takes its place; the others go on.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import uuid
+from typing import Any
+
+from ..errors import UnlearnError
+from .cells import CellTask, execute_cell
+
+EXECUTORS = ("local", "dask")
+
+
+def threads_per_worker(workers: int) -> int:
+    """The cores of this machine shared evenly by the workers (at least one thread each), at
+    most ``OMP_NUM_THREADS`` when that is set (the usual cap on a shared machine)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = max(1, cores // max(workers, 1))
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(share, int(cap)) if cap.isdigit() and int(cap) >= 1 else share
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no usable CUDA: CPU workers
+        return 0
+
+
+def _pin(threads: int, gpu: int | None) -> None:
+    """This process's thread count (before torch starts its pools) and visible GPU."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- local
+
+
+def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> None:
+    """A local worker: cells from ``inbox`` until None, events to ``outbox``."""
+    # Ctrl-C (or the runner's SIGINT) interrupts the cell, whose stage removes its temporary
+    # folder, even when the study was started with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pin(threads, gpu)
+    where = f"worker {slot} (pid {os.getpid()})"
+    parent = os.getppid()
+    try:
+        while True:
+            try:
+                task = inbox.get(timeout=5)
+            except queue.Empty:
+                if os.getppid() != parent:  # the study was killed: no one is left to hand out cells
+                    return
+                continue
+            if task is None:
+                return
+            outbox.put(("start", task.plan.cell.id, where))
+            result = execute_cell(task, lambda *event: outbox.put(event))
+            outbox.put(("done", task.plan.cell.id, {**result, "worker": where}))
+    except KeyboardInterrupt:  # the stage being built has removed its temporary folder
+        return
+
+
+class LocalExecutor:
+    """N worker processes on this machine; the runner hands a cell to an idle one."""
+
+    name = "local"
+
+    def __init__(self, workers: int, threads: int | None = None):
+        import multiprocessing
+
+        self.workers = workers
+        self.threads = threads or threads_per_worker(workers)
+        self.gpus = _gpu_count()
+        self.ctx = multiprocessing.get_context("spawn")
+        self.outbox = None
+        self.slots: dict[int, dict[str, Any]] = {}
+
+    def describe(self) -> str:
+        gpus = f", GPU k mod {self.gpus}" if self.gpus else ""
+        return f"local: {self.workers} worker process(es), {self.threads} thread(s) each{gpus}"
+
+    def _spawn(self, slot: int) -> None:
+        if self.outbox is None:
+            self.outbox = self.ctx.Queue()
+        inbox = self.ctx.Queue()
+        gpu = slot % self.gpus if self.gpus else None
+        proc = self.ctx.Process(target=_local_worker, args=(slot, inbox, self.outbox, self.threads, gpu),
+                                name=f"unlearn-study-worker-{slot}", daemon=True)
+        proc.start()
+        self.slots[slot] = {"proc": proc, "inbox": inbox, "cell": None}
+
+    def free(self) -> int:
+        busy = sum(1 for s in self.slots.values() if s["cell"] is not None)
+        return self.workers - busy
+
+    def submit(self, task: CellTask) -> None:
+        for slot in range(self.workers):
+            state = self.slots.get(slot)
+            if state is None or not state["proc"].is_alive():
+                self._spawn(slot)  # started on first need: a fully cached study starts none
+                state = self.slots[slot]
+            if state["cell"] is None:
+                state["cell"] = task.plan.cell.id
+                state["inbox"].put(task)
+                return
+        raise RuntimeError("no idle worker")  # the runner asks free() first
+
+    def _drain(self, timeout: float) -> list[tuple]:
+        events = []
+        try:
+            events.append(self.outbox.get(timeout=timeout))
+            while True:
+                events.append(self.outbox.get_nowait())
+        except queue.Empty:
+            pass
+        for event in events:
+            if event[0] == "done":
+                for state in self.slots.values():
+                    if state["cell"] == event[1]:
+                        state["cell"] = None
+        return events
+
+    def events(self, timeout: float) -> list[tuple]:
+        if self.outbox is None:
+            time.sleep(timeout)
+            return []
+        events = self._drain(timeout)
+        for slot, state in self.slots.items():
+            proc = state["proc"]
+            if state["cell"] is None or proc.is_alive():
+                continue
+            events += self._drain(0.2)  # what it sent just before it died
+            if state["cell"] is None:
+                continue
+            code = proc.exitcode
+            how = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0
+                   else f"exit code {code}")
+            error = f"worker {slot} (pid {proc.pid}) died: {how}"
+            events.append(("done", state["cell"], {"status": "failed", "error": error, "sources": []}))
+            state["cell"] = None
+        return events
+
+    def close(self, *, interrupted: bool = False) -> None:
+        for state in self.slots.values():
+            if interrupted and state["proc"].is_alive() and state["proc"].pid:
+                try:
+                    os.kill(state["proc"].pid, signal.SIGINT)  # the stage being built cleans up after itself
+                except OSError:
+                    pass
+            else:
+                try:
+                    state["inbox"].put(None)
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + (30 if interrupted else 10)
+        for state in self.slots.values():
+            state["proc"].join(max(0.0, deadline - time.monotonic()))
+            if state["proc"].is_alive():
+                state["proc"].terminate()
+                state["proc"].join(5)
+        self.slots.clear()
+
+
+# ----------------------------------------------------------------------------- dask
+
+
+def _dask_cell(task: CellTask, events: str, threads: int, gpus: int) -> dict:
+    """A cell as a Dask task: pinned like a local worker, events through a Dask queue."""
+    from distributed import Queue, get_worker
+
+    worker = get_worker()
+    index = worker.name if isinstance(worker.name, int) else 0
+    _pin(threads, index % gpus if gpus and "CUDA_VISIBLE_DEVICES" not in os.environ else None)
+    channel = Queue(events)
+    where = f"dask worker {worker.address}"
+
+    def emit(*event: Any) -> None:
+        try:
+            channel.put(event)
+        except Exception:  # noqa: BLE001 - progress is best effort
+            pass
+
+    emit("start", task.plan.cell.id, where)
+    return {**execute_cell(task, emit), "worker": where}
+
+
+class DaskExecutor:
+    """Cells as Dask tasks (one per cell) on a LocalCluster of ``workers`` single-threaded
+    processes, or on the cluster at ``address``. Where workers advertise a ``GPU`` resource
+    (a LocalCluster does when this machine has GPUs), each cell asks for one."""
+
+    name = "dask"
+
+    def __init__(self, workers: int, address: str | None = None, threads: int | None = None):
+        try:
+            from distributed import Client, LocalCluster, Queue
+        except ImportError:
+            raise UnlearnError("--executor dask needs Dask: pip install 'unlearn-plugins[dask]'") from None
+        self.threads = threads or (1 if address else threads_per_worker(workers))
+        self.gpus = 0 if address else _gpu_count()
+        self.cluster = None
+        if address:
+            try:
+                self.client = Client(address, timeout="20s")
+            except (OSError, TimeoutError) as exc:
+                raise UnlearnError(f"--scheduler {address}: cannot connect ({exc})") from None
+        else:
+            env = {name: str(self.threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                        dashboard_address=None, env=env,
+                                        resources={"GPU": 1} if self.gpus else None)
+            self.client = Client(self.cluster)
+        info = self.client.scheduler_info()
+        workers_info = info.get("workers", {}).values()
+        self.use_gpu = any(w.get("resources", {}).get("GPU") for w in workers_info)
+        self.address = self.client.scheduler.address
+        self.n_workers = len(info.get("workers", {}))
+        self.channel_name = f"unlearn-study-{uuid.uuid4().hex[:8]}"
+        self.channel = Queue(self.channel_name, client=self.client)
+        self.done: queue.Queue = queue.Queue()
+        self.futures: dict[str, Any] = {}
+
+    def describe(self) -> str:
+        kind = "LocalCluster" if self.cluster is not None else "scheduler"
+        gpu = ", one GPU per cell" if self.use_gpu else ""
+        return f"dask: {kind} {self.address}, {self.n_workers} worker(s){gpu}"
+
+    def free(self) -> int:
+        return 1 << 30  # the scheduler queues them
+
+    def submit(self, task: CellTask) -> None:
+        cell = task.plan.cell.id
+        future = self.client.submit(_dask_cell, task, self.channel_name, self.threads, self.gpus,
+                                    key=f"cell-{cell}-{uuid.uuid4().hex[:8]}", pure=False,
+                                    resources={"GPU": 1} if self.use_gpu else None)
+        self.futures[cell] = future
+
+        def finished(f, cell=cell) -> None:
+            try:
+                result = f.result()
+            except BaseException as exc:  # noqa: BLE001 - a lost worker (KilledWorker), a cancelled task
+                text = " ".join(str(exc).split()) or type(exc).__name__
+                result = {"status": "failed", "error": f"dask task failed: {type(exc).__name__}: {text}",
+                          "sources": []}
+            self.done.put(("done", cell, result))
+
+        future.add_done_callback(finished)
+
+    def events(self, timeout: float) -> list[tuple]:
+        deadline = time.monotonic() + timeout
+        while True:
+            events: list[tuple] = []
+            try:
+                events += [tuple(e) for e in self.channel.get(batch=True) or []]
+            except Exception:  # noqa: BLE001 - nothing queued
+                pass
+            while True:
+                try:
+                    events.append(self.done.get_nowait())
+                except queue.Empty:
+                    break
+            if events or time.monotonic() >= deadline:
+                return events
+            time.sleep(0.1)
+
+    def close(self, *, interrupted: bool = False) -> None:
+        if interrupted:
+            for future in self.futures.values():
+                future.cancel()
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def make_executor(kind: str, workers: int, *, scheduler: str | None = None, threads: int | None = None):
+    if kind == "local":
+        if scheduler:
+            raise UnlearnError("--scheduler is an address of a Dask scheduler: use it with --executor dask")
+        return LocalExecutor(workers, threads)
+    if kind == "dask":
+        return DaskExecutor(workers, scheduler, threads)
+    raise UnlearnError(f"--executor {kind!r}: choose {' or '.join(EXECUTORS)}")
+
+
+__all__ = ["LocalExecutor", "DaskExecutor", "make_executor", "threads_per_worker", "EXECUTORS"]

@@ -1,0 +1,421 @@
+"""A study's report: per method and forget size, the mean and 95% confidence interval over the
+seeds of Forget Quality, Model Utility, forget probability, forget ROUGE-L, extraction
+strength, retain probability, wall time and peak memory; the full and retain models as
+reference rows; a Pareto plot (Forget Quality vs Model Utility with error bars); Markdown
+(``summary.md``) and JSON (``study.json``), each written to a temporary file and renamed.
+
+Intervals: ``t`` (Student-t on the seed means, n - 1 degrees of freedom) or ``bootstrap``
+(percentile, 10,000 resamples of the seeds); the study file says which. Each evaluation's
+Model Utility also gets a 95% percentile bootstrap interval over its QA (the sampling error
+of the evaluation set, which seeds do not show). Reads only the cache's stage folders.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..files import atomic_open, write_json
+from .cells import EXTRACTION, RESOURCES, Plan, read_json
+
+#: (key, column title) of the numbers reported per cell and aggregated over seeds
+METRICS = (
+    ("forget_quality", "Forget Quality"),
+    ("model_utility", "Model Utility"),
+    ("forget_prob", "forget prob"),
+    ("forget_rougeL", "forget ROUGE-L"),
+    ("extraction_strength", "extraction strength"),
+    ("retain_prob", "retain prob"),
+    ("wall_s", "wall time (s)"),
+    ("peak_rss_mb", "peak memory (MB)"),
+)
+#: Model Utility's three parts: split -> (task, metric, kind) for prob, ROUGE-L and truth ratio
+MU_PARTS = {
+    "retain": (("tofu_retain_prob", "prob"), ("tofu_retain_rouge", "rougeL_recall"),
+               ("tofu_retain_truth_ratio", "truth_ratio")),
+    "real_authors": (("tofu_real_authors", "prob"), ("tofu_real_authors_rouge", "rougeL_recall"),
+                     ("tofu_real_authors", "truth_ratio")),
+    "world_facts": (("tofu_world_facts", "prob"), ("tofu_world_facts_rouge", "rougeL_recall"),
+                    ("tofu_world_facts", "truth_ratio")),
+}
+MU_BOOTSTRAP = 2000
+REPORT_FORMAT = 1
+
+
+# ----------------------------------------------------------------------------- one evaluation
+
+
+def read_evaluation(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """(summary, samples per task) of an evaluation stage folder."""
+    from ..evaluation import lm_eval_runner as runner
+
+    reader = getattr(runner, "read_outputs", None)
+    if reader is not None:
+        written = reader(folder)
+        summary, files = written.summary, written.samples
+    else:  # results.json / summary.json / samples/<task>.jsonl
+        summary = json.loads((folder / "summary.json").read_text())
+        files = {p.stem: p for p in (folder / "samples").glob("*.jsonl")}
+    samples = {task: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+               for task, path in files.items()}
+    return summary, samples
+
+
+def _values(samples: dict[str, list[dict]], task: str, metric: str) -> list[float]:
+    rows = sorted(samples.get(task, []), key=lambda r: r["doc_id"])
+    return [float(r[metric]) for r in rows]
+
+
+def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRAP, seed: int = 0) -> dict | None:
+    """Model Utility recomputed from its per-QA values, and its 95% percentile bootstrap
+    interval: the QA of each part resampled with replacement (the three metrics of a QA
+    together), each part aggregated as TOFU does, then the harmonic mean of the nine."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    estimates, draws = [], []
+    for split, parts in MU_PARTS.items():
+        columns = [np.asarray(_values(samples, task, metric)) for task, metric in parts]
+        n = len(columns[0])
+        if n == 0 or any(len(c) != n for c in columns):
+            return None
+        idx = rng.integers(0, n, size=(resamples, n))
+        for (task, metric), col in zip(parts, columns):
+            if metric == "truth_ratio":  # true-better aggregate: mean(max(0, 1 - tr))
+                col = np.maximum(0.0, 1.0 - col)
+            estimates.append(float(col.mean()))
+            draws.append(col[idx].mean(axis=1))
+    stacked = np.stack(draws)  # (9, resamples)
+    with np.errstate(divide="ignore"):
+        hm = np.where((stacked > 0).all(axis=0), len(draws) / (1.0 / stacked).sum(axis=0), 0.0)
+    point = 0.0 if min(estimates) <= 0 else len(estimates) / sum(1.0 / v for v in estimates)
+    low, high = np.percentile(hm, [2.5, 97.5])
+    return {"value": point, "low": float(low), "high": float(high), "width": float(high - low),
+            "resamples": resamples, "qa": {split: len(_values(samples, parts[0][0], parts[0][1]))
+                                            for split, parts in MU_PARTS.items()}}
+
+
+def evaluation_metrics(folder: Path) -> dict[str, Any]:
+    """The reported numbers of one evaluation stage."""
+    from ..evaluation import tofu_metrics as tm
+    from ..evaluation.reference import read_reference
+
+    summary, samples = read_evaluation(folder)
+    metrics = summary.get("metrics", {})
+    fq = next(iter(summary.get("forget_quality", {}).values()), {}).get("value")
+    if fq is None and (folder / "reference.json").is_file():  # the retain model is its own reference
+        ratios = read_reference(folder / "reference.json").truth_ratios
+        fq = tm.forget_quality(ratios, ratios)
+    es = metrics.get("tofu_forget_extraction_strength", {}).get("extraction_strength")
+    if es is None:
+        es = (read_json(folder / EXTRACTION) or {}).get("mean")
+    return {
+        "forget_quality": fq,
+        "model_utility": summary.get("model_utility", {}).get("value"),
+        "forget_prob": metrics.get("tofu_forget_prob", {}).get("prob"),
+        "forget_rougeL": metrics.get("tofu_forget_rouge", {}).get("rougeL_recall"),
+        "forget_truth_ratio": metrics.get("tofu_forget_truth_ratio", {}).get("truth_ratio"),
+        "extraction_strength": es,
+        "retain_prob": metrics.get("tofu_retain_prob", {}).get("prob"),
+        "model_utility_ci": mu_bootstrap(samples),
+    }
+
+
+def _resources(folders: Sequence[str]) -> dict[str, Any]:
+    records = [read_json(Path(f) / RESOURCES) or {} for f in folders]
+    seconds = [r["seconds"] for r in records if isinstance(r.get("seconds"), (int, float))]
+    peaks = [r["peak_rss_mb"] for r in records if isinstance(r.get("peak_rss_mb"), (int, float))]
+    return {"wall_s": round(sum(seconds), 1) if len(seconds) == len(records) else None,
+            "peak_rss_mb": max(peaks) if len(peaks) == len(records) else None,
+            "peak_scope": sorted({r.get("peak_scope") for r in records if r.get("peak_scope")})}
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+#: the range of each reported number: an interval is cut to it (its intersection with the
+#: possible values covers the true value as often as the interval itself)
+RANGES = {key: (0.0, None) if key in ("wall_s", "peak_rss_mb") else (0.0, 1.0) for key, _ in METRICS}
+
+
+def interval(values: Sequence[float | None], method: str, bounds: tuple[float | None, float | None] = (None, None)
+             ) -> dict[str, Any]:
+    """Mean and 95% interval over the seeds (``t`` or ``bootstrap``), cut to ``bounds``; None
+    bounds from one value."""
+    import numpy as np
+
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    out: dict[str, Any] = {"mean": None, "low": None, "high": None, "n": len(vals), "values": vals}
+    if not vals:
+        return out
+    mean = float(np.mean(vals))
+    out["mean"] = mean
+    if len(vals) < 2:
+        return out
+    sd = float(np.std(vals, ddof=1))
+    if sd == 0.0:
+        out["low"] = out["high"] = mean
+    elif method == "t":
+        from scipy.stats import t
+
+        half = float(t.ppf(0.975, len(vals) - 1)) * sd / math.sqrt(len(vals))
+        out["low"], out["high"] = mean - half, mean + half
+    else:
+        from scipy.stats import bootstrap
+
+        ci = bootstrap((np.asarray(vals),), np.mean, confidence_level=0.95, n_resamples=10000,
+                       method="percentile", random_state=0).confidence_interval
+        out["low"], out["high"] = float(ci.low), float(ci.high)
+    lo, hi = bounds
+    if lo is not None:
+        out["low"] = max(out["low"], lo)
+    if hi is not None:
+        out["high"] = min(out["high"], hi)
+    return out
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
+    """Per cell numbers, per (method, forget size) intervals, and the reference models."""
+    study = plan.study
+    cells: dict[str, dict] = {}
+    for cell_id, cp in plan.cells.items():
+        result = results.get(cell_id, {"status": "not run"})
+        entry = {"kind": cp.cell.kind, "forget": cp.cell.forget, "method": cp.cell.method, "seed": cp.cell.seed,
+                 "status": result["status"], "source": result.get("source"), "error": result.get("error"),
+                 "log": result.get("log"), "stages": [s.folder for s in cp.stages]}
+        if result["status"] == "done" and cp.cell.kind != "target" and cp.cell.kind != "retain":
+            try:
+                entry["metrics"] = evaluation_metrics(Path(cp.result))
+            except (OSError, ValueError, KeyError) as exc:
+                entry.update(status="failed", error=f"its evaluation is unreadable: {exc}")
+        if result["status"] == "done":
+            entry["resources"] = _resources([s.folder for s in cp.stages])
+        cells[cell_id] = entry
+
+    def model_resources(model_cell: str | None, eval_cell: str) -> dict:
+        folders = list(cells[eval_cell]["stages"])
+        if model_cell in cells:
+            folders = cells[model_cell]["stages"] + folders
+        return _resources(folders)
+
+    groups, references = [], []
+    for k in study.forget_sizes:
+        for name, label, model_cell, eval_cell in (
+                ("full", "full (target, before unlearning)", "target", f"eval-full/forget{k}"),
+                ("retain", "retain (never saw the forget authors)", f"retain/forget{k}", f"eval-retain/forget{k}")):
+            entry = cells[eval_cell]
+            row = {"name": name, "label": label, "forget": k, "status": entry["status"], "error": entry.get("error")}
+            if "metrics" in entry:
+                row.update(entry["metrics"], **model_resources(model_cell, eval_cell))
+            references.append(row)
+        for method in study.methods:
+            ids = [f"{method.name}/forget{k}/seed{s}" for s in study.seeds]
+            done = [cells[i] for i in ids if "metrics" in cells[i]]
+            group = {"method": method.name, "label": method.label, "forget": k, "seeds": list(study.seeds),
+                     "seeds_done": [cells[i]["seed"] for i in ids if "metrics" in cells[i]], "metrics": {}}
+            for key, _ in METRICS:
+                source = "resources" if key in ("wall_s", "peak_rss_mb") else "metrics"
+                group["metrics"][key] = interval([c[source].get(key) for c in done], study.ci, RANGES[key])
+            widths = [c["metrics"]["model_utility_ci"]["width"] for c in done if c["metrics"].get("model_utility_ci")]
+            group["model_utility_qa_ci_width_max"] = max(widths) if widths else None
+            groups.append(group)
+    return {"cells": cells, "groups": groups, "references": references}
+
+
+def _fmt(value: Any, key: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if key in ("wall_s", "peak_rss_mb"):
+        return f"{value:.0f}"
+    if isinstance(value, float):
+        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
+    return str(value)
+
+
+def _ci_text(stat: dict, key: str) -> str:
+    if stat["mean"] is None:
+        return "n/a"
+    if stat["low"] is None:
+        return f"{_fmt(stat['mean'], key)} (n={stat['n']})"
+    return f"{_fmt(stat['mean'], key)} [{_fmt(stat['low'], key)}, {_fmt(stat['high'], key)}]"
+
+
+def markdown(report: dict, plan: Plan) -> str:
+    study, data = plan.study, report["data"]
+    method_ci = ("Student-t (n - 1 degrees of freedom)" if study.ci == "t"
+                 else "percentile bootstrap over the seeds (10,000 resamples)")
+    budget = ", ".join(f"{k} {v}" for k, v in study.budget.items())
+    lines = [f"# Study `{study.name}`", ""]
+    if study.description:
+        lines += [study.description, ""]
+    lines += [
+        f"Model `{study.model}`; benchmark: {study.authors} {'TOFU' if study.source == 'tofu' else 'generated'} "
+        f"authors (20 QA each), forgetting the last {', '.join(map(str, study.forget_sizes))}; seeds "
+        f"{', '.join(map(str, study.seeds))}; one unlearning budget for every method: {budget}.",
+        "",
+        f"Each cell: mean over the seeds and its 95% confidence interval [low, high] ({method_ci}; cut to "
+        "the metric's range, [0, 1] or >= 0). Forget "
+        "Quality: KS-test p-value of the forget truth ratios against the retain model's; Model Utility: "
+        "TOFU's harmonic mean of 9 (probability, ROUGE-L, truth ratio on retain QA, real authors, world "
+        "facts); extraction strength 1 - k/n on the forget QA; retain prob: answer probability on the "
+        "Model Utility retain QA. Wall time and peak memory (resident set) per cell: unlearning + "
+        "evaluation (reference rows: fine-tuning + evaluation).",
+    ]
+    for k in study.forget_sizes:
+        bench = plan.benches[k]
+        lines += ["", f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)", "",
+                  "| model | seeds | " + " | ".join(title for _, title in METRICS) + " |",
+                  "|---|---|" + "---|" * len(METRICS)]
+        for row in (r for r in report["references"] if r["forget"] == k):
+            cells = [_fmt(row.get(key), key) for key, _ in METRICS] if row["status"] == "done" else \
+                ["failed"] * len(METRICS)
+            lines.append(f"| {row['label']} | - | " + " | ".join(cells) + " |")
+        groups = [g for g in report["groups"] if g["forget"] == k]
+        for g in groups:
+            lines.append(f"| {g['label']} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
+                         + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in METRICS) + " |")
+        lines += _ranking(groups, report["references"], k)
+    widths = [(c["metrics"]["model_utility_ci"]["width"], cid) for cid, c in data["cells"].items()
+              if c.get("metrics", {}).get("model_utility_ci")]
+    if widths:
+        width, where = max(widths)
+        qa = data["cells"][where]["metrics"]["model_utility_ci"]["qa"]
+        lines += ["", f"Model Utility's sampling error (95% bootstrap over the evaluation QA, {MU_BOOTSTRAP} "
+                      f"resamples; {qa['retain']} retain, {qa['real_authors']} real-authors, {qa['world_facts']} "
+                      f"world-facts QA): at most {width:.3f} wide ({where})."]
+    lines += ["", "![Forget Quality vs Model Utility](pareto.png)"]
+    failed = [(cid, c) for cid, c in data["cells"].items() if c["status"] != "done"]
+    if failed:
+        lines += ["", f"## Failed cells ({len(failed)})", ""]
+        lines += [f"- `{cid}`: {c.get('error')}" + (f" (log: {c['log']})" if c.get("log") else "") for cid, c in failed]
+    sources = [c.get("source") for c in data["cells"].values() if c["status"] == "done"]
+    run = report["run"]
+    lines += ["", f"{len(data['cells'])} cells: {sources.count('built')} built in this run, "
+                  f"{sources.count('cached')} cached, {sources.count('waited')} built by a concurrent run, "
+                  f"{len(failed)} failed; {run['executor']} executor, {run['workers']} worker(s), "
+                  f"{run['wall_time_s']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
+    """Which method has the highest mean Forget Quality, whether its interval separates it from
+    the next, and its Model Utility against the target's."""
+    ranked = sorted((g for g in groups if g["metrics"]["forget_quality"]["mean"] is not None),
+                    key=lambda g: g["metrics"]["forget_quality"]["mean"], reverse=True)
+    if not ranked:
+        return []
+    best = ranked[0]
+    fq, mu = best["metrics"]["forget_quality"], best["metrics"]["model_utility"]
+    text = f"Highest mean Forget Quality: {best['label']} ({_ci_text(fq, '')})"
+    if len(ranked) > 1:
+        second = ranked[1]["metrics"]["forget_quality"]
+        apart = None not in (fq["low"], second["high"]) and fq["low"] > second["high"]
+        text += (f"; its interval {'lies above' if apart else 'overlaps'} that of {ranked[1]['label']} "
+                 f"({_ci_text(second, '')})")
+    full = next((r for r in references if r["forget"] == k and r["name"] == "full"), None)
+    if full and full.get("model_utility") is not None and mu["mean"] is not None:
+        text += f". Its Model Utility {_ci_text(mu, '')} vs the target's {full['model_utility']:.3f}"
+    return ["", text + "."]
+
+
+def plot_pareto(report: dict, plan: Plan, path: Path) -> None:
+    """Forget Quality (log scale) vs Model Utility per method with their intervals, the full and
+    retain models as reference points, and the Pareto front of the method means; one panel per
+    forget size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    study = plan.study
+    sizes = study.forget_sizes
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 4.8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, k in zip(axes[0], sizes):
+        # a lower bound of 0 cannot be drawn on a log axis: it goes a decade below the smallest value
+        shown = [g["metrics"]["forget_quality"][b] for g in report["groups"] if g["forget"] == k
+                 for b in ("mean", "low")]
+        shown += [r.get("forget_quality") for r in report["references"] if r["forget"] == k]
+        floor = min([v for v in shown if v is not None and v > 0] or [1.0]) / 10
+        points = []
+        for i, g in enumerate(g for g in report["groups"] if g["forget"] == k):
+            fq, mu = g["metrics"]["forget_quality"], g["metrics"]["model_utility"]
+            if fq["mean"] is None or mu["mean"] is None:
+                continue
+            x = max(fq["mean"], floor)
+            xerr = [[x - max(fq["low"], floor) if fq["low"] is not None else 0.0],
+                    [max(fq["high"] - x, 0.0) if fq["high"] is not None else 0.0]]
+            yerr = [[mu["mean"] - mu["low"] if mu["low"] is not None else 0.0],
+                    [mu["high"] - mu["mean"] if mu["high"] is not None else 0.0]]
+            ax.errorbar([x], [mu["mean"]], xerr=xerr, yerr=yerr, fmt="o", capsize=3, color=colors[i % len(colors)],
+                        label=f"{g['label']} (n={fq['n']})")
+            points.append((x, mu["mean"]))
+        front = sorted(p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points))
+        if len(front) > 1:
+            ax.plot(*zip(*front), ls="--", lw=0.8, color="gray", label="Pareto front (means)")
+        for r in (r for r in report["references"] if r["forget"] == k):
+            if r.get("forget_quality") is None or r.get("model_utility") is None:
+                continue
+            marker = "s" if r["name"] == "full" else "*"
+            ax.scatter([max(r["forget_quality"], floor)], [r["model_utility"]], marker=marker, s=140 if marker == "*"
+                       else 70, color="black", zorder=3, label=r["label"])
+        ax.set_xscale("log")
+        ax.set_xlabel("Forget Quality (log scale; higher is better)")
+        ax.set_ylabel("Model Utility (higher is better)")
+        ax.set_title(f"forget {k} author(s): mean and 95% CI over {len(study.seeds)} seeds")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=110)
+    plt.close(fig)
+
+
+def terminal_table(report: dict, plan: Plan) -> str:
+    """Forget Quality and Model Utility per method and forget size, for the terminal."""
+    rows = [("forget", "model", "Forget Quality", "Model Utility")]
+    for k in plan.study.forget_sizes:
+        for r in (r for r in report["references"] if r["forget"] == k):
+            rows.append((str(k), r["label"], _fmt(r.get("forget_quality")), _fmt(r.get("model_utility"))))
+        for g in (g for g in report["groups"] if g["forget"] == k):
+            rows.append((str(k), g["label"], _ci_text(g["metrics"]["forget_quality"], ""),
+                         _ci_text(g["metrics"]["model_utility"], "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:
+    """study.json, summary.md and pareto.png in ``out``; returns the files and the terminal table."""
+    from dataclasses import asdict
+
+    data = collect(plan, results)
+    study = plan.study
+    report = {
+        "format": REPORT_FORMAT,
+        "study": {k: v for k, v in asdict(study).items() if k != "methods"},
+        "methods": [{"name": m.name, "label": m.label, "settings": m.settings, "config": m.config}
+                    for m in study.methods],
+        "ci": {"method": study.ci, "level": 0.95},
+        "benchmarks": {str(k): {key: v for key, v in b.items() if key != "content"} for k, b in plan.benches.items()},
+        "models": plan.models,
+        "cache": str(plan.cache),
+        "run": run,
+        "references": data["references"],
+        "groups": data["groups"],
+        "cells": data["cells"],
+        "failed": [cid for cid, c in data["cells"].items() if c["status"] != "done"],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"study.json": out / "study.json", "summary.md": out / "summary.md", "pareto.png": out / "pareto.png"}
+    write_json(files["study.json"], report)
+    plot_pareto(report, plan, files["pareto.png"])
+    with atomic_open(files["summary.md"]) as handle:
+        handle.write(markdown({**report, "data": data}, plan))
+    return {k: str(v) for k, v in files.items()}, terminal_table(report, plan)

@@ -1,0 +1,150 @@
+"""Run a study: plan its cells, hand every cell whose inputs are ready to the executor, follow
+their progress, and write the report.
+
+Cells found complete in the cache are not run again (a rerun after an interruption continues
+with the unfinished ones). A failed cell is reported with its error line and log, the cells
+that need its result are reported as not run, and the others go on; the report covers what
+finished.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..files import LockHeld, folder_lock
+from .cells import CellTask, Plan, cell_source, plan_study
+from .progress import Progress
+from .spec import Study
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    results: dict[str, dict]
+    files: dict[str, str] = field(default_factory=dict)
+    table: str = ""
+
+    @property
+    def failed(self) -> list[str]:
+        return [cell for cell, r in self.results.items() if r["status"] != "done"]
+
+
+def log_path(out: Path, cell_id: str) -> Path:
+    return out / "logs" / (cell_id.replace("/", "_") + ".log")
+
+
+def dry_run_table(plan: Plan) -> str:
+    """The expanded grid: one line per cell with its stages' cache state."""
+    rows = [("cell", "needs", "stages", "state")]
+    for cp in plan.ordered():
+        done = sum(s.done for s in cp.stages)
+        state = "cached" if done == len(cp.stages) else "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
+        rows.append((cp.cell.id, ", ".join(cp.cell.deps) or "-", " + ".join(s.build for s in cp.stages), state))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    cached = sum(cp.cached for cp in plan.ordered())
+    lines.append(f"{len(plan.cells)} cells: {cached} cached, {len(plan.cells) - cached} to build "
+                 f"(cache {plan.cache})")
+    return "\n".join(lines)
+
+
+def run_cells(plan: Plan, make_executor, out: Path, *, stream=None) -> dict[str, dict]:
+    """Every cell of ``plan`` (dependencies first); returns each cell's result."""
+    progress = Progress(len(plan.cells), stream=stream)
+    results: dict[str, dict] = {}
+    pending = []
+    for cp in plan.ordered():
+        if cp.cached:
+            results[cp.cell.id] = {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
+            progress.cached(cp.cell.id)
+        else:
+            pending.append(cp)
+    executor = None
+    running: set[str] = set()
+    try:
+        while pending or running:
+            for cp in list(pending):
+                failed = [d for d in cp.cell.deps if results.get(d, {}).get("status") == "failed"]
+                if failed:
+                    pending.remove(cp)
+                    results[cp.cell.id] = {"status": "failed", "sources": [],
+                                           "error": f"not run: it needs {failed[0]}, which failed"}
+                    progress.finished(cp.cell.id, results[cp.cell.id])
+            ready = [cp for cp in pending if all(results.get(d, {}).get("status") == "done" for d in cp.cell.deps)]
+            if ready and executor is None:
+                executor = make_executor()
+                progress.line(f"executor: {executor.describe()}")
+            for cp in ready[:executor.free() if executor else 0]:
+                pending.remove(cp)
+                running.add(cp.cell.id)
+                executor.submit(CellTask(cp, str(plan.cache), str(log_path(out, cp.cell.id))))
+            if not running:
+                continue
+            for event in executor.events(0.5):
+                kind, cell = event[0], event[1]
+                if cell not in running:
+                    continue
+                if kind == "start":
+                    progress.start(cell, event[2])
+                elif kind == "stage":
+                    progress.stage(cell, *event[2:])
+                elif kind == "wait":
+                    progress.waiting(cell, event[2])
+                elif kind == "done":
+                    running.discard(cell)
+                    result = dict(event[2])
+                    result["source"] = cell_source(result.get("sources", []))
+                    results[cell] = result
+                    progress.finished(cell, result)
+    except BaseException:
+        if executor is not None:
+            executor.close(interrupted=True)
+            executor = None
+        raise
+    finally:
+        if executor is not None:
+            executor.close()
+        progress.close()
+    return results
+
+
+def run_study(study: Study, *, out: str | Path, cache: Path, workers: int = 1, executor: str = "local",
+              scheduler: str | None = None, device: str | None = None, threads: int | None = None,
+              stream=None) -> Outcome:
+    """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``."""
+    from .executors import make_executor
+
+    stream = stream or sys.stderr
+    out = Path(out)
+    started = time.perf_counter()
+    plan = plan_study(study, cache=cache, device=device, stream=stream)
+    results = run_cells(plan, lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads), out,
+                        stream=stream)
+    files, table = _write_report(out, plan, results, {"executor": executor, "workers": workers,
+                                                      "wall_time_s": round(time.perf_counter() - started, 1)},
+                                 stream)
+    return Outcome(plan, results, files, table)
+
+
+def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tuple[dict, str]:
+    """The report, under the lock of ``out`` (a concurrent run of the same study writing the
+    same folder is waited for: its report is replaced by this one, which has the same cells)."""
+    from . import report
+
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            with folder_lock(out, f"--out {out}"):
+                return report.write_report(out, plan, results, run)
+        except LockHeld:
+            if time.monotonic() > deadline:
+                raise
+            print(f"waiting for another run writing its report in {out}", file=stream, flush=True)
+            time.sleep(2)
+
+
+__all__ = ["run_study", "run_cells", "dry_run_table", "Outcome"]

@@ -1,0 +1,539 @@
+"""The study file: a TOML description of an experiment grid, its strict validation, and the
+grid of cells it expands to.
+
+A study names the base model, a TOFU-style benchmark (N authors, forget sizes), how the
+target ("full") and retain models are made (a fine-tuning recipe, or given folders), the
+unlearning methods, the seeds, the evaluation and ONE unlearning budget for every method.
+Every unknown key and bad value is an error naming the file, the table and the key
+(``FILE: [table] key: what is wrong``), raised before any work; docs/study.md describes the
+format. Built-in studies live in ``studies/`` beside this module (``unlearn study --list``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UnlearnError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "studies"
+#: the model alias of a randomly initialised 2-layer Llama built in code (unlearn_plugins.testing)
+TINY_MODEL = "tiny-llama"
+TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation")
+CI_METHODS = ("t", "bootstrap")
+SOURCES = ("tofu", "generated")
+#: the tasks every study evaluates: Forget Quality, Model Utility, forget probability and ROUGE-L
+REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
+EXTRACTION_TASK = "tofu_forget_extraction_strength"
+#: training options that make up the shared unlearning budget ([budget]) and a fine-tuning recipe
+SCHEDULE_FIELDS = ("lr", "epochs", "max_steps", "batch_size", "grad_accum", "weight_decay", "lr_scheduler",
+                   "warmup_steps", "warmup_ratio", "warmup_epochs", "max_grad_norm", "optim", "lora_r",
+                   "lora_alpha", "lora_dropout", "target_modules", "dtype", "mixed_precision")
+#: what a [[methods]] entry may set besides name, label and preset
+METHOD_FIELDS = ("objective", "objective_options", "retain_loss", "initializer", "initializer_options",
+                 "regularizer", "regularizer_options")
+#: options the study itself sets for every training run (paths, seed, length, device, checkpoints)
+STUDY_CONTROLLED = ("out", "model", "data", "forget", "retain", "seed", "max_length", "device", "tofu_dir",
+                    "merge", "save_steps", "resume", "overwrite", "authors")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class StudyError(UnlearnError):
+    """A bad study file: the message names the file, the table and the key."""
+
+
+# ----------------------------------------------------------------------------- the parsed study
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a target or retain model is made: fine-tuned from the base model, or given."""
+
+    finetune: dict = field(default_factory=dict)
+    seed: int = 0
+    threads: int | None = None  # torch threads while fine-tuning (None: the worker's)
+    given: str | None = None  # target: a model folder or hub id
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    settings: dict  # preset, objective, initializer, ... as written in the file
+    #: the resolved UnlearnConfig values (preset < method < budget), without paths, seed, device
+    config: dict
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    tasks: tuple[str, ...]
+    mu_size: int
+    batch_size: int
+    gen_margin: int
+
+    @property
+    def extraction_from_task(self) -> bool:
+        return EXTRACTION_TASK in self.tasks
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    path: str  # the study file
+    description: str
+    model: str  # alias, folder or hub id (folders resolved against the study file)
+    max_length: int
+    source: str  # tofu | generated
+    tofu_dir: str | None
+    authors: int
+    forget_sizes: tuple[int, ...]
+    target: Recipe
+    retain: Recipe
+    retain_given: dict  # forget size -> model folder
+    budget: dict
+    methods: tuple[Method, ...]
+    seeds: tuple[int, ...]
+    evaluation: Evaluation
+    ci: str
+
+    def method(self, name: str) -> Method:
+        return next(m for m in self.methods if m.name == name)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One task of the grid: a model to make, a model to evaluate, or a method to run and
+    evaluate. ``deps``: cells whose results it reads."""
+
+    id: str
+    kind: str  # target | retain | eval_retain | eval_full | method
+    label: str
+    forget: int | None = None
+    method: str | None = None
+    seed: int | None = None
+    deps: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------------------- finding and reading
+
+
+def builtin_studies() -> dict[str, Path]:
+    """The studies shipped with the package: name -> file."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
+
+
+def find_study(spec: str) -> Path:
+    """A study file path, or the name of a built-in study."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    builtins = builtin_studies()
+    if spec in builtins:
+        return builtins[spec]
+    if path.exists():
+        raise StudyError(f"{spec}: is a folder, not a study file")
+    known = ", ".join(builtins) or "none"
+    raise StudyError(f"{spec}: no such study file or built-in study (built-in: {known}; see unlearn study --list)")
+
+
+def load_study(spec: str) -> Study:
+    """Read and validate a study file (or built-in study name)."""
+    path = find_study(spec)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise StudyError(f"{path}: not valid TOML: {exc}") from None
+    return _Reader(path).study(data)
+
+
+class _Reader:
+    """Validation with one error format: ``FILE: [table] key: what is wrong``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def error(self, table: str, key: str | None, what: str) -> StudyError:
+        where = f"[{table}]" + (f" {key}" if key else "")
+        return StudyError(f"{self.path}: {where}: {what}")
+
+    # -- generic checks
+    def table(self, data: dict, name: str, *, required: bool = False) -> dict:
+        value = data.get(name)
+        if value is None:
+            if required:
+                raise StudyError(f"{self.path}: [{name}]: missing table")
+            return {}
+        if not isinstance(value, dict):
+            raise StudyError(f"{self.path}: [{name}]: must be a table, got {_show(value)}")
+        return value
+
+    def keys(self, table: str, values: dict, allowed, *, hints: dict | None = None) -> None:
+        for key in values:
+            if key in allowed:
+                continue
+            if hints and key in hints:
+                raise self.error(table, key, hints[key])
+            raise self.error(table, key, f"unknown key; known keys: {', '.join(allowed)}")
+
+    def get(self, table: str, values: dict, key: str, kind: str, default: Any = None, *, required: bool = False,
+            minimum: float | None = None, choices=None) -> Any:
+        if key not in values:
+            if required:
+                raise self.error(table, key, "missing")
+            return default
+        value = values[key]
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.error(table, key, f"must be an integer, got {_show(value)}")
+        elif kind == "str":
+            if not isinstance(value, str) or not value.strip():
+                raise self.error(table, key, f"must be a non-empty string, got {_show(value)}")
+        elif kind == "table":
+            if not isinstance(value, dict):
+                raise self.error(table, key, f"must be a table, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            raise self.error(table, key, f"must be >= {minimum:g}, got {_show(value)}")
+        if choices is not None and value not in choices:
+            raise self.error(table, key, f"must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
+        return value
+
+    def int_list(self, table: str, values: dict, key: str, *, minimum: int, maximum: int | None = None,
+                 scalar_ok: bool = False) -> tuple[int, ...]:
+        if key not in values:
+            raise self.error(table, key, "missing")
+        value = values[key]
+        if scalar_ok and isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise self.error(table, key, f"must be a non-empty list of integers, got {_show(value)}")
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise self.error(table, key, f"must be a list of integers, got {_show(v)} in it")
+            if v < minimum or (maximum is not None and v > maximum):
+                span = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+                raise self.error(table, key, f"each value must be {span}, got {v}")
+        if len(set(value)) != len(value):
+            dup = next(v for v in value if value.count(v) > 1)
+            raise self.error(table, key, f"{dup} is listed twice")
+        return tuple(value)
+
+    def training_options(self, table: str, values: dict, config_cls, allowed) -> dict:
+        """Options of a training config (a recipe's finetune table, the budget): names and types."""
+        from ..training.config import _type_ok
+
+        fields = {f.name: f for f in dataclasses.fields(config_cls)}
+        out = {}
+        for key, value in values.items():
+            if key not in allowed:
+                if key in STUDY_CONTROLLED:
+                    raise self.error(table, key, "is set by the study (paths, seed, max_length in [model], device "
+                                                 "on the command line); remove it")
+                if table.startswith("methods") and key in SCHEDULE_FIELDS:
+                    raise self.error(table, key, "is a budget setting: set it in [budget] (one budget for every "
+                                                 "method)")
+                if table == "budget" and key in METHOD_FIELDS:
+                    raise self.error(table, key, "belongs to a method: set it in [[methods]]")
+                raise self.error(table, key, f"unknown key; known keys: {', '.join(allowed)}")
+            annotation = str(fields[key].type)
+            if not _type_ok(value, annotation):
+                raise self.error(table, key, f"must be of type {annotation}, got {_show(value)}")
+            if annotation.startswith("float") and isinstance(value, int):
+                value = float(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise self.error(table, key, f"must be a finite number, got {value}")
+            out[key] = value
+        return out
+
+    def checked_config(self, table: str, config_cls, layers: list[tuple[str, dict]]) -> dict:
+        """Build the config from layers and run its range checks; a range error names ``table``."""
+        from ..training.config import ConfigError, build_config
+
+        try:
+            config = build_config(config_cls, *layers, ("study", {"out": "<study>", "save_steps": 0}))
+        except ConfigError as exc:
+            raise self.error(table, *_config_problem(str(exc))) from None
+        return config.to_dict()
+
+    # -- tables
+    def study(self, data: dict) -> Study:
+        for key, value in data.items():
+            if key not in TABLES:
+                if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
+                    raise StudyError(f"{self.path}: [{key}]: unknown table; tables: {', '.join(TABLES)}")
+                raise StudyError(f"{self.path}: {key}: unknown top-level key; keys belong in a table "
+                                 f"({', '.join(f'[{t}]' for t in TABLES)})")
+        head = self.table(data, "study", required=True)
+        self.keys("study", head, ("name", "description", "seeds", "ci"))
+        name = self.get("study", head, "name", "str", self.path.stem)
+        if not NAME_RE.match(name):
+            raise self.error("study", "name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
+        description = head.get("description", "")
+        if not isinstance(description, str):
+            raise self.error("study", "description", f"must be a string, got {_show(description)}")
+        seeds = self.int_list("study", head, "seeds", minimum=0, maximum=2**32 - 1)
+        ci = self.get("study", head, "ci", "str", "t", choices=CI_METHODS)
+
+        model_t = self.table(data, "model", required=True)
+        self.keys("model", model_t, ("base", "max_length"))
+        model = self.get("model", model_t, "base", "str", required=True)
+        model = self.model_path(model)
+        from ..data.tofu import MIN_MAX_LENGTH
+
+        max_length = self.get("model", model_t, "max_length", "int", 512, minimum=MIN_MAX_LENGTH)
+
+        bench = self.table(data, "benchmark", required=True)
+        self.keys("benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors"))
+        source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
+        tofu_dir = self.get("benchmark", bench, "tofu_dir", "str")
+        if tofu_dir is not None:
+            if source != "tofu":
+                raise self.error("benchmark", "tofu_dir", "only applies to source = 'tofu'")
+            tofu_dir = str(self.relative(tofu_dir))
+        authors = self.get("benchmark", bench, "authors", "int", required=True, minimum=2)
+        if authors > 20:
+            raise self.error("benchmark", "authors", f"must be <= 20 (the TOFU authors with paraphrased and "
+                                                     f"perturbed answers, forget10_perturbed), got {authors}")
+        forget_sizes = self.int_list("benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1,
+                                     scalar_ok=True)
+
+        target, retain, retain_given = self.models(data, forget_sizes)
+        budget = self.budget(data)
+        methods = self.methods(data, budget, max_length)
+        evaluation = self.evaluation(data)
+        return Study(name=name, path=str(self.path), description=description, model=model, max_length=max_length,
+                     source=source, tofu_dir=tofu_dir, authors=authors, forget_sizes=forget_sizes, target=target,
+                     retain=retain, retain_given=retain_given, budget=budget, methods=methods, seeds=seeds,
+                     evaluation=evaluation, ci=ci)
+
+    def relative(self, value: str) -> Path:
+        """A path written in the study file, relative to the file's folder."""
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (self.path.parent / path).resolve()
+
+    def model_path(self, value: str) -> str:
+        """Aliases and hub ids as written; a relative path resolved against the study file."""
+        from ..models import EMBEDDED_ALIASES
+
+        if value in EMBEDDED_ALIASES or value == TINY_MODEL:
+            return value
+        if value.startswith((".", "/", "~")) or self.relative(value).exists():
+            return str(self.relative(value))
+        return value
+
+    def recipe(self, table: str, values: dict, base: Recipe | None) -> Recipe:
+        from ..training.config import FinetuneConfig
+
+        self.keys(table, values, ("finetune", "seed", "threads", "given"))
+        seed = self.get(table, values, "seed", "int", base.seed if base else 0, minimum=0)
+        threads = self.get(table, values, "threads", "int", base.threads if base else None, minimum=1)
+        finetune_t = self.get(table, values, "finetune", "table", None)
+        finetune = dict(base.finetune) if base else {}
+        if finetune_t is not None:
+            finetune.update(self.training_options(f"{table}.finetune", finetune_t, FinetuneConfig,
+                                                  SCHEDULE_FIELDS + ("full_finetune",)))
+        if finetune_t is not None or base is None:
+            self.checked_config(f"{table}.finetune", FinetuneConfig, [(f"[{table}.finetune]", finetune)])
+        return Recipe(finetune=finetune, seed=seed, threads=threads)
+
+    def models(self, data: dict, forget_sizes) -> tuple[Recipe, Recipe, dict]:
+        target_t = self.table(data, "target", required=True)
+        retain_t = self.table(data, "retain")
+        if "given" in target_t:
+            given = self.get("target", target_t, "given", "str")
+            extra = [k for k in target_t if k != "given"]
+            if extra:
+                raise self.error("target", extra[0], "a given target has no recipe; remove it or 'given'")
+            target = Recipe(given=self.model_path(given))
+        else:
+            target = self.recipe("target", target_t, None)
+        retain_given: dict[int, str] = {}
+        if "given" in retain_t:
+            table = self.get("retain", retain_t, "given", "table")
+            extra = [k for k in retain_t if k != "given"]
+            if extra:
+                raise self.error("retain", extra[0], "given retain models have no recipe; remove it or 'given'")
+            for key, value in table.items():
+                if not key.isdigit() or int(key) not in forget_sizes:
+                    raise self.error("retain.given", key, f"must be a forget size of [benchmark] forget_authors "
+                                                          f"({', '.join(map(str, forget_sizes))})")
+                if not isinstance(value, str) or not value:
+                    raise self.error("retain.given", key, f"must be a model folder or hub id, got {_show(value)}")
+                retain_given[int(key)] = self.model_path(value)
+            missing = [k for k in forget_sizes if k not in retain_given]
+            if missing:
+                raise self.error("retain.given", str(missing[0]), "missing: give a retain model for every forget size")
+            return target, Recipe(), retain_given
+        if target.given is not None and not retain_t:
+            raise self.error("retain", None, "the target is given, so the retain models need a recipe (finetune, "
+                                             "seed) or given folders (given = {\"1\" = \"...\"})")
+        base = None if target.given is not None else target
+        return target, self.recipe("retain", retain_t, base), retain_given
+
+    def budget(self, data: dict) -> dict:
+        from ..training.config import UnlearnConfig
+
+        values = self.table(data, "budget", required=True)
+        budget = self.training_options("budget", values, UnlearnConfig, SCHEDULE_FIELDS)
+        self.checked_config("budget", UnlearnConfig, [("[budget]", budget)])
+        return budget
+
+    def methods(self, data: dict, budget: dict, max_length: int) -> tuple[Method, ...]:
+        from ..training.config import UnlearnConfig
+
+        entries = data.get("methods")
+        if entries is None:
+            raise StudyError(f"{self.path}: [[methods]]: missing (one [[methods]] table per method)")
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise StudyError(f"{self.path}: [[methods]]: must be an array of tables ([[methods]] ...), got "
+                             f"{_show(entries)}")
+        methods: list[Method] = []
+        for i, entry in enumerate(entries, 1):
+            name = entry.get("name")
+            table = f"methods.{name}" if isinstance(name, str) and name else f"methods #{i}"
+            name = self.get(table, entry, "name", "str", required=True)
+            if not NAME_RE.match(name):
+                raise self.error(table, "name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
+            if any(m.name == name for m in methods):
+                raise self.error(table, "name", f"{name!r} is used by another method")
+            label = self.get(table, entry, "label", "str", name)
+            preset_name = self.get(table, entry, "preset", "str")
+            rest = {k: v for k, v in entry.items() if k not in ("name", "label", "preset")}
+            settings = self.training_options(table, rest, UnlearnConfig, METHOD_FIELDS)
+            layers = []
+            if preset_name is not None:
+                from ..training.presets import PRESETS
+
+                if preset_name not in PRESETS:
+                    raise self.error(table, "preset", f"unknown preset {preset_name!r}; presets: "
+                                                      f"{', '.join(sorted(PRESETS))}")
+                layers.append((f"preset {preset_name}", PRESETS[preset_name]))
+            layers += [(f"[{table}]", settings), ("[budget]", budget), ("[model]", {"max_length": max_length})]
+            config = self.checked_config(table, UnlearnConfig, layers)
+            self.components(table, config)
+            for key in ("out", "model", "forget", "retain", "device", "tofu_dir", "seed"):
+                config.pop(key, None)
+            methods.append(Method(name=name, label=label,
+                                  settings={**({"preset": preset_name} if preset_name else {}), **settings},
+                                  config=config))
+        # one budget: every method trains with the same schedule, whatever its preset says
+        for key in SCHEDULE_FIELDS:
+            seen = {m.name: m.config.get(key) for m in methods}
+            if len({repr(v) for v in seen.values()}) > 1:
+                shown = ", ".join(f"{n}: {_show(v)}" for n, v in seen.items())
+                raise self.error("budget", key, f"the methods would train with different values ({shown}, from "
+                                                f"their presets); set it in [budget] so every method uses one")
+        return tuple(methods)
+
+    def components(self, table: str, config: dict) -> None:
+        """Objective, regulariser and initializer names and options, checked by building them."""
+        from ..host import create
+        from ..interfaces import ADAPTER_INITIALIZER, UNLEARNING_OBJECTIVE
+        from ..training.config import UnlearnConfig
+        from ..training.run import build_objective
+
+        unlearn = UnlearnConfig(**config)
+        parts = [("objective", config["objective"], unlearn.objective_kwargs())]
+        if config.get("regularizer"):
+            parts.append(("regularizer", config["regularizer"], config.get("regularizer_options", {})))
+        for key, name, options in parts:
+            try:
+                create(UNLEARNING_OBJECTIVE, name, **options)
+            except UnlearnError as exc:
+                raise self.error(table, key, _one_line(exc)) from None
+        try:
+            build_objective(unlearn)  # a regulariser as objective, options without a regulariser, ...
+        except UnlearnError as exc:
+            raise self.error(table, "regularizer" if config.get("regularizer") else "objective",
+                             _one_line(exc)) from None
+        if not config.get("full_finetune"):
+            try:
+                create(ADAPTER_INITIALIZER, config["initializer"], **config.get("initializer_options", {}))
+            except UnlearnError as exc:
+                raise self.error(table, "initializer", _one_line(exc)) from None
+
+    def evaluation(self, data: dict) -> Evaluation:
+        values = self.table(data, "evaluation")
+        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin"))
+        tasks = values.get("tasks", list(REQUIRED_TASKS))
+        if not isinstance(tasks, list) or not all(isinstance(t, str) and t for t in tasks):
+            raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
+        missing = [t for t in REQUIRED_TASKS if t not in tasks]
+        if missing:
+            raise self.error("evaluation", "tasks", f"must include {', '.join(missing)} (every study reports "
+                                                    f"Forget Quality, Model Utility, forget probability and ROUGE-L)")
+        if len(set(tasks)) != len(tasks):
+            raise self.error("evaluation", "tasks", "lists a task twice")
+        return Evaluation(tasks=tuple(tasks),
+                          mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
+                          batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
+                          gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+_OPTION_RE = re.compile(r"^(?:.*?: )?option '([a-z_]+)' (.*)$", re.S)
+
+
+def _config_problem(message: str) -> tuple[str | None, str]:
+    """(key, problem) of a training config's range error ("option 'lr' must be ...")."""
+    match = _OPTION_RE.match(_one_line(message))
+    if match:
+        return match.group(1), match.group(2)
+    return None, _one_line(message)
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+def expand(study: Study) -> list[Cell]:
+    """Every cell of the grid, each after the cells it needs: the target, per forget size the
+    retain model and the evaluations of both (the retain model's truth ratios are the Forget
+    Quality reference), then method x seed."""
+    cells: list[Cell] = []
+    target_id = None
+    if study.target.given is None:
+        target_id = "target"
+        cells.append(Cell("target", "target", f"fine-tune the target on {study.authors} authors"))
+    for k in study.forget_sizes:
+        retain_id = None
+        if k not in study.retain_given:
+            retain_id = f"retain/forget{k}"
+            cells.append(Cell(retain_id, "retain", f"fine-tune the retain model (forget {k})", forget=k))
+        ref = f"eval-retain/forget{k}"
+        cells.append(Cell(ref, "eval_retain", f"evaluate the retain model (forget {k})", forget=k,
+                          deps=tuple(d for d in (retain_id,) if d)))
+        cells.append(Cell(f"eval-full/forget{k}", "eval_full", f"evaluate the target (forget {k})", forget=k,
+                          deps=tuple(d for d in (target_id, ref) if d)))
+    for k in study.forget_sizes:
+        for method in study.methods:
+            for seed in study.seeds:
+                cells.append(Cell(f"{method.name}/forget{k}/seed{seed}", "method",
+                                  f"{method.label}, forget {k}, seed {seed}", forget=k, method=method.name,
+                                  seed=seed, deps=tuple(d for d in (target_id, f"eval-retain/forget{k}") if d)))
+    return cells
+
+
+__all__ = ["Study", "Method", "Recipe", "Evaluation", "Cell", "StudyError", "load_study", "find_study",
+           "builtin_studies", "expand", "TINY_MODEL"]
