@@ -184,7 +184,8 @@ def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_pat
 def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, tmp_path, monkeypatch):
     """A configured TOFU folder is used instead of the shipped subset; both give byte-identical
     benchmark files (the subset is TOFU's own lines), so the demo's numbers do not depend on which."""
-    from unlearn_plugins.demo.benchmark import SHIPPED_TOFU, build_benchmark, find_tofu
+    from unlearn_plugins.demo.benchmark import SHIPPED_OPTIONS_FILES, SHIPPED_TOFU, build_benchmark, find_tofu
+    from unlearn_plugins.errors import DataError
 
     monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
     assert find_tofu("auto", None, 3) == tofu_dir
@@ -195,8 +196,11 @@ def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, 
     assert full.authors == shipped.authors and full.sizes == shipped.sizes
     for name in full.sizes:
         assert (full.folder / f"{name}.json").read_bytes() == (shipped.folder / f"{name}.json").read_bytes(), name
-    for name in ("real_authors_perturbed", "world_facts_perturbed"):
-        assert (SHIPPED_TOFU / f"{name}.json").read_bytes() == (tofu_dir / f"{name}.json").read_bytes()
+    for name, shipped_name in SHIPPED_OPTIONS_FILES.items():  # TOFU's first 20 lines
+        head = b"".join((tofu_dir / f"{name}.json").read_bytes().splitlines(keepends=True)[:20])
+        assert (SHIPPED_TOFU / shipped_name).read_bytes() == head
+    with pytest.raises(DataError, match=r"real_authors_1-20_perturbed.json: 20 QA, fewer than the 21"):
+        build_benchmark(tmp_path / "big", tofu=SHIPPED_TOFU, n_authors=3, n_forget=1, eval_size=21)
 
 
 def test_missing_tofu_falls_back_only_in_auto_mode(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ the paraphrased/perturbed answers the truth ratio needs), and for Model Utility
 
 Source: TOFU's ``forget10_perturbed`` split (authors 180-199, the only authors with every
 field), taking the last N: from a configured TOFU folder (``--tofu-dir``, ``UNLEARN_TOFU_DIR``),
-else from the subset shipped in the package (``tofu_subset/``: authors 197-199 and the
-real-authors / world-facts sets, TOFU's MIT licence beside them), else (more authors than it
+else from the subset shipped in the package (``tofu_subset/``: authors 197-199 and the first
+20 real-authors / world-facts QA, TOFU's MIT licence beside them), else (more authors than it
 has) from the hub copy; without TOFU, the generated fictitious authors of
 :mod:`unlearn_plugins.data.synthetic`.
 """
@@ -35,6 +35,9 @@ FORMAT = 1
 SHIPPED_TOFU = Path(__file__).resolve().parent / "tofu_subset"
 #: its authors file: the last lines of TOFU's forget10_perturbed.json (authors 197-199)
 SHIPPED_AUTHORS_FILE = "authors_197-199_perturbed.json"
+#: TOFU file -> the shipped subset's file holding its first lines (Model Utility's options sets)
+SHIPPED_OPTIONS_FILES = {"real_authors_perturbed": "real_authors_1-20_perturbed.json",
+                         "world_facts_perturbed": "world_facts_1-20_perturbed.json"}
 
 
 @dataclass
@@ -76,6 +79,14 @@ def authors_file(tofu: Path) -> Path:
     (authors 180-199), or in the shipped subset its last three authors."""
     full = tofu / f"{SOURCE_AUTHORS_SPLIT}.json"
     shipped = tofu / SHIPPED_AUTHORS_FILE
+    return shipped if not full.is_file() and shipped.is_file() else full
+
+
+def options_file(tofu: Path, split: str) -> Path:
+    """A TOFU folder's ``real_authors_perturbed`` / ``world_facts_perturbed`` file, or in the
+    shipped subset the file with its first lines."""
+    full = tofu / f"{split}.json"
+    shipped = tofu / SHIPPED_OPTIONS_FILES[split]
     return shipped if not full.is_file() and shipped.is_file() else full
 
 
@@ -130,7 +141,7 @@ def source_fingerprint(tofu: Path | None) -> str:
 
         return f"generated-{file_digest(Path(synthetic.__file__))}"
     parts = [file_digest(path) for path in
-             (authors_file(tofu), tofu / "real_authors_perturbed.json", tofu / "world_facts_perturbed.json")]
+             (authors_file(tofu), *(options_file(tofu, split) for split in SHIPPED_OPTIONS_FILES))]
     return "tofu-" + "-".join(parts)
 
 
@@ -152,8 +163,12 @@ def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_
         rows = _rows(authors_file(tofu), require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
         available = len(rows) // QA_PER_AUTHOR
         first_author = 200 - available  # both files end with TOFU's last author (199)
-        real = _rows(tofu / "real_authors_perturbed.json", require=("question", "answer", "perturbed_answer"))
-        world = _rows(tofu / "world_facts_perturbed.json", require=("question", "answer", "perturbed_answer"))
+        real, world = (_rows(options_file(tofu, split), require=("question", "answer", "perturbed_answer"))
+                       for split in SHIPPED_OPTIONS_FILES)
+        for split, items in zip(SHIPPED_OPTIONS_FILES, (real, world)):
+            if len(items) < eval_size:
+                raise DataError(f"{options_file(tofu, split)}: {len(items)} QA, fewer than the {eval_size} Model "
+                                "Utility needs (eval_size); point UNLEARN_TOFU_DIR at a full TOFU folder")
         source, source_dir = "tofu", str(tofu)
     else:
         from ..data import synthetic
