@@ -11,15 +11,14 @@ made on other splits, or with another ``--limit``, is refused.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import DataError
 from ..files import write_json
+from .reference import load_reference_file
 
 FORMAT = "unlearn-plugins/tofu-mia-reference"
 VERSION = 1
@@ -83,32 +82,15 @@ def _number(value: Any) -> bool:
 
 def read_mia_reference(path: str | os.PathLike) -> MIAReference:
     """Load and validate an MIA reference file; errors name the file and the field."""
-    path = Path(path).expanduser()
-    try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"MIA reference {path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"MIA reference {path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DataError(f"MIA reference {path}: field 'format' must be {FORMAT!r} (made by unlearn eval "
-                        "--save-mia-reference)")
-    if data.get("version") != VERSION:
-        raise DataError(f"MIA reference {path}: field 'version': unsupported value {data.get('version')!r}")
-    for name in ("forget_split", "holdout_split"):
-        if not isinstance(data.get(name), str):
-            raise DataError(f"MIA reference {path}: field '{name}' must be a string")
+    path, data, _ = load_reference_file(path, what="MIA reference", format=FORMAT, version=VERSION,
+                                        strings=("forget_split", "holdout_split"),
+                                        made_by="unlearn eval --save-mia-reference")
     aucs = data.get("auc")
     if not isinstance(aucs, dict) or not all(isinstance(k, str) and _number(v) and 0 <= v <= 1
                                              for k, v in aucs.items()):
         raise DataError(f"MIA reference {path}: field 'auc' must map attack names to AUCs in [0, 1]")
-    samples = data.get("samples")
-    if not isinstance(samples, list) or not samples:
-        raise DataError(f"MIA reference {path}: field 'samples' must be a non-empty list")
     keys, members, losses = [], [], []
-    for i, item in enumerate(samples):
-        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            raise DataError(f"MIA reference {path}: samples[{i}]: field 'key' must be a string")
+    for i, item in enumerate(data["samples"]):
         if item.get("member") not in MEMBERS:
             raise DataError(f"MIA reference {path}: samples[{i}]: field 'member' must be 'forget' or 'holdout'")
         if not _number(item.get("loss")):

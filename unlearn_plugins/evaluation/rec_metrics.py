@@ -20,16 +20,16 @@ set) serves any subset of it (e.g. the CUD-easy users' prompts).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import DataError
 from ..files import write_json
+from .reference import load_reference_file
+from .reference import references_from as retain_references_from
 
 FORMAT = "unlearn-plugins/rec-prediction-reference"
 VERSION = 1
@@ -140,27 +140,10 @@ def write_prediction_reference(path: str | os.PathLike, *, task: str, split: str
 
 def read_prediction_reference(path: str | os.PathLike) -> PredictionReference:
     """Load and validate a reference file; errors name the file and the field."""
-    path = Path(path).expanduser()
-    try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"prediction reference {path}: file not found") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"prediction reference {path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DataError(f"prediction reference {path}: field 'format' must be {FORMAT!r}")
-    if data.get("version") != VERSION:
-        raise DataError(f"prediction reference {path}: field 'version': unsupported value {data.get('version')!r}")
-    for name in ("task", "split"):
-        if not isinstance(data.get(name), str):
-            raise DataError(f"prediction reference {path}: field '{name}' must be a string")
-    samples = data.get("samples")
-    if not isinstance(samples, list) or not samples:
-        raise DataError(f"prediction reference {path}: field 'samples' must be a non-empty list")
+    path, data, samples = load_reference_file(path, what="prediction reference", format=FORMAT, version=VERSION,
+                                              strings=("task", "split"))
     keys, probs = [], []
     for i, item in enumerate(samples):
-        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            raise DataError(f"prediction reference {path}: samples[{i}]: field 'key' must be a string")
         p = item.get("p_yes")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
             raise DataError(f"prediction reference {path}: samples[{i}]: field 'p_yes' must be a number in [0, 1]")
@@ -173,13 +156,7 @@ def read_prediction_reference(path: str | os.PathLike) -> PredictionReference:
 
 def references_from(value: Any) -> list[PredictionReference]:
     """Reference files named in task metadata (a path, a list of paths, or a comma list)."""
-    if value in (None, "", []):
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        value = [v for v in str(value).split(",") if v.strip()]
-    if not isinstance(value, (list, tuple)):
-        raise DataError(f"metadata 'retrain_reference' must be a path or a list of paths, got {type(value).__name__}")
-    return [read_prediction_reference(v) for v in value]
+    return retain_references_from(value, read_prediction_reference, "retrain_reference")
 
 
 def reference_from_samples(samples: Sequence[dict], path: str | os.PathLike, *, task: str,

@@ -83,29 +83,43 @@ def write_reference(path: str | os.PathLike, *, task: str, split: str, keys: Seq
     })
 
 
-def read_reference(path: str | os.PathLike) -> Reference:
-    """Load and validate a reference file; errors name the file and the field."""
+def load_reference_file(path: str | os.PathLike, *, what: str, format: str, version: int,
+                        strings: Sequence[str], made_by: str | None = None) -> tuple[Path, dict, list]:
+    """The checks every reference file shares (retain truth ratios, MIA losses, MovieLens
+    predictions): JSON, ``format``, ``version``, string fields and a non-empty ``samples``
+    list. Returns (path, data, samples); errors name the file and the field."""
     path = Path(path).expanduser()
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DataError(f"retain reference {path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"retain reference {path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DataError(f"retain reference {path}: field 'format' must be {FORMAT!r} (made by unlearn eval --save-reference)")
-    if data.get("version") != VERSION:
-        raise DataError(f"retain reference {path}: field 'version': unsupported value {data.get('version')!r}")
-    for field in ("task", "split"):
+        raise DataError(f"{what} {path}: file not found") from None
+    except ValueError as exc:  # JSON and UTF-8 decoding errors
+        raise DataError(f"{what} {path}: not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    if not isinstance(data, dict) or data.get("format") != format:
+        made = f" (made by {made_by})" if made_by else ""
+        raise DataError(f"{what} {path}: field 'format' must be {format!r}{made}")
+    if data.get("version") != version:
+        raise DataError(f"{what} {path}: field 'version': unsupported value {data.get('version')!r}")
+    for field in strings:
         if not isinstance(data.get(field), str):
-            raise DataError(f"retain reference {path}: field '{field}' must be a string")
+            raise DataError(f"{what} {path}: field '{field}' must be a string")
     samples = data.get("samples")
     if not isinstance(samples, list) or not samples:
-        raise DataError(f"retain reference {path}: field 'samples' must be a non-empty list")
-    keys, ratios = [], []
+        raise DataError(f"{what} {path}: field 'samples' must be a non-empty list")
     for i, item in enumerate(samples):
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
-            raise DataError(f"retain reference {path}: samples[{i}]: field 'key' must be a string")
+            raise DataError(f"{what} {path}: samples[{i}]: field 'key' must be a string")
+    return path, data, samples
+
+
+def read_reference(path: str | os.PathLike) -> Reference:
+    """Load and validate a reference file; errors name the file and the field."""
+    path, data, samples = load_reference_file(path, what="retain reference", format=FORMAT, version=VERSION,
+                                              strings=("task", "split"), made_by="unlearn eval --save-reference")
+    keys, ratios = [], []
+    for i, item in enumerate(samples):
         tr = item.get("truth_ratio")
         if isinstance(tr, bool) or not isinstance(tr, (int, float)) or math.isnan(tr) or tr < 0:
             raise DataError(f"retain reference {path}: samples[{i}]: field 'truth_ratio' must be a non-negative number")
@@ -114,12 +128,13 @@ def read_reference(path: str | os.PathLike) -> Reference:
     return Reference(str(path), data["task"], data["split"], tuple(keys), tuple(ratios))
 
 
-def references_from(value: Any) -> list[Reference]:
-    """Reference files named in task metadata (a path, a list of paths, or a comma list)."""
+def references_from(value: Any, read=None, field: str = "retain_reference") -> list:
+    """Reference files named in task metadata ``field`` (a path, a list of paths, or a comma
+    list), each read with ``read`` (default: a retain reference)."""
     if value in (None, "", []):
         return []
     if isinstance(value, (str, os.PathLike)):
         value = [v for v in str(value).split(",") if v.strip()]
     if not isinstance(value, (list, tuple)):
-        raise DataError(f"metadata 'retain_reference' must be a path or a list of paths, got {type(value).__name__}")
-    return [read_reference(v) for v in value]
+        raise DataError(f"metadata '{field}' must be a path or a list of paths, got {type(value).__name__}")
+    return [(read or read_reference)(v) for v in value]
