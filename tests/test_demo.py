@@ -201,6 +201,11 @@ def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, 
         assert (SHIPPED_TOFU / shipped_name).read_bytes() == head
     with pytest.raises(DataError, match=r"real_authors_1-20_perturbed.json: 20 QA, fewer than the 21"):
         build_benchmark(tmp_path / "big", tofu=SHIPPED_TOFU, n_authors=3, n_forget=1, eval_size=21)
+    # a full TOFU folder's files are capped at what they have (the study's mu_size 400 asks for all)
+    capped = build_benchmark(tmp_path / "capped", tofu=tofu_dir, n_authors=3, n_forget=1, eval_size=10_000)
+    for name in SHIPPED_OPTIONS_FILES:
+        have = len((tofu_dir / f"{name}.json").read_bytes().splitlines())
+        assert len((capped.folder / f"{name}.json").read_bytes().splitlines()) == have
 
 
 def test_missing_tofu_falls_back_only_in_auto_mode(tmp_path, monkeypatch):

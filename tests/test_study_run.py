@@ -225,3 +225,37 @@ def test_dask_executor_runs_a_grid_on_a_local_cluster(cache, tmp_path, capsys):
         "dask worker tcp"}
     for g in data["groups"]:
         assert g["seeds_done"] == [11, 12] and g["metrics"]["model_utility"]["n"] == 2
+
+
+def test_records_let_a_study_resume_with_an_empty_cache(cache, tmp_path, capsys):
+    """--records keeps the finished cells' results (no models, samples slimmed to numbers); on
+    another machine (an empty cache) they are restored, nothing is rebuilt for them, the report
+    has the same numbers, and a new seed rebuilds the target it needs."""
+    out, records = tmp_path / "report", tmp_path / "records"
+    code, _, err = run(capsys, "tiny", "--out", out, "--cache-dir", cache, "--records", records)
+    assert code == 0, err[-3000:]
+    first = report(out)
+    recorded = list(records.rglob("*"))
+    assert not [p for p in recorded if p.suffix in (".safetensors", ".bin", ".pt")]
+    sample_rows = [json.loads(line) for p in recorded if p.suffix == ".jsonl" for line in p.read_text().splitlines()]
+    assert sample_rows and all("doc" not in r and "arguments" not in r and "doc_id" in r for r in sample_rows)
+    assert sum(p.stat().st_size for p in recorded if p.is_file()) < 2_000_000
+
+    empty = tmp_path / "empty-cache"
+    code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", empty, "--records", records)
+    assert code == 0 and stdout.splitlines()[-1] == f"8 cells: 0 cached, 6 recorded, 2 to build (cache {empty})"
+    code, _, err = run(capsys, "tiny", "--out", tmp_path / "again", "--cache-dir", empty, "--records", records)
+    assert code == 0, err[-3000:]
+    assert "executor:" not in err  # no model built: every cell that needs one is recorded
+    again = report(tmp_path / "again")
+    assert {c["source"] for c in again["cells"].values()} == {"cached", "recorded"}
+    assert again["groups"] == first["groups"] and again["references"] == first["references"]
+
+    # a new seed needs the target: it is built (its hollow restored folder replaced), the rest restored
+    path = study_file(tmp_path, [0, 1, 2], methods=("grad_diff",))
+    code, _, err = run(capsys, path, "--out", tmp_path / "more", "--cache-dir", empty, "--records", records)
+    assert code == 0, err[-3000:]
+    more = report(tmp_path / "more")["cells"]
+    assert more["target"]["source"] == "built" and more["grad_diff/forget1/seed2"]["source"] == "built"
+    assert more["grad_diff/forget1/seed0"]["source"] == "cached"
+    assert (records / Path(more["grad_diff/forget1/seed2"]["stages"][1]).name / "stage.json").is_file()

@@ -70,7 +70,10 @@ class CellPlan:
 
     @property
     def cached(self) -> bool:
-        return all(s.done for s in self.stages)
+        """Every stage built, or the cell's evaluation finished (its model stage may be gone:
+        restored from records, :mod:`unlearn_plugins.study.records`)."""
+        last = self.stages[-1]
+        return all(s.done for s in self.stages) or (last.build == "evaluate" and last.done)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import LockHeld, folder_lock
+from ..stages import DONE
 from .cells import CellTask, Plan, cell_source, plan_study
 from .progress import Progress
 from .spec import Study
@@ -36,31 +37,60 @@ def log_path(out: Path, cell_id: str) -> Path:
     return out / "logs" / (cell_id.replace("/", "_") + ".log")
 
 
-def dry_run_table(plan: Plan) -> str:
-    """The expanded grid: one line per cell with its stages' cache state."""
+def dry_run_table(plan: Plan, records: Path | None = None) -> str:
+    """The expanded grid: one line per cell with its stages' cache state (``recorded``: its
+    evaluation is in ``records``, to be restored rather than built)."""
     rows = [("cell", "needs", "stages", "state")]
+    n_cached = n_recorded = 0
     for cp in plan.ordered():
         done = sum(s.done for s in cp.stages)
-        state = "cached" if done == len(cp.stages) else "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
+        last = cp.stages[-1]
+        recorded = (not cp.cached and records is not None and last.build == "evaluate"
+                    and (records / Path(last.folder).name / DONE).is_file())
+        if cp.cached:
+            state = "cached"
+            n_cached += 1
+        elif recorded:
+            state = "recorded"
+            n_recorded += 1
+        else:
+            state = "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
         rows.append((cp.cell.id, ", ".join(cp.cell.deps) or "-", " + ".join(s.build for s in cp.stages), state))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    cached = sum(cp.cached for cp in plan.ordered())
-    lines.append(f"{len(plan.cells)} cells: {cached} cached, {len(plan.cells) - cached} to build "
-                 f"(cache {plan.cache})")
+    recorded = f", {n_recorded} recorded" if records is not None else ""
+    lines.append(f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
+                 f"to build (cache {plan.cache})")
     return "\n".join(lines)
 
 
-def run_cells(plan: Plan, make_executor, out: Path, *, stream=None) -> dict[str, dict]:
-    """Every cell of ``plan`` (dependencies first); returns each cell's result."""
+def _not_needed(plan: Plan) -> set[str]:
+    """Target and retain cells not built whose every dependent cell is finished (its
+    evaluation restored from records): their models would be built for nothing."""
+    dependents: dict[str, list[str]] = {}
+    for cp in plan.ordered():
+        for dep in cp.cell.deps:
+            dependents.setdefault(dep, []).append(cp.cell.id)
+    return {cp.cell.id for cp in plan.ordered()
+            if cp.cell.kind in ("target", "retain") and not cp.cached and dependents.get(cp.cell.id)
+            and all(plan.cells[d].cached for d in dependents[cp.cell.id])}
+
+
+def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Path | None = None) -> dict[str, dict]:
+    """Every cell of ``plan`` (dependencies first); returns each cell's result. With
+    ``records``, each finished cell's results are recorded there as it finishes."""
     progress = Progress(len(plan.cells), stream=stream)
     results: dict[str, dict] = {}
     pending = []
+    skip = _not_needed(plan)
     for cp in plan.ordered():
-        if cp.cached:
-            results[cp.cell.id] = {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
+        if cp.cached or cp.cell.id in skip:
+            results[cp.cell.id] = {"status": "done", "source": "cached" if cp.cached else "recorded",
+                                   "sources": ["cached"] * len(cp.stages)}
             progress.cached(cp.cell.id)
+            if records is not None and cp.cached:
+                record_cell(cp, records, stream)
         else:
             pending.append(cp)
     executor = None
@@ -100,6 +130,8 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None) -> dict[str,
                     result["source"] = cell_source(result.get("sources", []))
                     results[cell] = result
                     progress.finished(cell, result)
+                    if records is not None and result["status"] == "done":
+                        record_cell(plan.cells[cell], records, stream)
     except BaseException:
         if executor is not None:
             executor.close(interrupted=True)
@@ -112,18 +144,36 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None) -> dict[str,
     return results
 
 
+def record_cell(cp, records: Path, stream) -> None:
+    """Record a finished cell; a failure to record is said, and the study goes on."""
+    from . import records as ledger
+
+    try:
+        ledger.save(cp, records)
+    except OSError as exc:
+        print(f"warning: --records {records}: could not record {cp.cell.id}: {exc}", file=stream, flush=True)
+
+
 def run_study(study: Study, *, out: str | Path, cache: Path, workers: int = 1, executor: str = "local",
               scheduler: str | None = None, device: str | None = None, threads: int | None = None,
-              stream=None) -> Outcome:
-    """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``."""
+              stream=None, records: str | Path | None = None) -> Outcome:
+    """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``.
+    ``records``: a folder of finished cells' results (:mod:`unlearn_plugins.study.records`),
+    restored into the cache first and added to as cells finish."""
+    from . import records as ledger
     from .executors import make_executor
 
     stream = stream or sys.stderr
     out = Path(out)
     started = time.perf_counter()
     plan = plan_study(study, cache=cache, device=device, stream=stream)
+    if records is not None:
+        records = Path(records)
+        restored = ledger.restore(plan, records)
+        if restored:
+            print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
     results = run_cells(plan, lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads), out,
-                        stream=stream)
+                        stream=stream, records=records)
     files, table = _write_report(out, plan, results, {"executor": executor, "workers": workers,
                                                       "wall_time_s": round(time.perf_counter() - started, 1)},
                                  stream)

@@ -1,0 +1,120 @@
+"""A study's records: the results of its finished cells, small enough to keep in a repository,
+so that a study can resume on another machine (or after its cache is lost) without rebuilding
+what it already measured (``unlearn study --records DIR``).
+
+Recorded per stage folder (``DIR/<stage folder name>/``):
+
+- an evaluation stage: everything the report and later evaluations read: lm-eval's results file
+  (with our summary), the retain model's ``reference.json`` (the Forget Quality reference),
+  the extraction strengths, ``resources.json`` and the stage marker, and the samples files
+  slimmed to their numbers (``doc_id`` and the per-sample metrics; the prompts, documents and
+  raw responses, most of the bytes, are left out);
+- a fine-tune or unlearning stage: its ``resources.json`` only (wall time, peak memory). Models
+  and adapters are never recorded.
+
+Restoring puts an evaluation back as a finished stage. A model stage comes back hollow: its
+``resources.json`` in a folder without the stage marker, so the report still has its wall time
+and anything that needs the model rebuilds it. A cell whose evaluation is finished is done; a
+target or retain model that no unfinished cell needs is not built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..stages import DONE
+from .cells import RESOURCES, CellPlan, Plan
+
+#: what an evaluation stage keeps besides its slimmed samples
+KEPT_SUFFIXES = (".json",)
+
+
+def _slim_row(row: dict) -> dict:
+    """A samples row with its numbers only (what the report's per-QA intervals read)."""
+    return {k: v for k, v in row.items()
+            if k == "doc_id" or k == "filter" or isinstance(v, (int, float, bool)) or v is None}
+
+
+def _slim_samples(source: Path, target: Path) -> None:
+    rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    target.write_text("".join(json.dumps(_slim_row(r), sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+
+
+def _record_files(stage_folder: Path, kind: str, into: Path) -> None:
+    if kind != "evaluate":
+        if (stage_folder / RESOURCES).is_file():
+            shutil.copy2(stage_folder / RESOURCES, into / RESOURCES)
+        return
+    for path in sorted(stage_folder.rglob("*")):
+        if not path.is_file() or any(part.startswith(".") for part in path.relative_to(stage_folder).parts):
+            continue
+        target = into / path.relative_to(stage_folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".jsonl":
+            _slim_samples(path, target)
+        elif path.suffix in KEPT_SUFFIXES:
+            shutil.copy2(path, target)
+
+
+def _write_folder(final: Path, fill) -> bool:
+    """``fill(tmp)`` then rename ``tmp`` to ``final``; False when ``final`` exists already."""
+    if final.exists():
+        return False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        fill(tmp)
+        os.replace(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if final.exists():  # recorded or restored by another process meanwhile
+            return False
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return True
+
+
+def save(cp: CellPlan, records: Path) -> list[str]:
+    """Record the finished stages of one cell (those already recorded are left as they are);
+    returns the folder names recorded now."""
+    saved = []
+    for stage in cp.stages:
+        folder = Path(stage.folder)
+        if not (folder / DONE).is_file():
+            continue
+        if _write_folder(records / folder.name, lambda tmp, folder=folder, kind=stage.build: _record_files(folder, kind, tmp)):
+            saved.append(folder.name)
+    return saved
+
+
+def restore(plan: Plan, records: Path) -> list[str]:
+    """Put the recorded stages of the plan's cells into the cache where they are missing;
+    returns the folder names restored."""
+    restored = []
+    if not records.is_dir():
+        return restored
+    for cp in plan.cells.values():
+        for stage in cp.stages:
+            folder, record = Path(stage.folder), records / Path(stage.folder).name
+            if not record.is_dir() or (folder / DONE).is_file():
+                continue
+            if stage.build == "evaluate":
+                if not (record / DONE).is_file():
+                    continue  # not a finished evaluation: ignore it
+                if folder.exists():  # a hollow or unfinished folder: the record replaces it
+                    shutil.rmtree(folder)
+                if _write_folder(folder, lambda tmp, record=record: shutil.copytree(record, tmp, dirs_exist_ok=True)):
+                    restored.append(folder.name)
+            elif not folder.exists() and (record / RESOURCES).is_file():
+                if _write_folder(folder, lambda tmp, record=record: shutil.copy2(record / RESOURCES, tmp / RESOURCES)):
+                    restored.append(folder.name)
+    return restored
+
+
+__all__ = ["save", "restore"]
