@@ -142,6 +142,8 @@ class E2URec:
         from ..training.config import FinetuneConfig
         from ..training.lora import build_lora_model
         from ..training.run import training_arguments
+        from transformers import PrinterCallback
+
         from ..training.trainer import UnlearningTrainer
         from .gradient import NLL
 
@@ -158,6 +160,7 @@ class E2URec:
             args.disable_tqdm = True
             trainer = UnlearningTrainer(model=lora, args=args, train_dataset=list(context.forget),
                                         data_collator=PaddingCollator(context.tokenizer.pad_token_id), objective=NLL())
+            trainer.remove_callback(PrinterCallback)  # no progress bar and no log dicts on stdout for this inner run
             trainer.train()
         return lora.merge_and_unload()
 
