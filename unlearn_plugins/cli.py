@@ -1,12 +1,14 @@
 """The `unlearn` command: parse, call the library, print. Errors print once, on one line,
 without a traceback (``--debug`` shows it); the package's own warnings print as one
-``warning:`` line each."""
+``warning:`` line each. ``--debug`` and ``--verbosity`` go before or after the sub-command."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
+import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +17,17 @@ from .commands import COMMANDS
 from .errors import UnlearnError
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
+log = logging.getLogger(f"{__package__}.cli")  # not __name__: that is __main__ under `python -m`
+
+#: --verbosity's levels, in lm-eval's spelling
+LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
+#: the loggers --verbosity sets: this package's and those of the libraries it drives
+VERBOSITY_LOGGERS = ("unlearn_plugins", "transformers", "datasets", "lm_eval", "peft", "accelerate")
+#: libraries that install their own stderr handler on import and read its level from this
+#: variable then (a library imported after the flag is applied, or in a worker process)
+LIBRARY_LEVEL_ENV = {"transformers": "TRANSFORMERS_VERBOSITY", "datasets": "DATASETS_VERBOSITY"}
+#: the level chosen with --verbosity, for worker processes (unset: no flag, each library's default)
+VERBOSITY_ENV = "UNLEARN_VERBOSITY"
 
 
 class Parser(argparse.ArgumentParser):
@@ -24,18 +37,38 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _add_global_options(parser: argparse.ArgumentParser, *, default_debug, default_verbosity) -> None:
+    g = parser.add_argument_group("global options (before or after the command)")
+    g.add_argument("--debug", action="store_true", default=default_debug, help="show the traceback of an error")
+    g.add_argument("--verbosity", type=str.upper, choices=LEVELS, default=default_verbosity, metavar="LEVEL",
+                   help=f"log level of this package and of transformers, datasets, lm-eval, peft and accelerate: "
+                        f"{', '.join(LEVELS)} (default: each library's own, WARNING); ERROR also hides warnings. `demo` "
+                        f"and `study` show only errors of transformers, lm-eval, peft and accelerate, whatever "
+                        f"the level")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each sub-command's parser, by name."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser = Parser(
         prog="unlearn",
         description="Machine unlearning for LLMs: score difficulty, unlearn, evaluate.",
+        epilog="`unlearn COMMAND --help` describes a command, with examples.",
     )
     parser.add_argument("--version", action="version", version=f"unlearn-plugins {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    _add_global_options(parser, default_debug=False, default_verbosity=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
+    for command in subcommands(parser).values():
+        # SUPPRESS: given before the command, the value is not reset by the command's parser
+        _add_global_options(command, default_debug=argparse.SUPPRESS, default_verbosity=argparse.SUPPRESS)
     return parser
 
 
@@ -56,6 +89,45 @@ def _one_line_warnings():
         warnings.formatwarning = original
 
 
+@contextlib.contextmanager
+def verbosity(level: str | None):
+    """``--verbosity LEVEL`` for one command: the level of :data:`VERBOSITY_LOGGERS` (and in the
+    environment, for libraries imported later and for worker processes), a stderr handler for
+    the loggers that print nothing below WARNING by themselves, and at ERROR no Python warnings
+    either. None (no flag) changes nothing. Everything is restored afterwards."""
+    if level is None:
+        yield
+        return
+    number = getattr(logging, level)
+    loggers = [logging.getLogger(name) for name in VERBOSITY_LOGGERS]
+    saved_levels = [lg.level for lg in loggers]
+    levels_env = {VERBOSITY_ENV: level, **{var: level.lower() for var in LIBRARY_LEVEL_ENV.values()}}
+    saved_env = {var: os.environ.get(var) for var in levels_env}
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s [%(name)s] %(message)s"))
+    handled = [lg for lg in loggers if lg.name not in LIBRARY_LEVEL_ENV and not lg.handlers]
+    os.environ.update(levels_env)
+    for lg in loggers:
+        lg.setLevel(number)
+    for lg in handled:
+        lg.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            if number >= logging.ERROR:
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg in handled:
+            lg.removeHandler(handler)
+        for lg, saved in zip(loggers, saved_levels):
+            lg.setLevel(saved)
+        for var, value in saved_env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
 def _one_line(exc: BaseException) -> str:
     """The message on one line (a wrapped library error may carry several)."""
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
@@ -68,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with _one_line_warnings():
+        with _one_line_warnings(), verbosity(args.verbosity):
+            log.debug("unlearn %s: %s", args.command,
+                      ", ".join(f"{k}={v!r}" for k, v in vars(args).items() if k not in ("func", "command")))
             return int(args.func(args) or 0)
     except (UnlearnError, OSError) as exc:  # OSError: a file that cannot be read or written (disk full, ...)
         if args.debug:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import UnlearnError
@@ -75,3 +76,50 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
         except (ValueError, RecursionError):  # not JSON (or too long/deep for Python's parser): the text
             options[key.strip().replace("-", "_")] = value
     return options
+
+
+# ----------------------------------------------------------------------------- --show-config
+
+
+def add_show_config_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--show-config", action="store_true",
+                        help=f"print {what} as TOML and exit without running anything")
+
+
+def print_config(values: Mapping, title: str) -> int:
+    """--show-config: ``values`` as TOML under a comment line naming what they are."""
+    print(f"# {title}")
+    print(to_toml(values), end="")
+    return 0
+
+
+def _plain(value, path: tuple, unset: list[str]):
+    """``value`` in TOML's types (tuples and paths as lists and strings); None-valued keys are
+    dropped and listed in ``unset`` (TOML has no null)."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if item is None:
+                unset.append(".".join(map(str, (*path, key))))
+            else:
+                out[str(key)] = _plain(item, (*path, key), unset)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, path, unset) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise UnlearnError(f"--show-config: option {'.'.join(map(str, path))}: {value!r} has no TOML form")
+
+
+def to_toml(values: Mapping) -> str:
+    """``values`` as a TOML document (tomli-w) that ``tomllib.loads`` reads back as ``values``,
+    tuples and paths as lists and strings. TOML has no null: options not set are named in a
+    comment line ``# not set: "a", "b.c"`` at the top."""
+    import tomli_w
+
+    unset: list[str] = []
+    document = tomli_w.dumps(_plain(values, (), unset))
+    names = ", ".join(json.dumps(name).replace("\x7f", "\\u007f") for name in unset)  # a comment holds no control character
+    return (f"# not set: {names}\n" if unset else "") + document

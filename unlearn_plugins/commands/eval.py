@@ -10,12 +10,31 @@ measures the forgetting after every attack plugin and under the paraphrase and f
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 from ..errors import UnlearnError
-from .common import (add_model_options, check_int, check_out_file, check_out_folder, device_option, dtype_option,
-                     parse_options)
+from .common import (
+    add_model_options,
+    check_int,
+    check_out_file,
+    check_out_folder,
+    device_option,
+    dtype_option,
+    parse_options,
+)
+
+EXAMPLE = """examples:
+  # the retain model's truth ratios, the reference of Forget Quality
+  unlearn eval --model retain99 --tasks tofu_forget01_truth_ratio --save-reference ref01.json --out runs/retain
+  # an unlearned adapter: forget01 metrics, the 9 Model Utility parts and Forget Quality
+  unlearn eval --model smollm2-135m --adapter npo --tasks tofu_forget01 --retain-reference ref01.json --out runs/npo
+  # lm_eval's spellings; a split of `unlearn stratify` for the generic tofu_forget_* tasks
+  unlearn eval --model_args pretrained=smollm2-135m,peft=npo --tasks tofu_forget_prob,tofu_forget_rouge \\
+      --forget-split strata/hard.json --output_path runs/npo-hard
+  # the same tasks from lm_eval's own command
+  lm_eval --model hf --model_args pretrained="$(unlearn eval --print-model-dir)" \\
+      --include_path "$(unlearn eval --print-tasks-dir)" --tasks tofu_forget01_nogen
+"""
 
 #: lm_eval's --model_args keys that unlearn eval takes, and the option each one sets
 MODEL_ARGS = {"pretrained": "model", "peft": "adapter", "dtype": "dtype", "device": "device",
@@ -26,7 +45,7 @@ LM_EVAL_BACKENDS = ("hf", "huggingface")
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
     p.add_argument("--model-args", "--model_args", dest="model_args", default=None, metavar="K=V,...",
                    help="lm_eval's spelling of the model: pretrained=MODEL[,peft=ADAPTER][,dtype=D][,device=D]"

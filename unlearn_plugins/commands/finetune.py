@@ -1,16 +1,26 @@
 """`unlearn finetune`: plain NLL training on a TOFU split, e.g. to build the "full" and
-"retain" target models (full fine-tuning, or LoRA with --merge)."""
+"retain" target models (full fine-tuning, or LoRA with --merge). Options come from defaults,
+then ``--config FILE.toml``, then the flags given; ``--show-config`` prints the result and
+trains nothing."""
 
 from __future__ import annotations
 
 import argparse
 
+from .common import print_config
 from .run import S, _int_list, _report, add_training_options, resolve_config
+
+EXAMPLE = """examples:
+  unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
+  unlearn finetune --data tofu:retain99 --full-finetune --out retain99
+  unlearn finetune --data movielens/train.json --merge --out ml-target   # files of `unlearn movielens`
+  unlearn finetune --config ft.toml --lr 2e-4 --out ft --show-config      # the merged options; trains nothing
+"""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a model on a TOFU split (target models)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data", default=S, help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full)")
     g.add_argument("--authors", type=_int_list, default=S, metavar="I,J,...",
@@ -24,6 +34,8 @@ def run(args) -> int:
     from ..training import FinetuneConfig, run_finetune
 
     config = resolve_config(FinetuneConfig, args)
+    if args.show_config:
+        return print_config(config.to_dict(), "unlearn finetune: the options this run would use")
     result = run_finetune(config)
     if result.record.get("outputs"):
         _report(result, f"fine-tuned on {result.record['samples']['train']} samples")

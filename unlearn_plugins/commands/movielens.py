@@ -1,17 +1,30 @@
-"""`unlearn movielens`: write the MovieLens recommendation-unlearning benchmark (prompts of
-every part as TOFU-format JSON-lines files) for `unlearn finetune / run / score / stratify`
-and the lm-eval tasks movielens_rec / movielens_rec_forget."""
+"""`unlearn movielens`: write the MovieLens recommendation-unlearning benchmark: one prompt
+per rating (the user's latest rated movies and a target movie; answer Yes or No), each user's
+ratings split by time into train / valid / test, a seeded fraction of the users asking to be
+forgotten and CUD's anchor users. Every part is a TOFU-format JSON-lines file for `unlearn
+finetune / run / score / stratify` and the lm-eval tasks movielens_rec / movielens_rec_forget."""
 
 from __future__ import annotations
 
+import argparse
+
 from .common import check_int, check_out_folder
+
+EXAMPLE = """examples:
+  unlearn movielens --budget --out ml
+  unlearn finetune --data ml/train.json --merge --out ml-target
+  unlearn run --model ml-target/merged --forget ml/train_forget.json --retain ml/train_retain.json \\
+      --objective grad_ascent --out ml-negrad
+  unlearn movielens --movielens-dir ml-1m --users 500 --forget-fraction 0.2 --out ml1m
+"""
 
 
 def add_parser(sub) -> None:
     from ..recommendation.benchmark import BenchmarkSettings
 
     d = BenchmarkSettings()
-    p = sub.add_parser("movielens", help="write the MovieLens recommendation-unlearning benchmark (prompt files)")
+    p = sub.add_parser("movielens", help="write the MovieLens recommendation-unlearning benchmark (prompt files)",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for train.json, train_forget.json, test_retain.json, ...")
     p.add_argument("--movielens-dir", default=None,
                    help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "

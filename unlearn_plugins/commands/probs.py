@@ -1,12 +1,23 @@
-"""`unlearn probs`: each sample's answer probability (TOFU's exp(-mean answer NLL))."""
+"""`unlearn probs`: each sample's answer probability under a model, TOFU's exp(-mean NLL of
+the answer tokens), one line per sample and their mean: a quick look at what a model, or a
+model with an unlearning adapter, still knows of a split."""
 
 from __future__ import annotations
 
+import argparse
+
 from .common import add_data_options, add_model_options, check_int
+
+EXAMPLE = """examples:
+  unlearn probs --model smollm2-135m --data tofu:forget01
+  unlearn probs --model ft/merged --adapter gd --data 'tofu:full[0:20]'   # after `unlearn run --out gd`
+  unlearn probs --model ft/merged --data strata/hard.json --batch-size 4
+"""
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("probs", help="print each sample's answer probability under a model")
+    p = sub.add_parser("probs", help="print each sample's answer probability under a model",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_options(p)
     add_data_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")

@@ -1,14 +1,23 @@
 """`unlearn run`: unlearn a forget split from a model with an objective (LoRA or full
 fine-tuning); writes a PEFT adapter and run.json. Options come from defaults, then
-``--config FILE.toml``, then the flags given (only flags actually given override)."""
+``--preset``, then ``--config FILE.toml``, then the flags given (only flags actually given
+override); ``--show-config`` prints the result and runs nothing."""
 
 from __future__ import annotations
 
 import argparse
 
-from .common import parse_options
+from .common import add_show_config_option, parse_options, print_config
 
 S = argparse.SUPPRESS
+
+EXAMPLE = """examples:
+  unlearn run --forget tofu:forget01 --retain tofu:retain99 --objective npo --out npo
+  unlearn run --preset reglu --forget tofu:forget05 --retain tofu:retain95 --lr 5e-5 --out reglu
+  unlearn run --config run.toml --seed 1 --out run-s1      # the flags given override the file
+  unlearn run --preset reglu --config run.toml --out x --show-config   # the merged options; runs nothing
+  unlearn run --config run.toml --seed 1 --out run-s1 --resume         # continue an interrupted run
+"""
 
 
 def _csv(text: str) -> list[str]:
@@ -66,11 +75,12 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--logging-steps", type=int, default=S, help="log the loss every N steps (default: 1)")
     g.add_argument("--resume", action="store_true", default=S, help="continue the interrupted run in --out from its last checkpoint")
     g.add_argument("--overwrite", action="store_true", default=S, help="replace a run already in --out")
+    add_show_config_option(p, "the merged options (defaults < --preset < the run resumed < --config < flags)")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="unlearn a forget set (writes a PEFT adapter and run.json)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--forget", default=S, help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01)")
     g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
@@ -93,13 +103,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+#: parsed options that are not config fields
+NOT_CONFIG = ("func", "command", "debug", "verbosity", "show_config", "config", "preset")
 _DICT_FLAGS = {"objective_option": "objective_options", "initializer_option": "initializer_options",
                "regularizer_option": "regularizer_options"}
 
 
 def cli_values(args: argparse.Namespace) -> dict:
     """The options given on the command line, as config field names."""
-    values = {k: v for k, v in vars(args).items() if k not in ("func", "command", "debug", "config", "preset")}
+    values = {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
     for flag, key in _DICT_FLAGS.items():
         if flag in values:
             values[key] = parse_options(values.pop(flag), "--" + flag.replace("_", "-"))
@@ -159,6 +171,8 @@ def run(args) -> int:
     from ..training import UnlearnConfig, run_unlearning
 
     config = resolve_config(UnlearnConfig, args)
+    if args.show_config:
+        return print_config(config.to_dict(), "unlearn run: the options this run would use")
     check_overlap(config)
     result = run_unlearning(config)
     if result.record.get("outputs"):  # the main process

@@ -1,13 +1,28 @@
-"""`unlearn score`: run a difficulty scorer and write one JSON line per sample."""
+"""`unlearn score`: how hard each sample will be to unlearn, by a difficulty scorer plugin
+(cud, mrd, loss, length, or a third party's; see `unlearn plugins`): one JSON line per sample
+(index, question, score; higher = harder) in OUT, and what the scorer recorded (cud: its
+anchors and their runs) in OUT.meta.json. Finished rows are kept as they come, so an
+interrupted scoring resumes when the same command runs again; under `accelerate launch`
+each process scores a shard."""
 
 from __future__ import annotations
+
+import argparse
 
 from ..errors import UnlearnError
 from .common import add_data_options, add_model_options, parse_options
 
+EXAMPLE = """examples:
+  unlearn score --scorer length --data tofu:forget01 --out length.jsonl
+  unlearn score --scorer cud --model ft/merged --data tofu:forget01 --out cud.jsonl
+  unlearn score --scorer mrd --option perturbations=20 --data 'tofu:forget01[0:10]' --out mrd.jsonl
+  unlearn stratify cud.jsonl --data tofu:forget01 --easy 5 --hard 5 --out strata   # then: easy / hard splits
+"""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("score", help="score each sample's unlearning difficulty with a scorer plugin")
+    p = sub.add_parser("score", help="score each sample's unlearning difficulty with a scorer plugin",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scorer", required=True, help="scorer name (see `unlearn plugins`)")
     add_model_options(p)
     add_data_options(p)
@@ -24,12 +39,12 @@ def run(args) -> int:
     rerun with the same settings resumes from them), write OUT and OUT.meta.json."""
     from contextlib import ExitStack
 
+    from ..data.tofu import load_split
     from ..files import file_lock
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER
-    from ..scoring import ScoreJournal, check_output_file, score_rows, score_sharded
-    from ..data.tofu import load_split
     from ..models import load_model
+    from ..scoring import ScoreJournal, check_output_file, score_rows, score_sharded
     from ..sharding import launch_group, process_device
 
     check_output_file(args.out)  # before any work: a folder or unwritable path fails now, not after scoring

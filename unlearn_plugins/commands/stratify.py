@@ -1,14 +1,27 @@
-"""`unlearn stratify`: easy / hard forget splits (TOFU format) from a score file; with
-``--group-by FIELD``, easy / hard groups (users) by the mean score of their samples."""
+"""`unlearn stratify`: easy / hard forget splits from a score file of `unlearn score`: the
+--easy lowest-scored samples of --data in OUT/easy.json, the --hard highest-scored in
+OUT/hard.json (TOFU's format, perturbed answers kept), and OUT/stratify.json naming them
+with their scores. With --group-by FIELD, the easiest and hardest groups (users) by the mean
+score of their samples. The splits are --forget of `unlearn run` and --forget-split of
+`unlearn eval`."""
 
 from __future__ import annotations
+
+import argparse
 
 from ..errors import UnlearnError
 from .common import add_data_options, check_int, check_out_file, check_out_folder
 
+EXAMPLE = """examples:
+  unlearn stratify cud.jsonl --data tofu:forget01 --easy 5 --hard 5 --out strata
+  unlearn run --forget strata/hard.json --retain tofu:retain99 --objective npo --out npo-hard
+  unlearn stratify cud.jsonl --data ml/train_forget.json --group-by user_id --easy 2 --hard 2 --out users
+"""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("stratify", help="write the N easiest and N hardest samples of a score file as TOFU splits")
+    p = sub.add_parser("stratify", help="write the N easiest and N hardest samples of a score file as TOFU splits",
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scores", help="JSON-lines output of `unlearn score`")
     p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples (groups with --group-by)")
     p.add_argument("--hard", type=int, required=True, help="number of highest-score samples (groups with --group-by)")

@@ -4,20 +4,31 @@ method's Forget Quality, Model Utility and more with 95% confidence intervals ov
 
 A study is a TOML file or the name of a built-in study (`unlearn study --list`); its format is
 in docs/study.md. A rerun, or a run after an interruption, builds only the cells not yet in the
-cache; `--dry-run` shows which those are. Exit status 1 when a cell failed (the report says
-which, and why)."""
+cache; `--dry-run` shows which those are, `--show-config` prints the study as read (defaults
+filled in, each method's options resolved) with this command's options. Exit status 1 when a
+cell failed (the report says which, and why)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .common import check_int, check_out_folder, device_option
+from .common import check_int, check_out_folder, device_option, print_config
+
+EXAMPLE = """examples:
+  unlearn study --list                                # the built-in studies
+  unlearn study reglu_tofu --dry-run                  # the grid, and which cells are cached
+  unlearn study reglu_tofu --workers 2 --show-config  # the study as resolved; runs nothing
+  UNLEARN_TOFU_DIR=../shared/data/tofu unlearn study reglu_tofu --workers 2 --out reglu-tofu
+  unlearn study my_study.toml --executor dask --scheduler tcp://HOST:8786
+"""
+#: parsed options that say what to do rather than how the study runs (left out of --show-config)
+_NOT_RUN_OPTIONS = ("func", "command", "debug", "verbosity", "show_config", "list", "dry_run", "study")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("study", help="run a grid of unlearning experiments with confidence intervals",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study file (.toml) or a built-in study name")
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--out", default=None, help="report folder (default: study-NAME)")
@@ -32,8 +43,14 @@ def add_parser(sub) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="a running Dask scheduler (tcp://host:8786) for --executor dask")
     p.add_argument("--dry-run", action="store_true", help="print the grid of cells and which are cached; build nothing")
+    p.add_argument("--show-config", action="store_true",
+                   help="print the study as resolved (defaults filled in; each method's options: preset < method < "
+                        "[budget]) and this command's options as TOML, and exit without running anything")
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/studies)")
+    p.add_argument("--records", default=None, metavar="DIR",
+                   help="keep each finished cell's results (no models) in DIR, small enough for a repository, "
+                        "and restore them first: a study resumes on another machine without rebuilding them")
     p.set_defaults(func=run)
 
 
@@ -46,6 +63,17 @@ def _list() -> int:
         print(f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
               f"sizes x {len(study.seeds)} seeds = {cells} runs)")
     return 0
+
+
+def _show_config(study, args, cache) -> int:
+    """--show-config: the parsed study (load_study's result) and how this command would run it."""
+    import dataclasses
+
+    options = {k: v for k, v in vars(args).items() if k not in _NOT_RUN_OPTIONS}
+    options.update(out=args.out or f"study-{study.name}", cache_dir=str(cache))
+    return print_config({"command_line": options, **dataclasses.asdict(study)},
+                        f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's "
+                        f"options")
 
 
 def run(args) -> int:
@@ -64,22 +92,27 @@ def run(args) -> int:
         raise UnlearnError("--scheduler is the address of a Dask scheduler: use it with --executor dask")
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
+    check_out_folder("--records", args.records)
     from ..study import load_study
     from ..study.cells import default_cache
 
     study = load_study(args.study)
     cache = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache()
+    if args.show_config:
+        return _show_config(study, args, cache)
     if args.dry_run:
         from ..study.cells import plan_study
         from ..study.runner import dry_run_table
 
-        print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True)))
+        records = Path(args.records).expanduser() if args.records else None
+        print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
     from ..study.runner import run_study
 
     out = args.out or f"study-{study.name}"
     outcome = run_study(study, out=out, cache=cache, workers=args.workers, executor=args.executor,
-                        scheduler=args.scheduler, device=args.device, threads=args.threads)
+                        scheduler=args.scheduler, device=args.device, threads=args.threads,
+                        records=Path(args.records).expanduser() if args.records else None)
     print(outcome.table)
     print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
     if outcome.failed:
