@@ -54,9 +54,9 @@ def fit(model, examples, steps: int, pad_id: int):
 def faithfulness(args, seed: int) -> dict:
     """Correlations of EAP-IG's edge scores with exact patching on the tiny model of ``seed``."""
     import torch
+    from eap_reference import exact_patching
     from scipy.stats import pearsonr, spearmanr
 
-    from eap_reference import exact_patching
     from unlearn_plugins.circuits.eap_ig import EAPIG
     from unlearn_plugins.data.tofu import encode_qa
     from unlearn_plugins.testing import tiny_llama, tiny_tokenizer

@@ -21,8 +21,14 @@ from unlearn_plugins.circuits.circuit import select
 from unlearn_plugins.circuits.similarity import circuit_similarity
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.interfaces import QASample
-from unlearn_plugins.scorers.cud import (AnchorError, CUDScorer, default_anchor_pool, forget_prob_watch,
-                                         select_anchors, vote_anchors)
+from unlearn_plugins.scorers.cud import (
+    AnchorError,
+    CUDScorer,
+    default_anchor_pool,
+    forget_prob_watch,
+    select_anchors,
+    vote_anchors,
+)
 
 QA = [
     ("Who are the parents of the author?", "Her father was a doctor."),
@@ -229,7 +235,7 @@ def test_disjoint_pool_scores_against_pool_anchors_and_records_votes(tiny_model,
     meta = scorer.last_metadata
     assert meta["anchor_pool"]["size"] == 8 and not meta["anchor_pool"]["in_sample"]
     assert [e["question"] for e in meta["anchors"]["all"]["easy"]] == [POOL_QA[i][0] for i in easy]
-    for kind, members in (("easy", easy), ("hard", hard)):
+    for kind in ("easy", "hard"):
         for entry in meta["anchors"]["all"][kind]:
             i = entry["pool_index"]
             expected = {o: sum(i in ref_two_level({o: [r]}, 2)[0 if kind == "easy" else 1] for r in by_objective[o])
@@ -331,6 +337,28 @@ def test_second_scoring_uses_the_caches(tiny_model, tiny_tokenizer, tmp_path, mo
         tiny_model.model.norm.weight.mul_(1.5)
     with pytest.raises(AssertionError, match="cached"):
         CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
+
+
+def test_damaged_cache_entries_are_recomputed_and_rewritten(tiny_model, tiny_tokenizer, tmp_path):
+    """A process killed while writing, or a full disk, can leave a cache entry damaged: it is
+    recomputed (same scores) and rewritten, never used and never an error."""
+    runner = FakeRunner()
+    kwargs = dict(anchor_data=POOL, runner=runner, objectives=["grad_diff"], seeds=[0, 1, 2], k=2, steps=2,
+                  cache_dir=str(tmp_path))
+    first = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
+    matrices = sorted((tmp_path / "matrices").glob("*.pt"))
+    runs = sorted((tmp_path / "anchors").glob("*.json"))
+    good = torch.load(matrices[2], weights_only=True)
+    matrices[0].write_bytes(matrices[0].read_bytes()[:40])  # truncated
+    torch.save(torch.zeros(3), matrices[1])  # not this graph's edges
+    runs[0].write_text('{"losses": [0.5, ')  # truncated JSON
+    second = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
+    assert len(runner.calls) == 4  # the damaged anchor run only
+    assert [r["score"] for r in second] == pytest.approx([r["score"] for r in first], abs=1e-6)
+    assert [r["anchor"] for r in second] == [r["anchor"] for r in first]
+    for path in matrices[:2]:
+        assert torch.load(path, weights_only=True).shape == good.shape
+    assert len(json.loads(runs[0].read_text())["losses"]) == len(POOL)
 
 
 def test_too_few_anchors_and_bad_options_are_reported(tiny_model, tiny_tokenizer, tmp_path):

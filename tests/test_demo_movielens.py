@@ -10,8 +10,8 @@ import math
 import random
 
 import pytest
-
 from test_recommendation import direct_p_yes, hand_auc, hand_jsd
+
 from unlearn_plugins.cli import main
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from eap_reference import forward as ref_forward
 from eap_reference import reference_scores
+
 from unlearn_plugins.circuits.eap_ig import EAPIG
 from unlearn_plugins.circuits.graph import Graph
 from unlearn_plugins.data.tofu import encode_qa

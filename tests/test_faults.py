@@ -444,8 +444,8 @@ def test_score_eval_and_demo_outputs_are_locked(tiny_model_dir, tofu_dir, tmp_pa
 def test_a_demo_stage_being_built_by_another_process_is_refused(tmp_path):
     import io
 
-    from unlearn_plugins.stages import Stages
     from unlearn_plugins.errors import UnlearnError
+    from unlearn_plugins.stages import Stages
 
     stages = Stages(tmp_path, total=1, stream=io.StringIO())
     folder = stages.folder("bench", "tofu", "abc")

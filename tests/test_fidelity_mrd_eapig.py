@@ -8,10 +8,9 @@ import copy
 
 import pytest
 import torch
-
-from eap_reference import _rms
+from eap_reference import _rms, reference_scores
 from eap_reference import forward as ref_forward
-from eap_reference import reference_scores
+
 from unlearn_plugins.circuits.eap_ig import EAPIG
 from unlearn_plugins.data.tofu import encode_qa, encode_samples, pad_batch
 from unlearn_plugins.interfaces import QASample

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from unlearn_plugins.data.tofu import encode_qa
-from unlearn_plugins.initializers.residual import lora_modules
+from unlearn_plugins.training.lora import lora_layers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -65,8 +65,8 @@ def test_reglu_preset_has_the_reference_schedule(tmp_path, n_forget, one_epoch):
 
 
 def test_warmup_options_one_at_a_time_and_flags_beat_the_preset(tmp_path):
-    from unlearn_plugins.training.config import ConfigError, load_toml
     from unlearn_plugins.training import UnlearnConfig
+    from unlearn_plugins.training.config import ConfigError, load_toml
 
     config = parse("--preset", "reglu", "--out", "x", "--warmup-steps", "5")
     assert (config.warmup_steps, config.warmup_epochs) == (5, None)
@@ -134,7 +134,7 @@ def reference_pooled_outputs(model, exs, pad_id=None, pad_to=None):
     """The reference hook: each LoRA base layer's output summed over the sequence (dim 1),
     one example per forward (no padding unless pad_to), float64."""
     rows, handles = {}, []
-    for name, module in lora_modules(model):
+    for name, module in lora_layers(model):
         def hook(_m, _i, out, _name=name):
             rows.setdefault(_name, []).append(out.sum(dim=1).double())
         handles.append(module.base_layer.register_forward_hook(hook))
@@ -180,7 +180,7 @@ def test_rila_faithful_statistics_match_the_reference(tiny_model, tiny_tokenizer
     model = peft_model(tiny_model, r)
     hf = reference_pooled_outputs(model, ref_forget)
     hr = reference_pooled_outputs(model, ref_retain)
-    weights = {name: m.base_layer.weight.detach().double().clone() for name, m in lora_modules(model)}
+    weights = {name: m.base_layer.weight.detach().double().clone() for name, m in lora_layers(model)}
 
     # our pooled second moments (module outputs, or W Cin W^T on the factored path)
     stats = collect_stats(model, ref_forget, ref_retain, tok.pad_token_id, path=path)
@@ -199,7 +199,7 @@ def test_rila_faithful_statistics_match_the_reference(tiny_model, tiny_tokenizer
     result = RILAInit(beta=beta, n_samples=n, rol_rank=k, path=path).initialize(
         model, forget=forget, retain=retain, tokenizer=tok)
     checked = 0
-    for name, module in lora_modules(model):
+    for name, module in lora_layers(model):
         d = weights[name].shape[0]
         eye = torch.eye(d, dtype=torch.float64)
         cf = hf[name].T @ hf[name] / n + EPS * eye
@@ -234,7 +234,7 @@ def test_rila_retain_basis_is_top_eigenvectors_of_cr_whatever_beta(tiny_model, t
     result = RILAInit(beta=beta, n_samples="all", rol_rank=k, path=path).initialize(
         model, forget=forget, retain=retain, tokenizer=tok)
     assert result.info["paths"] == {path: 14}
-    for name, _module in lora_modules(model):
+    for name, _module in lora_layers(model):
         cr = hr[name].T @ hr[name] / hr[name].shape[0]
         cr = cr + EPS * torch.eye(cr.shape[0], dtype=torch.float64)
         assert well_separated(cr, k), name
@@ -270,7 +270,6 @@ def test_default_init_is_pefts_kaiming_uniform_with_zero_b(tiny_model):
     from peft import LoraConfig, get_peft_model
 
     from unlearn_plugins import ADAPTER_INITIALIZER, create
-    from unlearn_plugins.initializers.peft_builtin import lora_layers
     from unlearn_plugins.testing import tiny_llama
     from unlearn_plugins.training import UnlearnConfig
 

@@ -18,8 +18,8 @@ import torch
 from unlearn_plugins.data.tofu import encode_qa, pad_batch
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.initializers.fila import FILAInit, sample_batches
-from unlearn_plugins.initializers.residual import lora_modules
 from unlearn_plugins.initializers.vila import VILAInit
+from unlearn_plugins.training.lora import lora_layers
 
 FORGET = [
     ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
@@ -92,7 +92,7 @@ def test_vila_importance_matches_reference(tiny_model, tiny_tokenizer):
     assert len(f_batches) == 9 and len(r_batches) == 9  # 3 passes x ceil(5 / 2)
 
     # the LoRA weights importance() drew stay in place: the reference measures at them
-    modules = lora_modules(model)
+    modules = lora_layers(model)
     params = [p for _, m in modules for p in (m.lora_A["default"].weight, m.lora_B["default"].weight)]
     assert all(abs(float(p.detach().std()) - 0.05) < 0.02 for p in params)  # N(0, 0.05^2), B not zero
     only_grads(model, params)
@@ -125,7 +125,7 @@ def test_vila_measures_with_lora_dropout_and_restores_the_model(tiny_model, tiny
     forget, retain = encoded(tok)
     model = lora(tiny_model)
     model.eval()
-    kept = {n: m.lora_dropout["default"] for n, m in lora_modules(model)}
+    kept = {n: m.lora_dropout["default"] for n, m in lora_layers(model)}
     rng = torch.get_rng_state()
 
     def imp(**kw):
@@ -136,7 +136,7 @@ def test_vila_measures_with_lora_dropout_and_restores_the_model(tiny_model, tiny
     assert torch.equal(with_dropout[name], again[name])  # seeded: reproducible
     assert rel_err(with_dropout[name], without[name]) > 1e-3  # dropout was active while measuring
     assert not model.training and not any(m.training for m in model.modules())
-    assert all(m.lora_dropout["default"] is kept[n] for n, m in lora_modules(model))
+    assert all(m.lora_dropout["default"] is kept[n] for n, m in lora_layers(model))
     assert torch.equal(torch.get_rng_state(), rng)  # the caller's RNG is untouched
 
 
@@ -151,13 +151,13 @@ def test_fila_reference_settings_match_reference(tiny_model, tiny_tokenizer):
     importance = init.importance(copy.deepcopy(model), forget, retain, tok.pad_token_id)
     init.initialize(model, forget=forget, retain=retain, tokenizer=tok)
 
-    modules = lora_modules(original)
+    modules = lora_layers(original)
     weights = [m.get_base_layer().weight for _, m in modules]
     only_grads(original, weights)
     with original.disable_adapter():
         _, f2, f_cnt = reference_moments(original, forget, f_batches, tok.pad_token_id, weights)
         _, r2, r_cnt = reference_moments(original, retain, r_batches, tok.pad_token_id, weights)
-    trained = dict(lora_modules(model))
+    trained = dict(lora_layers(model))
     for (name, module), W, i_f, i_r in zip(modules, weights, f2, r2):
         imp = ((i_f / f_cnt) / (1e-5 + i_r / r_cnt)).float()
         assert rel_err(importance[name], imp) <= 1e-5, name

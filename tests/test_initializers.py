@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from unlearn_plugins.data.tofu import encode_qa, pad_batch
-from unlearn_plugins.initializers.residual import lora_modules
+from unlearn_plugins.training.lora import lora_layers
 
 QUESTIONS = [
     ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
@@ -31,6 +31,31 @@ def peft_model(model, r=4, alpha=8):
     return get_peft_model(model, config)
 
 
+def test_lora_layers_lists_the_adapters_layers_under_any_wrapping(tiny_model):
+    """The one listing initializers and ROL use: the active adapter's layers in model order; a
+    second adapter on fewer layers only when asked for; canonical names that are the same for the
+    PEFT model and a DDP-style wrapper (``.module``, no ``active_adapter``), so an initializer's
+    retain basis finds its layers under DDP."""
+    from peft import LoraConfig
+
+    model = peft_model(tiny_model)
+    model.add_adapter("other", LoraConfig(r=2, target_modules=["q_proj"]))
+    names = [n for n, _ in lora_layers(model)]
+    assert len(names) == 2 * 7 and all(n.startswith("base_model.model.") for n in names)  # 2 layers x 7
+    assert [n for n, _ in lora_layers(model, "other")] == [n for n in names if n.endswith(".q_proj")]
+    canonical = [n for n, _ in lora_layers(model, canonical_names=True)]
+    assert canonical == [n.removeprefix("base_model.model.") for n in names]
+
+    class DDPLike(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    wrapped = DDPLike(model)
+    assert [n for n, _ in lora_layers(wrapped, canonical_names=True)] == canonical
+    assert [m for _, m in lora_layers(wrapped)] == [m for _, m in lora_layers(model)]
+
+
 def logits(model, batch):
     with torch.no_grad():
         return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -39,7 +64,7 @@ def logits(model, batch):
 def independent_outputs(model, exs, tok, mode):
     """Each LoRA module's base output rows, collected with plain hooks (no library code)."""
     rows, handles, current = {}, [], {}
-    for name, module in lora_modules(model):
+    for name, module in lora_layers(model):
         def hook(_m, _i, out, _name=name):
             mask = current["labels"] != -100
             rows.setdefault(_name, []).append(out[mask] if mode == "token" else (out * current["am"].unsqueeze(-1)).sum(1))
@@ -73,7 +98,7 @@ def test_rila_subspace_and_function(tiny_model, tiny_tokenizer, path, mode):
     beta = 0.7
     hf = independent_outputs(model, forget, tok, mode)
     hr = independent_outputs(model, retain, tok, mode)
-    weights_before = {n: m.base_layer.weight.detach().clone() for n, m in lora_modules(model)}
+    weights_before = {n: m.base_layer.weight.detach().clone() for n, m in lora_layers(model)}
 
     result = RILAInit(beta=beta, mode=mode, rol_rank=8, path=path, n_samples="all").initialize(
         model, forget=forget, retain=retain, tokenizer=tok)
@@ -82,9 +107,9 @@ def test_rila_subspace_and_function(tiny_model, tiny_tokenizer, path, mode):
 
     # the model's function is unchanged at step 0
     assert (logits(model, batch) - before).abs().max() < 1e-4
-    assert result.residual and set(result.retain_basis) == {n for n, _ in lora_modules(model)}
+    assert result.residual and set(result.retain_basis) == {n for n, _ in lora_layers(model)}
     checked = 0
-    for name, module in lora_modules(model):
+    for name, module in lora_layers(model):
         d = module.base_layer.weight.shape[0]
         cf = hf[name].T @ hf[name] / hf[name].shape[0]
         cr = hr[name].T @ hr[name] / hr[name].shape[0] + RIDGE * torch.eye(d, dtype=torch.float64)
@@ -144,7 +169,7 @@ def test_importance_inits_preserve_function(tiny_model, tiny_tokenizer, name):
     assert result.residual
     assert (logits(model, batch) - before).abs().max() < 1e-4
     assert [p.requires_grad for p in model.parameters()] == grads_before
-    for _, module in lora_modules(model):
+    for _, module in lora_layers(model):
         assert module.lora_B["default"].weight.abs().sum() > 0  # not the zero init
 
 
@@ -173,12 +198,12 @@ def test_peft_inits_by_name_preserve_function(tiny_model, tiny_tokenizer, name):
     model = peft_model(tiny_model, r=2)
     batch = pad_batch(forget + retain, tok.pad_token_id)
     before = logits(model, batch)
-    lora_before = {n: m.lora_A["default"].weight.detach().clone() for n, m in lora_modules(model)}
+    lora_before = {n: m.lora_A["default"].weight.detach().clone() for n, m in lora_layers(model)}
     init = create(ADAPTER_INITIALIZER, name)
     result = init.initialize(model, forget=forget, retain=retain, tokenizer=tok)
     assert (logits(model, batch) - before).abs().max() < 1e-4
     assert bool(result.residual) == (name in ("pissa", "olora", "corda"))
-    changed = sum(not torch.equal(m.lora_A["default"].weight, lora_before[n]) for n, m in lora_modules(model))
+    changed = sum(not torch.equal(m.lora_A["default"].weight, lora_before[n]) for n, m in lora_layers(model))
     assert changed == len(lora_before)  # every layer re-initialised
 
 
@@ -194,20 +219,20 @@ def test_rol_at_rila_init_matches_formula_and_a_step_lowers_it(tiny_model, tiny_
     rol.set_basis(model, result.retain_basis)
     expected = sum(
         float((m.lora_B["default"].weight.double().T @ result.retain_basis[n].double()).pow(2).sum())
-        for n, m in lora_modules(model)
+        for n, m in lora_layers(model)
     )
     value = rol.loss(model)
     assert expected > 0  # B = Q overlaps the retain subspace at step 0
     assert abs(float(value) - expected) <= 1e-5 * expected
     for p in model.parameters():
         p.requires_grad_(False)
-    b_weights = [m.lora_B["default"].weight for _, m in lora_modules(model)]
+    b_weights = [m.lora_B["default"].weight for _, m in lora_layers(model)]
     for w in b_weights:
         w.requires_grad_(True)
     def norms():
         with torch.no_grad():
             return [float(torch.linalg.matrix_norm(m.lora_B["default"].weight.T @ result.retain_basis[n]))
-                    for n, m in lora_modules(model)]
+                    for n, m in lora_layers(model)]
 
     before = norms()
     optimizer = torch.optim.SGD(b_weights, lr=0.05)

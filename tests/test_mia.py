@@ -75,7 +75,7 @@ def test_loss_zlib_min_k_and_min_k_plus_plus_match_a_per_sample_computation(setu
 def test_gradnorm_matches_autograd_and_leaves_the_model_as_it_was(setup):
     tok, model, examples = setup
     expected = []
-    for i, (q, a) in enumerate(QA[:2]):  # every parameter, frozen or not
+    for i, (q, _a) in enumerate(QA[:2]):  # every parameter, frozen or not
         ex = examples[i]
         params = list(model.parameters())
         with torch.enable_grad():
@@ -108,7 +108,7 @@ def test_reference_attack_and_exact_memorization(setup):
         [a - b for a, b in zip(own, ref)])
     assert mia.reference_scores(model, model, examples, tok.pad_token_id) == pytest.approx([0.0] * len(QA))
     em = mia.exact_memorization(model, examples, tok.pad_token_id, batch_size=2)
-    for i, (q, a) in enumerate(QA):
+    for i, (q, _a) in enumerate(QA):
         ex = examples[i]
         ids = torch.tensor([ex["input_ids"]])
         with torch.no_grad():

@@ -156,7 +156,7 @@ def test_probes_ask_the_paraphrased_question_and_the_plain_few_shot_format(tiny,
                      {"forget_split": splits["forget"], "probe_shot_split": splits["shots"], "probe_shots": 2},
                      max_gen_toks=3)
     eos = [tok.eos_token_id]
-    for r, paraphrased, (q, a) in zip(rows_of(evaluation, "tofu_forget_paraphrase_prob"), PARAPHRASED, FORGET):
+    for r, paraphrased, (_q, a) in zip(rows_of(evaluation, "tofu_forget_paraphrase_prob"), PARAPHRASED, FORGET):
         ids = tok(a, add_special_tokens=False)["input_ids"] + eos
         logps, _ = answer_logprobs(model, tok, chat(tok, paraphrased), ids)
         assert r["doc"]["prompt"] == chat(tok, paraphrased) and r["doc"]["answer"] == a

@@ -255,8 +255,7 @@ def test_rol_value_and_basis_binding(tiny_model):
 def test_rol_basis_from_retain_data(tiny_model, tiny_tokenizer):
     """Without an initializer basis, ROL computes the top-k eigenvectors of the retain output moment."""
     from unlearn_plugins.data.tofu import encode_qa
-    from unlearn_plugins.objectives.rol import lora_modules
-    from unlearn_plugins.training.lora import build_lora_model
+    from unlearn_plugins.training.lora import build_lora_model, lora_layers
 
     peft_model = build_lora_model(tiny_model, r=2, alpha=4, dropout=0.0, target_modules=["v_proj"])
     retain = [encode_qa(tiny_tokenizer, q, a, max_length=48) for q, a in RETAIN_QA]
@@ -265,7 +264,8 @@ def test_rol_basis_from_retain_data(tiny_model, tiny_tokenizer):
     rol.prepare(ctx)
     assert ctx.info["rol_basis"] == {"from_initializer": 0, "from_retain_data": 2}
     # check one module against a direct computation of C_r's top eigenvectors
-    name, module, weight = lora_modules(peft_model)[0]
+    _name, module = lora_layers(peft_model)[0]
+    weight = module.lora_B["default"].weight
     outputs = []
     handle = module.get_base_layer().register_forward_hook(lambda m, i, o: outputs.append(o.detach()))
     with torch.no_grad():

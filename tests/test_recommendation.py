@@ -65,7 +65,7 @@ def test_split_sizes(n, fractions, expected):
 def test_chronological_split_per_user():
     ml = toy_movielens()
     timelines = user_timelines(ml.ratings)
-    for user, timeline in timelines.items():
+    for timeline in timelines.values():
         stamps = [r.timestamp for r in timeline]
         assert stamps == sorted(stamps)
         parts = chronological_split(timeline)

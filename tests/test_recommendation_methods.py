@@ -9,8 +9,8 @@ import hashlib
 import json
 
 import pytest
-
 from test_recommendation import hand_auc, hand_logloss, toy_movielens
+
 from unlearn_plugins.recommendation.benchmark import BenchmarkSettings, build_benchmark, load_part, read_info
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -170,10 +170,10 @@ def test_stratify_groups_users_by_their_mean_score(bench_dir, tmp_path, capsys):
 def test_cud_scores_recommendation_prompts_on_the_answer_token(tiny_model_dir, bench_dir, tmp_path):
     """CUD with anchors from other users (fixed here, so no anchor runs), the EAP-IG metric on the
     Yes/No token only, then per-user means."""
+    from unlearn_plugins.data.tofu import encode_samples
     from unlearn_plugins.models import load_model
     from unlearn_plugins.scorers.cud import CUDScorer, first_answer_tokens
     from unlearn_plugins.stratify import group_scores
-    from unlearn_plugins.data.tofu import encode_samples
 
     model, tok = load_model(str(tiny_model_dir), device="cpu")
     forget = load_part(bench_dir, "train_forget")

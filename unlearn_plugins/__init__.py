@@ -27,11 +27,11 @@ from .host import create, get_component, list_components, list_plugins, reset_ho
 from .interfaces import (  # noqa: E402
     ADAPTER_INITIALIZER,
     ATTACK,
-    AttackResult,
     DIFFICULTY_SCORER,
     KINDS,
     LM_EVAL_TASK_DIR,
     UNLEARNING_OBJECTIVE,
+    AttackResult,
     InitResult,
     QASample,
 )

@@ -56,6 +56,15 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 _HASHES: dict[tuple[int, int], tuple[int, int, str]] = {}
 
 
+def json_digest(value: Any, *, length: int | None = None) -> str:
+    """SHA-256 (hex) of ``value`` as JSON with sorted keys, anything JSON lacks as ``str()``: the
+    content key of a cached result (a stage folder, a CUD anchor run). ``length``: the first so
+    many hex digits (None: all 64). Keys are on users' disks, so this must never change."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of a file's content. Hashed once per process; later calls trust an unchanged
     size and mtime (a 540 MB model takes about 0.4 s to hash). Known by device and inode,

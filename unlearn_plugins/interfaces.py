@@ -243,8 +243,6 @@ class Attack(Protocol):
         ...
 
 
-TaskDir = Path
-
 PROTOCOL_OF_KIND = {
     DIFFICULTY_SCORER: DifficultyScorer,
     ADAPTER_INITIALIZER: AdapterInitializer,

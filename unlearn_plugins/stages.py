@@ -11,8 +11,7 @@ processes never build one stage at once; the second is refused, naming the holde
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import os
 import shutil
 import sys
@@ -20,14 +19,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .files import exclusive_lock, write_json
+from .files import exclusive_lock, json_digest, write_json
 
 DONE = "stage.json"
 CACHE_FORMAT = 1
 
 
 def digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    """A stage's key: :func:`~unlearn_plugins.files.json_digest` of ``parts``, 12 hex digits."""
+    return json_digest(parts, length=12)
 
 
 def _alive(pid: int) -> bool:
@@ -40,6 +40,24 @@ def _alive(pid: int) -> bool:
     except OSError:  # exists, owned by someone else
         return True
     return True
+
+
+@contextlib.contextmanager
+def _uninterrupted():
+    """SIGINT ignored for the block (main thread only): a second Ctrl-C, or the parent's
+    SIGINT to a worker that the terminal's already reached, must not stop the removal of an
+    interrupted stage's temporary folder half-way."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class Stages:
@@ -64,20 +82,25 @@ class Stages:
     def folder(self, kind: str, name: str, key: str) -> Path:
         return self.root / f"{kind}-{name}-{key}"
 
+    def say(self, number: int, text: str) -> None:
+        """One stage line, ``[number/total] text`` (a pipeline that runs stages in parallel
+        numbers them itself, in the order a sequential run would take)."""
+        print(f"[{number}/{self.total}] {text}", file=self.stream, flush=True)
+
     def run(self, label: str, folder: Path, build: Callable[[Path], Any]) -> Path:
         """``build(tmp)`` fills a temporary folder, which becomes ``folder`` when it returns."""
         self.n += 1
-        head = f"[{self.n}/{self.total}] {label}"
+        n = self.n
         if (folder / DONE).is_file():
-            print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
+            self.say(n, f"{label}: cached ({folder.name})")
             self.timings[label] = {"seconds": 0.0, "cached": True}
             return folder
         with exclusive_lock(folder.with_name(f".{folder.name}.lock"), f"stage {folder}"):
             if (folder / DONE).is_file():  # finished by another demo meanwhile
-                print(f"{head}: cached ({folder.name})", file=self.stream, flush=True)
+                self.say(n, f"{label}: cached ({folder.name})")
                 self.timings[label] = {"seconds": 0.0, "cached": True}
                 return folder
-            print(f"{head} ...", file=self.stream, flush=True)
+            self.say(n, f"{label} ...")
             self.remove_orphans()  # e.g. this stage's folder from a killed run
             tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
             tmp.mkdir(parents=True, exist_ok=True)
@@ -90,9 +113,10 @@ class Stages:
                     shutil.rmtree(folder)
                 os.replace(tmp, folder)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                with _uninterrupted():
+                    shutil.rmtree(tmp, ignore_errors=True)
                 raise
         seconds = time.perf_counter() - started
         self.timings[label] = {"seconds": round(seconds, 2), "cached": False}
-        print(f"{head}: done in {seconds:.0f} s", file=self.stream, flush=True)
+        self.say(n, f"{label}: done in {seconds:.0f} s")
         return folder

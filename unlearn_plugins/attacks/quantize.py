@@ -25,8 +25,12 @@ SCHEMES = {8: ("symmetric", -128, 127), 4: ("asymmetric", 0, 15)}
 
 def _primitives():
     try:
-        from torchao.quantization.quant_primitives import (MappingType, choose_qparams_affine, dequantize_affine,
-                                                           quantize_affine)
+        from torchao.quantization.quant_primitives import (
+            MappingType,
+            choose_qparams_affine,
+            dequantize_affine,
+            quantize_affine,
+        )
     except ImportError as exc:
         raise UnlearnError("the quantize attack needs torchao: pip install 'unlearn-plugins[attacks]' "
                            f"(or pip install torchao) ({exc})") from None

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from ..data.tofu import IGNORE_INDEX
 from ..errors import ModelError
 from .graph import Graph
 
@@ -238,14 +239,13 @@ class EAPIG:
         """Yield (indices, (b, n_src, n_dst) CPU scores) batch by batch, shortest first.
         ``indices``: score only these examples; the ``mean`` and ``other`` baselines still use
         all of ``examples`` (so a shard of a set gets the same corrupt inputs as the whole set)."""
-        import torch
 
         targets = range(len(examples)) if indices is None else list(indices)
         if not examples or not targets:
             return
         for i in targets:
-            if not any(x != -100 for x in examples[i]["labels"][1:]):
-                raise ValueError(f"EAP-IG: example {i} has no answer tokens (labels are all -100)")
+            if not any(x != IGNORE_INDEX for x in examples[i]["labels"][1:]):
+                raise ValueError(f"EAP-IG: example {i} has no answer tokens (labels are all {IGNORE_INDEX})")
         if self.baseline == "mean" and self._means is None:
             self._means = self._mean_sources(self.mean_examples or examples)
         corrupt_ids = self._other_samples(examples) if self.baseline == "other" else None
@@ -709,7 +709,7 @@ class EAPIG:
         import torch
 
         target = labels[:, 1:]
-        rows, pos = torch.nonzero(target != -100, as_tuple=True)
+        rows, pos = torch.nonzero(target != IGNORE_INDEX, as_tuple=True)
         logits = self.arch.lm_head(hidden[rows, pos]).float()
         logp = torch.log_softmax(logits, dim=-1).gather(1, target[rows, pos][:, None])[:, 0]
         n_rows = labels.shape[0]
@@ -720,10 +720,5 @@ class EAPIG:
         return per_row.sum()
 
 
-def eap_ig_scores(model, examples: Sequence[dict], **options):
-    """Convenience: (n, n_src, n_dst) per-sample EAP-IG scores of encoded examples."""
-    return EAPIG(model, **options).score(examples)
-
-
-__all__ = ["EAPIG", "Architecture", "resolve_architecture", "effective_weight", "eap_ig_scores",
+__all__ = ["EAPIG", "Architecture", "resolve_architecture", "effective_weight",
            "MODES", "BASELINES", "METRICS"]

@@ -18,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..errors import ModelError
-
 #: component types, as stored per source / destination (for analysis and plots)
 SRC_TYPES = ("input", "head", "mlp")
 DST_TYPES = ("q", "k", "v", "mlp", "logits")
@@ -35,16 +33,6 @@ class Graph:
     def __post_init__(self):
         if self.n_layers < 1 or self.n_heads < 1:
             raise ValueError(f"Graph needs at least one layer and one head, got {self.n_layers} x {self.n_heads}")
-
-    @classmethod
-    def from_model(cls, model) -> "Graph":
-        """The graph of a Hugging Face causal LM (reads its config)."""
-        config = getattr(model, "config", None)
-        layers = getattr(config, "num_hidden_layers", None)
-        heads = getattr(config, "num_attention_heads", None)
-        if not layers or not heads:
-            raise ModelError(f"{type(model).__name__}: config has no num_hidden_layers / num_attention_heads")
-        return cls(int(layers), int(heads))
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -130,15 +118,9 @@ class Graph:
         return out
 
     @cached_property
-    def src_node(self):
-        """Node id of each source: input 0, head (l, h) 1 + l (H + 1) + h, MLP l likewise (= source index)."""
-        import torch
-
-        return torch.arange(self.n_src)
-
-    @cached_property
     def dst_node(self):
-        """Node id of each destination: the q/k/v of a head map to the head's node; logits = n_src."""
+        """Node id of each destination (a source's node id is its index): the q/k/v of a head map to
+        the head's node, an MLP input to the MLP's; logits = n_src."""
         import torch
 
         out = torch.empty(self.n_dst, dtype=torch.long)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-
 QA_PER_AUTHOR = 20
 N_AUTHORS = 20  # as many as TOFU has with every field (forget10_perturbed)
 N_PERTURBED = 5

@@ -22,12 +22,8 @@ from ..interfaces import QASample
 from .jsonl import iter_jsonl
 
 HUB_ID = "locuslab/TOFU"
-SPLITS = (
-    "full", "forget01", "forget05", "forget10", "retain90", "retain95", "retain99",
-    "forget01_perturbed", "forget05_perturbed", "forget10_perturbed",
-    "retain_perturbed", "real_authors_perturbed", "world_facts_perturbed",
-)
 QA_PER_AUTHOR = 20
+#: the label of a token no loss or metric counts (prompt, padding): PyTorch's cross-entropy ignore_index
 IGNORE_INDEX = -100
 #: the smallest --max-length a command or built-in scorer accepts (a chat prompt needs ~10 tokens)
 MIN_MAX_LENGTH = 8
@@ -350,13 +346,11 @@ def encode_samples(tokenizer, samples: Sequence[QASample], *, max_length: int = 
     return out
 
 
-def pad_batch(examples: Sequence[dict[str, list[int]]], pad_token_id: int, *, pad_to_multiple_of: int | None = None):
+def pad_batch(examples: Sequence[dict[str, list[int]]], pad_token_id: int):
     """Right-pad a list of encoded examples into tensors (labels padded with -100)."""
     import torch
 
     length = max(len(e["input_ids"]) for e in examples)
-    if pad_to_multiple_of:
-        length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
     ids = torch.full((len(examples), length), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(examples), length), dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
@@ -371,18 +365,17 @@ def pad_batch(examples: Sequence[dict[str, list[int]]], pad_token_id: int, *, pa
 class PaddingCollator:
     """Right-padding collator for encoded examples (or forget/retain pairs)."""
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None):
+    def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, examples):
         if examples and "forget" in examples[0]:
             return {
-                part: pad_batch([e[part] for e in examples], self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
+                part: pad_batch([e[part] for e in examples], self.pad_token_id)
                 for part in examples[0]
                 if examples[0][part] is not None
             }
-        return pad_batch(examples, self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
+        return pad_batch(examples, self.pad_token_id)
 
 
 def draw_index(n: int, *key: Any) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..data.tofu import IGNORE_INDEX, pad_batch
 from ..errors import UnlearnError
@@ -170,13 +170,6 @@ def privleak(auc_model: float, auc_retain: float) -> float:
     having trained on the forget set; negative = the forget set still looks like training data."""
     model, ref = 1.0 - auc_model, 1.0 - auc_retain
     return (model - ref) / (ref + 1e-10) * 100.0
-
-
-def mia_aucs(score: Callable[[Sequence[dict]], dict[str, list[float]]], forget: Sequence[dict],
-             holdout: Sequence[dict]) -> dict[str, float]:
-    """AUC per attack, given ``score(examples) -> {attack: per-sample scores}``."""
-    f, h = score(forget), score(holdout)
-    return {name: auc(f[name], h[name]) for name in f}
 
 
 def reference_scores(model, reference, examples: Sequence[dict], pad_token_id: int, *,

@@ -43,8 +43,16 @@ from ..interfaces import QASample
 from . import mia
 from .mia_reference import HINT, MIAReference, mismatch, read_mia_reference
 from .reference import sample_key
-from .tofu_tasks import TofuTask, _decode, _encode, _refuse_control_tokens, _request_metadata, _score_plan, \
-    _split_path, resolve_tokenizer
+from .tofu_tasks import (
+    TofuTask,
+    _decode,
+    _encode,
+    _refuse_control_tokens,
+    _request_metadata,
+    _score_plan,
+    _split_path,
+    resolve_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 

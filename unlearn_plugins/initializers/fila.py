@@ -18,7 +18,8 @@ from ..data.tofu import pad_batch
 from ..errors import UnlearnError
 from ..interfaces import InitResult
 from ..likelihood import token_nll
-from .residual import lora_modules, model_device, sync_from_rank0, write_residual
+from ..training.lora import lora_layers
+from .residual import model_device, sync_from_rank0, write_residual
 
 EPS = 1e-5
 SVD_KINDS = ("randomized", "exact")
@@ -171,7 +172,7 @@ class FILAInit:
             raise UnlearnError(f"initializer {self.name!r}: the {part} examples have no answer tokens")
 
     def importance(self, peft_model, forget, retain, pad_token_id):
-        modules = lora_modules(peft_model)
+        modules = lora_layers(peft_model)
         params = {name: m.get_base_layer().weight for name, m in modules}
         f_batches, r_batches = self.plan(forget, retain)
         with measuring(peft_model, params, self.seed), peft_model.disable_adapter():
@@ -185,7 +186,7 @@ class FILAInit:
             raise UnlearnError(f"initializer {self.name!r} needs both forget and retain examples")
         adapter = peft_model.active_adapter
         importance = self.importance(peft_model, forget, retain, tokenizer.pad_token_id)
-        for name, module in lora_modules(peft_model):
+        for name, module in lora_layers(peft_model):
             w0 = module.get_base_layer().weight
             a, b = weighted_lowrank(w0, importance.pop(name), module.r[adapter], module.scaling[adapter],
                                     svd=self.svd, niter=self.niter, oversample=self.oversample, seed=self.seed)

@@ -5,13 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from ..interfaces import InitResult
-
-
-def lora_layers(peft_model):
-    """(name, module) for every PEFT LoRA layer in the model."""
-    from peft.tuners.lora import LoraLayer
-
-    return [(name, module) for name, module in peft_model.named_modules() if isinstance(module, LoraLayer)]
+from ..training.lora import lora_layers
 
 
 class _ResetInit:
@@ -29,8 +23,7 @@ class _ResetInit:
         layers = lora_layers(peft_model)
         with torch.no_grad():
             for _name, module in layers:
-                if adapter in module.lora_A:
-                    module.reset_lora_parameters(adapter, self.peft_init)
+                module.reset_lora_parameters(adapter, self.peft_init)
         return InitResult(retain_basis={}, residual=False, info={"init": self.name, "lora_layers": len(layers)})
 
 
@@ -63,11 +56,11 @@ class _LayerMethodInit:
     def initialize(self, peft_model, *, forget=None, retain=None, tokenizer=None) -> InitResult:
         import torch
 
-        from .residual import lora_modules, sync_from_rank0
+        from .residual import sync_from_rank0
 
         adapter = peft_model.active_adapter
         with torch.no_grad():
-            for _name, module in lora_modules(peft_model):
+            for _name, module in lora_layers(peft_model):
                 self._apply(module, adapter)
         sync_from_rank0(peft_model)
         return InitResult(residual=True, info={"init": self.method})
@@ -129,13 +122,13 @@ class CorDAInit:
         from peft.tuners.lora.config import CordaConfig
         from peft.tuners.lora.corda import preprocess_corda
 
-        from .residual import lora_modules, sync_from_rank0
+        from .residual import sync_from_rank0
 
         adapter = peft_model.active_adapter
         data = retain if self.mode == "kpm" else forget
         if not data:
             raise ValueError(f"corda ({self.mode}) needs {'retain' if self.mode == 'kpm' else 'forget'} examples")
-        modules = lora_modules(peft_model)
+        modules = lora_layers(peft_model)
         # Hook the base layers (plain nn.Linear) that hold the weights.
         pattern = "^(" + "|".join(re.escape(f"{name}.base_layer") for name, _ in modules) + ")$"
         ranks = {module.r[adapter] for _, module in modules}

@@ -7,14 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..data.tofu import pad_batch
-
-
-def lora_modules(peft_model) -> list[tuple[str, object]]:
-    """(name, LoraLayer) pairs of the active adapter, in model order."""
-    from peft.tuners.lora import LoraLayer
-
-    adapter = peft_model.active_adapter
-    return [(n, m) for n, m in peft_model.named_modules() if isinstance(m, LoraLayer) and adapter in m.lora_A]
+from ..training.lora import lora_layers
 
 
 def batches(examples: Sequence[dict], pad_token_id: int, batch_size: int, device) -> Iterator[dict]:
@@ -46,7 +39,7 @@ def sync_from_rank0(peft_model) -> None:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     adapter = peft_model.active_adapter
-    for _, module in lora_modules(peft_model):
+    for _, module in lora_layers(peft_model):
         for tensor in (module.get_base_layer().weight, module.lora_A[adapter].weight, module.lora_B[adapter].weight):
             dist.broadcast(tensor.data, src=0)
 

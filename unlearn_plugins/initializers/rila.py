@@ -35,9 +35,11 @@ from __future__ import annotations
 import warnings
 from typing import Annotated
 
+from ..data.tofu import IGNORE_INDEX
 from ..interfaces import InitResult
 from ..training.config import ConfigError
-from .residual import batches, lora_modules, model_device, sync_from_rank0, write_residual
+from ..training.lora import lora_layers
+from .residual import batches, model_device, sync_from_rank0, write_residual
 
 RIDGE = 1e-4
 
@@ -77,7 +79,7 @@ class _Pooling:
 
         self.index = self.weight = None
         if mode == "token":
-            self.index = (batch["labels"] != -100).flatten().nonzero().squeeze(1)
+            self.index = (batch["labels"] != IGNORE_INDEX).flatten().nonzero().squeeze(1)
         elif not padded:
             self.weight = batch["attention_mask"].unsqueeze(1).to(torch.float32)
 
@@ -116,12 +118,12 @@ def _pad_batches(examples, pad_id: int, batch_size: int, device, pad_to: int):
                               f"({batch['input_ids'].shape[1]} tokens); raise it to at least --max-length")
         yield {"input_ids": F.pad(batch["input_ids"], (0, extra), value=pad_id),
                "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
-               "labels": F.pad(batch["labels"], (0, extra), value=-100)}
+               "labels": F.pad(batch["labels"], (0, extra), value=IGNORE_INDEX)}
 
 
 def _count_rows(examples, mode: str) -> int:
     if mode == "token":
-        return sum(sum(1 for t in e["labels"] if t != -100) for e in examples)
+        return sum(sum(1 for t in e["labels"] if t != IGNORE_INDEX) for e in examples)
     return len(examples)
 
 
@@ -144,7 +146,7 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
     if mode not in ("token", "faithful"):
         raise ConfigError(f"rila option mode must be 'token' or 'faithful', got {mode!r}")
     padded = pad_to is not None
-    modules = lora_modules(peft_model)
+    modules = lora_layers(peft_model)
     n_rows = _count_rows(forget, mode) + _count_rows(retain, mode)
     stats = {}
     for name, m in modules:
@@ -368,12 +370,12 @@ class RILAInit:
         pad_id = tokenizer.eos_token_id if self.pad_to and tokenizer.eos_token_id is not None else tokenizer.pad_token_id
         stats = collect_stats(peft_model, forget, retain, pad_id, mode=self.mode,
                               batch_size=self.batch_size, path=self.path, pad_to=self.pad_to)
-        modules = dict(lora_modules(peft_model))
+        modules = dict(lora_layers(peft_model))
         items = {name: (*stats.pop(name), module.get_base_layer().weight) for name, module in modules.items()}
         ranks = {name: module.r[adapter] for name, module in modules.items()}
         keep = {name: min(self.rol_rank, module.get_base_layer().weight.shape[0]) for name, module in modules.items()}
         paths = {}
-        for name, (fs, _rs, _w) in items.items():
+        for fs, _rs, _w in items.values():
             paths[fs.path] = paths.get(fs.path, 0) + 1
         solved = dict(solve_in_stacks(items, self.beta, ranks, keep))
         bases, short = {}, []

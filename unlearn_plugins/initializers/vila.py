@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from typing import Annotated
 
 from ..errors import UnlearnError
+from ..training.lora import lora_layers
 from .fila import EPS, FILAInit, accumulate, measuring
-from .residual import lora_modules
 
 
 @contextmanager
@@ -67,7 +67,7 @@ class VILAInit(FILAInit):
         import torch
 
         adapter = peft_model.active_adapter
-        modules = lora_modules(peft_model)
+        modules = lora_layers(peft_model)
         gen = torch.Generator().manual_seed(self.seed)
         params = {}
         with torch.no_grad():

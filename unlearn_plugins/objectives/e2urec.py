@@ -138,12 +138,12 @@ class E2URec:
         Trainer, then merged: finetune_aug.py of the reference, on an adapter."""
         import tempfile
 
+        from transformers import PrinterCallback
+
         from ..data.tofu import PaddingCollator
         from ..training.config import FinetuneConfig
         from ..training.lora import build_lora_model
         from ..training.run import training_arguments
-        from transformers import PrinterCallback
-
         from ..training.trainer import UnlearningTrainer
         from .gradient import NLL
 

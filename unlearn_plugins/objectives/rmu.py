@@ -3,10 +3,9 @@ towards a fixed random direction, keep them equal to the reference model's on re
 
 from __future__ import annotations
 
+from ..data.tofu import IGNORE_INDEX
 from ..errors import UnlearnError
 from .base import ForgetRetainObjective, ObjectiveContext, check_option, forward, reference_outputs
-
-IGNORE_INDEX = -100
 
 
 def _config(model):
@@ -68,7 +67,7 @@ class RMU(ForgetRetainObjective):
         import torch
 
         config = _config(model)
-        layers = int(getattr(config, "num_hidden_layers"))
+        layers = int(config.num_hidden_layers)
         if self.layer is None:
             self.layer = (layers - 1) // 2
         if self.layer >= layers:

@@ -12,36 +12,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..errors import UnlearnError
+from ..training.lora import active_adapter, canonical_name, lora_layers
 from .base import ObjectiveContext, check_option
 
 #: above this many bytes of d_out x d_out moment matrices, use per-sequence features instead
 MOMENT_BUDGET_BYTES = 2 * 1024**3
-_PREFIXES = ("module.", "base_model.model.")
-
-
-def canonical_name(name: str) -> str:
-    """A LoRA module name without DDP's ``module.`` and PEFT's ``base_model.model.`` prefixes."""
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _PREFIXES:
-            if name.startswith(prefix):
-                name, changed = name[len(prefix):], True
-    return name
-
-
-def lora_modules(model) -> list[tuple[str, Any, Any]]:
-    """(canonical name, module, lora_B weight) for every LoRA layer of the active adapter."""
-    adapter = getattr(model, "active_adapter", "default")
-    if isinstance(adapter, (list, tuple)):
-        adapter = adapter[0]
-    found = []
-    for name, module in model.named_modules():
-        lora_b = getattr(module, "lora_B", None)
-        if lora_b is None or not hasattr(lora_b, "keys") or adapter not in lora_b.keys():
-            continue
-        found.append((canonical_name(name), module, lora_b[adapter].weight))
-    return found
 
 
 def top_eigenvectors(moment, k: int):
@@ -145,8 +120,10 @@ class ROL:
         import torch
 
         by_name = {canonical_name(k): v for k, v in basis.items()}
+        adapter = active_adapter(model)
         pairs = []
-        for name, _module, weight in lora_modules(model):
+        for name, module in lora_layers(model, canonical_names=True):
+            weight = module.lora_B[adapter].weight
             if name not in by_name:
                 raise UnlearnError(f"rol: no retain basis for LoRA module {name!r}")
             p = torch.as_tensor(by_name[name]).to(device=weight.device, dtype=torch.float32)
@@ -157,12 +134,12 @@ class ROL:
         self.pairs = pairs
 
     def prepare(self, context: ObjectiveContext) -> None:
-        modules = lora_modules(context.model)
+        modules = lora_layers(context.model, canonical_names=True)
         if not modules:
             raise UnlearnError("regularizer 'rol' needs LoRA modules (it cannot be used with --full-finetune)")
         given = getattr(context.init_result, "retain_basis", None) or {}
         basis = {canonical_name(k): v for k, v in given.items()}
-        missing = [(name, module) for name, module, _ in modules if name not in basis]
+        missing = [(name, module) for name, module in modules if name not in basis]
         if missing:
             if not context.retain:
                 raise UnlearnError("regularizer 'rol': the initializer gives no retain basis and there is no retain "

@@ -79,7 +79,7 @@ def predict_prompts(model, tokenizer, prompts: Sequence[Sequence[int]], *, batch
     """
     import torch
 
-    from ..data.tofu import pad_batch
+    from ..data.tofu import IGNORE_INDEX, pad_batch
 
     yes_ids, no_ids = answer_token_ids(tokenizer)
     single = len(yes_ids) == 1 and len(no_ids) == 1
@@ -107,7 +107,7 @@ def predict_prompts(model, tokenizer, prompts: Sequence[Sequence[int]], *, batch
                                 output_hidden_states=hidden and a == YES)
                     logits = out.logits[:, :-1, :].float().log_softmax(-1)
                     target = batch["labels"][:, 1:]
-                    mask = target != -100
+                    mask = target != IGNORE_INDEX
                     first = mask.float().argmax(1)  # the answer position predicts the first answer token
                     rows = torch.arange(len(idx), device=device)
                     if single:

@@ -28,8 +28,14 @@ from typing import Any, Sequence
 
 from ..errors import UnlearnError
 from .aggregators import load_state, make_aggregator, save_state
-from .partition import (DEFAULT_EMBEDDING_DIM, DEFAULT_ITERATIONS, PARTITIONS, balanced_partition, random_partition,
-                        user_embeddings)
+from .partition import (
+    DEFAULT_EMBEDDING_DIM,
+    DEFAULT_ITERATIONS,
+    PARTITIONS,
+    balanced_partition,
+    random_partition,
+    user_embeddings,
+)
 from .predict import Predictions, labels_of
 from .recipes import RECIPE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..data.tofu import MIN_MAX_LENGTH, encode_samples
+from ..data.tofu import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples
 from ..errors import UnlearnError
 from ..interfaces import QASample
 from ..likelihood import answer_nll
@@ -36,7 +36,7 @@ class LengthScorer:
 
     def score(self, samples: Sequence[QASample], *, model, tokenizer) -> list[float]:
         encoded = encode_samples(tokenizer, samples, max_length=self.max_length)
-        return [float(sum(1 for x in e["labels"] if x != -100)) for e in encoded]
+        return [float(sum(1 for x in e["labels"] if x != IGNORE_INDEX)) for e in encoded]
 
 
 class LossScorer:

@@ -63,7 +63,7 @@ def _full_precision(model, dtype) -> None:
         weight = getattr(module, "weight", None)
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         if weight is None or eps is None or weight.dim() != 1:
-            warnings.warn(f"MRD: {name} ({type(module).__name__}) may compute in fp32; scores may be less precise")
+            warnings.warn(f"MRD: {name} ({type(module).__name__}) may compute in fp32; scores may be less precise", stacklevel=2)
             continue
         x = torch.randn(2, weight.numel(), generator=gen, dtype=dtype).to(weight.device)
         with torch.no_grad():
@@ -73,7 +73,7 @@ def _full_precision(model, dtype) -> None:
             continue
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
             warnings.warn(f"MRD: {name} ({type(module).__name__}) is not w * x / rms(x) and may compute in fp32; "
-                          f"scores may be less precise")
+                          f"scores may be less precise", stacklevel=2)
             continue
         module._mrd_eps = float(eps)
         module.forward = types.MethodType(_rms_forward, module)
@@ -82,7 +82,7 @@ def _full_precision(model, dtype) -> None:
         try:
             model.set_attn_implementation("sdpa")
         except Exception:  # noqa: BLE001 - an architecture without SDPA keeps eager attention
-            warnings.warn("MRD: eager attention computes its softmax in fp32; scores may be less precise")
+            warnings.warn("MRD: eager attention computes its softmax in fp32; scores may be less precise", stacklevel=2)
 
 
 def _answer_logp(model, batches, device, dtype):

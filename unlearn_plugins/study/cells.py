@@ -124,7 +124,6 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
     """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
     in ``scratch`` only, to know their content)."""
     from ..demo.benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
-
     from ..errors import DataError
 
     try:
@@ -357,7 +356,7 @@ def extraction_strengths(model: str, adapter: str | None, data: str, max_length:
     evaluation does not run the ``tofu_forget_extraction_strength`` task."""
     import torch
 
-    from ..data.tofu import encode_samples, load_split, pad_batch
+    from ..data.tofu import IGNORE_INDEX, encode_samples, load_split, pad_batch
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 
@@ -371,7 +370,7 @@ def extraction_strengths(model: str, adapter: str | None, data: str, max_length:
             logits = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predicted, labels = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
             for row_pred, row_labels in zip(predicted.tolist(), labels.tolist()):
-                pairs = [(p, y) for p, y in zip(row_pred, row_labels) if y != -100]
+                pairs = [(p, y) for p, y in zip(row_pred, row_labels) if y != IGNORE_INDEX]
                 k = tm.first_matching_suffix([p for p, _ in pairs], [y for _, y in pairs])
                 out.append(tm.extraction_strength(k, len(pairs)))
     return out
@@ -379,6 +378,19 @@ def extraction_strengths(model: str, adapter: str | None, data: str, max_length:
 
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune, "unlearn": build_unlearn, "evaluate": build_evaluate}
+
+
+def builder(name: str) -> Callable[[Path, dict], None]:
+    """The builder a stage names: one of :data:`BUILDERS`, or ``package.module:function`` for
+    a pipeline that runs its own stages on these executors (the demo, :mod:`..demo.pipeline`)."""
+    if name in BUILDERS:
+        return BUILDERS[name]
+    module, sep, function = name.partition(":")
+    if not sep:
+        raise UnlearnError(f"stage builder {name!r}: neither one of {', '.join(BUILDERS)} nor module:function")
+    import importlib
+
+    return getattr(importlib.import_module(module), function)
 
 
 # ----------------------------------------------------------------------------- running a cell
@@ -497,7 +509,7 @@ def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> d
             stages = Stages(Path(task.cache), total=len(plan.stages), stream=log)
             for i, stage in enumerate(plan.stages):
                 emit("stage", cell_id, i, len(plan.stages), stage.label)
-                build = measured(lambda tmp, stage=stage: BUILDERS[stage.build](tmp, stage.params), {"cell": cell_id})
+                build = measured(lambda tmp, stage=stage: builder(stage.build)(tmp, stage.params), {"cell": cell_id})
                 sources.append(run_stage(stages, stage.label, Path(stage.folder), build,
                                          on_wait=lambda msg: emit("wait", cell_id, msg)))
         except Exception as exc:  # noqa: BLE001 - reported per cell; the study goes on

@@ -76,13 +76,13 @@ def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRA
 
     rng = np.random.default_rng(seed)
     estimates, draws = [], []
-    for split, parts in MU_PARTS.items():
+    for parts in MU_PARTS.values():
         columns = [np.asarray(_values(samples, task, metric)) for task, metric in parts]
         n = len(columns[0])
         if n == 0 or any(len(c) != n for c in columns):
             return None
         idx = rng.integers(0, n, size=(resamples, n))
-        for (task, metric), col in zip(parts, columns):
+        for (_task, metric), col in zip(parts, columns):
             if metric == "truth_ratio":  # true-better aggregate: mean(max(0, 1 - tr))
                 col = np.maximum(0.0, 1.0 - col)
             estimates.append(float(col.mean()))

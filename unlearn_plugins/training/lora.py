@@ -25,6 +25,38 @@ from ..errors import ModelError, UnlearnError
 INITIAL_ADAPTER = "initial_adapter"  # must be a valid PEFT adapter name (no dots)
 REFERENCE_ADAPTER = "reference"  # the frozen copy of the initial adapter (not INITIAL_ADAPTER: PEFT's weight
 #                                  conversion loads the saved initial adapter under that name)
+_WRAPPER_PREFIXES = ("module.", "base_model.model.")  # DDP's, PEFT's
+
+
+def active_adapter(model) -> str:
+    """The adapter being trained: the model's active one (the first, when several are); PEFT's
+    ``default`` for a wrapper that does not say (DDP)."""
+    active = getattr(model, "active_adapter", "default")
+    return active if isinstance(active, str) else active[0]
+
+
+def canonical_name(name: str) -> str:
+    """A module name without DDP's ``module.`` and PEFT's ``base_model.model.`` prefixes, so the
+    same layer has one name in the bare, the PEFT-wrapped and the DDP-wrapped model."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, changed = name[len(prefix):], True
+    return name
+
+
+def lora_layers(model, adapter: str | None = None, *, canonical_names: bool = False) -> list[tuple[str, Any]]:
+    """(name, PEFT LoRA layer) of every layer that holds ``adapter`` (default: the active one), in
+    model order: the layers an initializer writes and a regulariser reads. ``canonical_names``:
+    names without the wrappers' prefixes (:func:`canonical_name`), to match names recorded on
+    another wrapping of the model (an initializer's ``retain_basis`` seen by ROL under DDP)."""
+    from peft.tuners.lora import LoraLayer
+
+    adapter = adapter or active_adapter(model)
+    return [(canonical_name(name) if canonical_names else name, module) for name, module in model.named_modules()
+            if isinstance(module, LoraLayer) and adapter in module.lora_A]
 
 
 def _linear_types():
@@ -93,7 +125,7 @@ def save_initial_adapter(peft_model, folder: str | Path) -> Path:
     """Save the adapter right after a residual init (needed later for the weight conversion);
     only the trained adapter, not the reference's frozen copy of it."""
     path = Path(folder) / INITIAL_ADAPTER
-    peft_model.save_pretrained(str(path), selected_adapters=[_trained_adapter(peft_model)])
+    peft_model.save_pretrained(str(path), selected_adapters=[active_adapter(peft_model)])
     return path
 
 
@@ -117,18 +149,13 @@ def merge(peft_model):
 # ----------------------------------------------------------------------------- reference without a copy
 
 
-def _trained_adapter(peft_model) -> str:
-    active = peft_model.active_adapter
-    return active if isinstance(active, str) else active[0]
-
-
 def adapter_is_noop(peft_model, adapter: str | None = None) -> bool:
     """Whether ``adapter`` (default: the active one) adds nothing to the base layers: plain LoRA
     with every lora_B (weights and bias) exactly zero. Other variants (DoRA, ...) count as not."""
     import torch
     from peft.tuners.lora import LoraLayer
 
-    adapter = adapter or _trained_adapter(peft_model)
+    adapter = adapter or active_adapter(peft_model)
     found = False
     for module in peft_model.modules():
         if not isinstance(module, LoraLayer):
@@ -152,7 +179,7 @@ def add_frozen_copy(peft_model, name: str = REFERENCE_ADAPTER) -> str:
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from peft.tuners.lora import LoraLayer
 
-    source = _trained_adapter(peft_model)
+    source = active_adapter(peft_model)
     flags = [(p, p.requires_grad) for p in peft_model.parameters()]
     config = copy.deepcopy(peft_model.peft_config[source])
     config.init_lora_weights = False  # overwritten below; never re-run a data or SVD init (PiSSA would

@@ -1,8 +1,8 @@
 """One CUD anchor run in a fresh single-process Python, started by
-:meth:`unlearn_plugins.scorers.cud.TrainerAnchorRunner.losses_in_child` (under ``accelerate
+:meth:`unlearn_plugins.scorers.cud.anchor_runs.TrainerAnchorRunner.losses_in_child` (under ``accelerate
 launch`` an in-process Trainer would join the launcher's process group).
 
-Usage: ``python -m unlearn_plugins.scorers.anchor_job JOB.json OUT.json``; JOB holds the runner
+Usage: ``python -m unlearn_plugins.scorers.cud.anchor_job JOB.json OUT.json``; JOB holds the runner
 settings and the samples as TOFU records, OUT receives ``{"losses": [...], "info": {...}}``
 (``info``: the run's steps and stop checks, see ``TrainerAnchorRunner.last_info``).
 """
@@ -14,11 +14,11 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from ..errors import UnlearnError
-    from ..files import write_json
-    from ..interfaces import QASample
-    from ..models import load_tokenizer
-    from .cud import TrainerAnchorRunner
+    from ...errors import UnlearnError
+    from ...files import write_json
+    from ...interfaces import QASample
+    from ...models import load_tokenizer
+    from .anchor_runs import TrainerAnchorRunner
 
     job_path, out_path = argv
     job = json.loads(open(job_path, encoding="utf-8").read())

@@ -1,0 +1,213 @@
+"""CUD's anchor runs: unlearn the anchor pool with each (objective, seed) and return every
+sample's answer loss after unlearning. :class:`AnchorRunner` is the interface; the default,
+:class:`TrainerAnchorRunner`, calls :func:`unlearn_plugins.training.run.run_unlearning` and
+stops each run at the first check where the pool's mean answer probability falls below
+``stop_prob`` (:func:`forget_prob_watch`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from ...errors import UnlearnError
+from ...interfaces import QASample
+
+
+class AnchorRunner(Protocol):
+    """Runs one unlearning method on the samples and returns each sample's mean answer NLL
+    after unlearning (same order). Optional: ``describe()`` (a dict, part of the cache key),
+    ``last_info`` (a dict about the last run, recorded in the metadata) and
+    ``reference_losses(samples, *, model, tokenizer)`` (the losses before unlearning)."""
+
+    def losses(self, samples: Sequence[QASample], *, model: Any, tokenizer: Any, objective: str,
+               seed: int) -> list[float]:
+        ...
+
+
+def _mean_prob(losses: Sequence[float]) -> float:
+    """TOFU's forget probability of a set: the mean of exp(-mean answer NLL) per sample."""
+    return sum(math.exp(-x) for x in losses) / max(len(losses), 1)
+
+
+def forget_prob_watch(encoded: Sequence[dict], pad_token_id: int, *, every: int, stop_prob: float | None,
+                      batch_size: int = 8, trace: bool = False):
+    """A Trainer callback: before training and every ``every`` optimizer steps, the mean answer
+    probability of ``encoded`` under the model being trained; stops training at the first check
+    below ``stop_prob`` (None: never). ``checks`` lists (step, forget_prob[, per-sample losses])."""
+    import contextlib
+
+    import torch
+    from transformers import TrainerCallback
+
+    from ...likelihood import answer_nll
+
+    class ForgetProbWatch(TrainerCallback):
+        def __init__(self):
+            self.checks: list[dict] = []
+            self.stopped_at: int | None = None
+
+        def check(self, args, state, model) -> float:
+            training = model.training
+            model.eval()
+            autocast = (torch.autocast(device_type=args.device.type, dtype=torch.bfloat16) if args.bf16
+                        else contextlib.nullcontext())
+            with autocast:
+                stats = answer_nll(model, encoded, pad_token_id, batch_size=batch_size)
+            model.train(training)
+            losses = [s / max(n, 1) for s, n in stats]
+            entry = {"step": state.global_step, "forget_prob": _mean_prob(losses)}
+            if trace:
+                entry["losses"] = losses
+            self.checks.append(entry)
+            return entry["forget_prob"]
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.check(args, state, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if self.stopped_at is None and state.global_step % every == 0:
+                prob = self.check(args, state, model)
+                if stop_prob is not None and prob < stop_prob:
+                    self.stopped_at = state.global_step
+                    control.should_training_stop = True
+            return control
+
+    return ForgetProbWatch()
+
+
+class TrainerAnchorRunner:
+    """Anchor runs with :func:`unlearn_plugins.training.run.run_unlearning` (LoRA by default).
+
+    ``model_spec``: what to unlearn (default: the scored model's ``name_or_path``);
+    ``options``: UnlearnConfig fields (lr, epochs, max_steps, retain, lora_r, ...): the most a
+    run may do; ``stop_prob``: stop at the first check where the mean answer probability of
+    the unlearned samples is below it (None: run the whole budget); ``check_steps``: optimizer
+    steps between checks (default: about 4 per epoch); ``trace``: keep every check's
+    per-sample losses in ``last_info`` (for budget studies).
+    """
+
+    def __init__(self, model_spec: str | None = None, options: dict | None = None, batch_size: int = 8,
+                 stop_prob: float | None = None, check_steps: int | None = None, trace: bool = False):
+        if stop_prob is not None and not 0 < float(stop_prob) < 1:
+            raise UnlearnError(f"CUD anchor runs: stop_prob={stop_prob} must be between 0 and 1 (or none)")
+        if check_steps is not None and int(check_steps) < 1:
+            raise UnlearnError(f"CUD anchor runs: check_steps={check_steps} must be >= 1")
+        self.model_spec = model_spec
+        self.options = dict(options or {})
+        self.batch_size = batch_size
+        self.stop_prob = None if stop_prob is None else float(stop_prob)
+        self.check_steps = None if check_steps is None else int(check_steps)
+        self.trace = bool(trace)
+        self.last_info: dict | None = None
+
+    def describe(self) -> dict:
+        return {"runner": "run_unlearning", "model_spec": self.model_spec, "options": self.options,
+                "stop_prob": self.stop_prob, "check_steps": self.check_steps, "trace": self.trace}
+
+    def max_length(self) -> int:
+        from ...training.config import UnlearnConfig
+
+        return int(self.options.get("max_length", UnlearnConfig.max_length))
+
+    def reference_losses(self, samples, *, model, tokenizer) -> list[float]:
+        """Per-sample answer NLL before unlearning, encoded as the runs encode them."""
+        from ...data.tofu import encode_samples
+        from ...likelihood import answer_nll
+
+        encoded = encode_samples(tokenizer, samples, max_length=self.max_length())
+        return [s / max(n, 1) for s, n in answer_nll(model, encoded, tokenizer.pad_token_id, batch_size=self.batch_size)]
+
+    def losses(self, samples, *, model, tokenizer, objective, seed):
+        from ...sharding import launched_processes
+
+        spec = self.model_spec or getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not spec:
+            raise UnlearnError("CUD anchor runs need the model's folder or hub id: pass the scorer option model_spec")
+        device = next(model.parameters()).device
+        gpu = (device.index or 0) if device.type == "cuda" else None
+        if launched_processes() > 1 or gpu:  # in a launcher's group, or on a GPU other than the first
+            return self.losses_in_child(samples, spec=spec, gpu=gpu, objective=objective, seed=seed)
+        # the Trainer takes "cuda" (its first visible GPU), not "cuda:0"
+        return self.losses_here(samples, spec=spec, device=device.type, tokenizer=tokenizer, objective=objective,
+                                seed=seed)
+
+    def check_every(self, n_samples: int, config) -> int:
+        """Steps between checks: ``check_steps``, else about 4 checks per epoch."""
+        if self.check_steps:
+            return self.check_steps
+        per_epoch = math.ceil(n_samples / (config.batch_size * config.grad_accum))
+        return max(1, math.ceil(per_epoch / 4))
+
+    def losses_here(self, samples, *, spec: str, device: str, tokenizer, objective: str, seed: int) -> list[float]:
+        """One run in this process (which must not be one of several launched ones: the Trainer
+        would join their group)."""
+        import torch
+
+        from ...data.tofu import encode_samples
+        from ...files import write_jsonl
+        from ...likelihood import answer_nll
+        from ...models import load_model
+        from ...training.config import UnlearnConfig
+        from ...training.run import run_unlearning
+
+        with tempfile.TemporaryDirectory(prefix="cud-anchor-") as tmp:
+            forget = Path(tmp) / "forget.json"
+            write_jsonl(forget, [s.to_record() for s in samples])
+            config = UnlearnConfig(out=str(Path(tmp) / "run"), model=spec, forget=str(forget),
+                                   objective=objective, seed=seed, device=device, **self.options)
+            encoded = encode_samples(tokenizer, samples, max_length=config.max_length)
+            watch = None
+            if self.stop_prob is not None or self.trace:
+                watch = forget_prob_watch(encoded, tokenizer.pad_token_id, every=self.check_every(len(samples), config),
+                                          stop_prob=self.stop_prob, batch_size=self.batch_size, trace=self.trace)
+            result = run_unlearning(config, callbacks=[watch] if watch else [])
+            if config.full_finetune:
+                unlearned, _ = load_model(str(result.out), device=device)
+            else:
+                unlearned, _ = load_model(spec, device=device, adapter=str(result.out))
+            stats = answer_nll(unlearned, encoded, tokenizer.pad_token_id, batch_size=self.batch_size)
+            del unlearned
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        losses = [s / max(n, 1) for s, n in stats]
+        self.last_info = {
+            "steps": result.record.get("steps"),
+            "stopped_at_step": watch.stopped_at if watch else None,
+            "forget_prob": _mean_prob(losses),
+            "checks": watch.checks if watch else [],
+        }
+        return losses
+
+    def losses_in_child(self, samples, *, spec: str, gpu: int | None, objective: str, seed: int) -> list[float]:
+        """One run in a fresh single-process Python (:mod:`unlearn_plugins.scorers.cud.anchor_job`):
+        under ``accelerate launch`` each process does its own anchor runs, and an in-process
+        Trainer would join the launcher's group (DDP across unrelated runs). ``gpu``: this
+        process's CUDA index, made the child's only visible GPU."""
+        import os
+        import subprocess
+
+        from ...files import write_json
+        from ...sharding import single_process_env
+
+        env = single_process_env()
+        if gpu is not None:
+            visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+            env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
+        with tempfile.TemporaryDirectory(prefix="cud-anchor-job-") as tmp:
+            job, out = Path(tmp) / "job.json", Path(tmp) / "losses.json"
+            write_json(job, {"model_spec": spec, "options": self.options, "batch_size": self.batch_size,
+                             "stop_prob": self.stop_prob, "check_steps": self.check_steps, "trace": self.trace,
+                             "device": "cpu" if gpu is None else "cuda", "objective": objective, "seed": seed,
+                             "samples": [s.to_record() for s in samples]})
+            done = subprocess.run([sys.executable, "-m", "unlearn_plugins.scorers.cud.anchor_job", str(job), str(out)],
+                                  env=env, check=False)
+            if done.returncode != 0 or not out.is_file():
+                raise UnlearnError(f"CUD anchor run {objective}/seed {seed} failed in its child process "
+                                   f"(exit code {done.returncode}; its output is above)")
+            result = json.loads(out.read_text())
+            self.last_info = result.get("info")
+            return result["losses"]
