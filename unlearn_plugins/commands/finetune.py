@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .common import print_config
-from .run import S, _int_list, _report, add_training_options, resolve_config
+from .training_options import S, add_training_options, int_list, report_run, resolve_config
 
 EXAMPLE = """examples:
   unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                        description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data", default=S, help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full)")
-    g.add_argument("--authors", type=_int_list, default=S, metavar="I,J,...",
+    g.add_argument("--authors", type=int_list, default=S, metavar="I,J,...",
                    help="train on these TOFU authors of the split only (20 QA each, 0-based)")
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     add_training_options(p)
@@ -38,5 +38,5 @@ def run(args) -> int:
         return print_config(config.to_dict(), "unlearn finetune: the options this run would use")
     result = run_finetune(config)
     if result.record.get("outputs"):
-        _report(result, f"fine-tuned on {result.record['samples']['train']} samples")
+        report_run(result, f"fine-tuned on {result.record['samples']['train']} samples")
     return 0
