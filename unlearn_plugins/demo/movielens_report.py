@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
 from .report import _fmt, _pyplot, _save
@@ -83,19 +84,11 @@ def _cells(r: dict) -> list[str]:
 
 
 def format_table(rows: Sequence[dict]) -> str:
-    cells = [_cells(r) for r in rows]
-    widths = [max(len(c[i]) for c in cells + [list(COLUMNS)]) for i in range(len(COLUMNS))]
-
-    def line(c):
-        return "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
-
-    return "\n".join([line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)])
+    return tables.text_table(COLUMNS, [_cells(r) for r in rows])
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(out)
+    return tables.markdown_table(COLUMNS, [_cells(r) for r in rows])
 
 
 # ----------------------------------------------------------------------------- plots

@@ -485,7 +485,7 @@ def format_tables(evaluation: Evaluation) -> str:
 def tofu_table(summary: dict[str, Any]) -> str:
     """Forget Quality (per forget truth-ratio task) and Model Utility as a Markdown table in
     make_table's style, with a note for each unavailable value ("" when neither applies)."""
-    from pytablewriter import MarkdownTableWriter
+    from ..tables import lm_eval_table
 
     rows: list[list[str]] = []
     for task, entry in summary.get("forget_quality", {}).items():
@@ -496,13 +496,10 @@ def tofu_table(summary: dict[str, Any]) -> str:
                      else f"unavailable ({len(mu['missing'])} parts missing)"])
     if not rows:
         return ""
-    writer = MarkdownTableWriter()
-    writer.headers = ["TOFU", "Of", "Value"]
-    writer.value_matrix = rows
     notes = [e["note"] for e in summary.get("forget_quality", {}).values() if e.get("note")]
     if mu.get("note"):
         notes.append("Model Utility " + mu["note"])
-    return "\n".join([writer.dumps().rstrip("\n")] + [f"note: {n}" for n in notes])
+    return "\n".join([lm_eval_table(["TOFU", "Of", "Value"], rows)] + [f"note: {n}" for n in notes])
 
 
 def _fmt(value: Any) -> str:

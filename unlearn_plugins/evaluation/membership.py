@@ -121,16 +121,14 @@ def save_mia_reference(path: str, samples: dict[str, list[dict]], metrics: dict[
 
 def mia_table(summary: dict[str, Any]) -> str:
     """The ``mia`` summary as a Markdown table in lm-eval's make_table style."""
-    from pytablewriter import MarkdownTableWriter
+    from ..tables import lm_eval_table
 
     def fmt(value):
         return "n/a" if value is None else f"{value:.4f}"
 
-    writer = MarkdownTableWriter()
-    writer.headers = ["MIA attack", "AUC", "retain AUC", "privleak", "via"]
-    writer.value_matrix = [[name, fmt(e["auc"]), fmt(e.get("retain_auc")), fmt(e.get("privleak")), e["via"]]
-                           for name, e in summary["attacks"].items()]
-    lines = [writer.dumps().rstrip("\n"),
+    rows = [[name, fmt(e["auc"]), fmt(e.get("retain_auc")), fmt(e.get("privleak")), e["via"]]
+            for name, e in summary["attacks"].items()]
+    lines = [lm_eval_table(["MIA attack", "AUC", "retain AUC", "privleak", "via"], rows),
              "AUC: forget (0) vs holdout (1); 1 = the forget set looks trained on. privleak (MUSE, Min-K%): "
              f"{fmt(summary.get('privleak'))}"]
     if summary.get("note"):

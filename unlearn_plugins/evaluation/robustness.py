@@ -142,7 +142,7 @@ def robustness_summary(plain, attacked: dict[str, Any]) -> dict[str, Any]:
 
 def robustness_table(summary: dict[str, Any]) -> str:
     """The robustness summary as a Markdown table: one row per probe or attack, the worst case last."""
-    from pytablewriter import MarkdownTableWriter
+    from ..tables import lm_eval_table
 
     def fmt(value):
         return "n/a" if value is None else f"{value:.4f}"
@@ -162,7 +162,4 @@ def robustness_table(summary: dict[str, Any]) -> str:
         rows.append([f"{label} ({kind})", *cells])
     rows.append(["worst case (attack-aware)", *(f"{fmt(e['worst']['value'])} ({e['worst']['attack']})"
                                                 if e.get("worst") else "n/a" for e in metrics.values())])
-    writer = MarkdownTableWriter()
-    writer.headers = ["Robustness", "forget prob", "forget ROUGE-L recall"]
-    writer.value_matrix = rows
-    return writer.dumps().rstrip("\n") + "\nnote: " + summary["note"]
+    return lm_eval_table(["Robustness", "forget prob", "forget ROUGE-L recall"], rows) + "\nnote: " + summary["note"]

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import tables
 from ..files import atomic_open, write_json
 from .cells import EXTRACTION, RESOURCES, Plan, read_json
 
@@ -385,10 +386,7 @@ def terminal_table(report: dict, plan: Plan) -> str:
         for g in (g for g in report["groups"] if g["forget"] == k):
             rows.append((str(k), g["label"], _ci_text(g["metrics"]["forget_quality"], ""),
                          _ci_text(g["metrics"]["model_utility"], "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return tables.text_table(rows[0], rows[1:], numbers_right=False)
 
 
 def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import tables
 from ..files import LockHeld, folder_lock
 from ..stages import DONE
 from .cells import CellTask, Plan, cell_source, plan_study
@@ -56,9 +57,7 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
         else:
             state = "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
         rows.append((cp.cell.id, ", ".join(cp.cell.deps) or "-", " + ".join(s.build for s in cp.stages), state))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = tables.text_table(rows[0], rows[1:], numbers_right=False).splitlines()
     recorded = f", {n_recorded} recorded" if records is not None else ""
     lines.append(f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
                  f"to build (cache {plan.cache})")
