@@ -249,3 +249,23 @@ def test_to_toml_reads_back_as_written(values):
 def test_to_toml_refuses_what_toml_cannot_hold():
     with pytest.raises(UnlearnError, match="option objective_options.x: None has no TOML form"):
         to_toml({"objective_options": {"x": [1, None]}})
+
+
+def test_verbosity_wins_over_the_demo_and_study_quieting(monkeypatch):
+    """demo and study quiet transformers, lm-eval, peft and accelerate to errors, unless
+    --verbosity was given (the CLI sets UNLEARN_VERBOSITY; study and demo workers inherit it)."""
+    import logging
+
+    from unlearn_plugins.demo.pipeline import quiet_libraries
+
+    lg = logging.getLogger("transformers")
+    before = lg.level
+    monkeypatch.delenv("UNLEARN_VERBOSITY", raising=False)
+    with quiet_libraries():
+        assert lg.level == logging.ERROR
+    assert lg.level == before
+    monkeypatch.setenv("UNLEARN_VERBOSITY", "DEBUG")
+    lg.setLevel(logging.DEBUG)
+    with quiet_libraries():
+        assert lg.level == logging.DEBUG
+    lg.setLevel(before)

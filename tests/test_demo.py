@@ -1,9 +1,15 @@
 """`unlearn demo`: every stage end to end on the tiny model (--fast), the report's files and
-ranges, the stage cache (rerun, Ctrl-C), the benchmark folder and the generated data."""
+ranges, the stage cache (rerun, Ctrl-C), the benchmark folder and the generated data; and the
+same demo with its stages on two worker processes: the same numbers, a warm rerun that starts
+none, a Ctrl-C'd run that resumes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,13 +20,23 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 MODELS = ["full", "retain", "reglu", "grad_diff", "ihl_fila"]
 
 
+def run_main(args) -> tuple[int, str, str]:
+    """``unlearn ARGS`` here, its exit code, stdout and stderr (for module-scoped fixtures: no capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, tiny_model_dir):
-    """One cold --fast run on generated data (no TOFU, no hub), shared by the tests below."""
+def demo_run(tmp_path_factory, tiny_model_dir, single_thread):
+    """One cold --fast run on generated data (no TOFU, no hub), every stage in this process one
+    after the other (--workers 1, one torch thread), shared by the tests below."""
     root = tmp_path_factory.mktemp("demo")
-    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated",
+    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated", "--workers", "1",
             "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
-    return root, args
+    code, out, err = run_main(args)
+    return SimpleNamespace(root=root, args=args, code=code, out=out, err=err)
 
 
 def _run(args, capsys):
@@ -29,11 +45,11 @@ def _run(args, capsys):
     return code, captured.out, captured.err
 
 
-def test_fast_demo_writes_a_complete_report(demo_run, capsys):
-    root, args = demo_run
-    code, out, err = _run(args, capsys)
+def test_fast_demo_writes_a_complete_report(demo_run):
+    root, code, out, err = demo_run.root, demo_run.code, demo_run.out, demo_run.err
     assert code == 0, err[-2000:]
     assert "notice: --data generated: using generated fictitious authors" in err
+    assert "workers:" not in err and not (root / "report" / "logs").exists()  # no worker process
     report = root / "report"
     for name in ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json"):
         assert (report / name).stat().st_size > 0, name
@@ -85,7 +101,7 @@ def test_fast_demo_writes_a_complete_report(demo_run, capsys):
 
 
 def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
-    root, args = demo_run
+    root, args = demo_run.root, demo_run.args
     before = json.loads((root / "report" / "results.json").read_text())["models"]
     code, _, err = _run(args, capsys)
     assert code == 0
@@ -97,7 +113,7 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
 def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypatch):
     from unlearn_plugins.demo import pipeline
 
-    root, args = demo_run
+    root, args = demo_run.root, demo_run.args
     cache = root / "cache"
     evals = sorted(p for p in cache.iterdir() if p.name.startswith("eval-grad_diff-"))
     assert len(evals) == 1
@@ -120,6 +136,133 @@ def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypa
     assert code == 0
     assert err.count(": cached (") == 11 and "evaluate GradDiff (PEFT default init): done" in err
     assert json.loads((root / "report" / "results.json").read_text())["models"][3]["name"] == "grad_diff"
+
+
+# ----------------------------------------------------------------------------- two worker processes
+
+
+def _table(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith(("full", "retain", "ReGLU", "GradDiff", "IHL"))]
+
+
+def _numbers(report) -> dict:
+    """What results.json says about the models and CUD, less what differs between two runs by
+    nature (folders, timings)."""
+    results = json.loads((report / "results.json").read_text())
+    cud = {k: v for k, v in results["cud"].items() if k != "anchor_pool"}  # (its spec names the cache folder)
+    return {"models": [{k: v for k, v in r.items() if k != "eval_seconds"} for r in results["models"]], "cud": cud}
+
+
+@pytest.fixture(scope="module")
+def sequential_numbers(demo_run):
+    assert demo_run.code == 0, demo_run.err[-2000:]
+    return _numbers(demo_run.root / "report")
+
+
+@pytest.fixture(scope="module")
+def parallel_run(tmp_path_factory, tiny_model_dir, sequential_numbers):
+    """The demo above with two worker processes, each pinned to one thread as this process is
+    (so the numbers are identical, not just close), with caches of its own (its CUD cache too:
+    nothing is reused from the run above)."""
+    root = tmp_path_factory.mktemp("demo-parallel")
+    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated", "--workers", "2",
+            "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
+    env = {"OMP_NUM_THREADS": "1", "UNLEARN_CACHE_DIR": str(root / "unlearn-cache")}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        code, out, err = run_main(args)
+    return SimpleNamespace(root=root, args=args, env=env, code=code, out=out, err=err)
+
+
+def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(parallel_run, demo_run, sequential_numbers):
+    run = parallel_run
+    assert run.code == 0, run.err[-3000:]
+    logs = run.root / "report" / "logs"
+    assert f"workers: local: 2 worker process(es), 1 thread(s) each; their output: {logs}/" in run.err
+    # full || retain: the retain model started before the full model was done, in another process
+    assert run.err.index("[3/13] fine-tune the retain model on 20 QA ...") < run.err.index(
+        "[2/13] fine-tune the full model on 40 QA: done in")
+    cache = run.root / "cache"
+    pids = [json.loads(p.read_text())["pid"] for p in cache.glob("*/resources.json")]
+    assert len(pids) == 11  # every stage but the benchmark (built here: every other stage reads it)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    # CUD's six anchor runs and its matrices were parts built side by side; their marks are gone
+    assert run.err.count("[4/13]   CUD anchor run ") == 6 and "[4/13]   CUD score matrices" in run.err
+    assert not list(cache.glob("cudpart-*")) and not list(cache.glob("*.tmp-*"))
+    # the sequential run's stage lines, with the same numbers; each stage's output in its log
+    lines = run.err.splitlines()
+    for line in demo_run.err.splitlines():
+        if line.startswith("[") and line.endswith(" ..."):
+            assert line in lines, line
+            assert any(other.startswith(line[:-4] + ": done in ") for other in lines), line
+    assert {f"{p.name}.log" for p in cache.iterdir() if p.is_dir() and not p.name.startswith("bench-")} <= {
+        p.name for p in logs.iterdir()}
+    # the same table and numbers as one stage after the other
+    assert _table(run.out) == _table(demo_run.out) and len(_table(run.out)) == 5
+    assert _numbers(run.root / "report") == sequential_numbers
+    assert json.loads((run.root / "report" / "results.json").read_text())["config"]["workers"] == 2
+
+
+def test_a_warm_parallel_rerun_starts_no_worker(parallel_run, capsys, monkeypatch):
+    run = parallel_run
+    for name, value in run.env.items():
+        monkeypatch.setenv(name, value)
+    before = _numbers(run.root / "report")
+    code, out, err = _run(run.args, capsys)
+    assert code == 0, err[-2000:]
+    assert err.count(": cached (") == 12 and "workers:" not in err
+    assert not [line for line in err.splitlines() if line.endswith(" ...")]  # nothing built
+    assert _numbers(run.root / "report") == before and _table(out) == _table(run.out)
+
+
+def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numbers, capsys, monkeypatch):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while both workers build:
+    each removes its stage's temporary folder, the run exits 130, and the rerun builds only
+    the stages that had not finished."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = parallel_run
+    cache = run.root / "cache"
+    for folder in [*cache.glob("run-*"), *cache.glob("eval-*")]:
+        if not folder.name.startswith("eval-retain-"):
+            shutil.rmtree(folder)  # the unlearning runs and the evaluations after them: to build again
+    proc = subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", *run.args], env={**os.environ, **run.env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not any((p / "stage.json").is_file() for p in cache.glob("run-*")):  # one run finished, others building
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "interrupted" in err.splitlines(), err[-3000:]
+    assert not list(cache.glob("*.tmp-*"))  # the interrupted stages left no temporary folder
+    finished = {p.name for p in cache.iterdir() if (p / "stage.json").is_file()}
+    assert 6 <= len(finished) < 12  # the benchmark, targets, CUD, retain evaluation and 1-2 unlearning runs
+
+    for name, value in run.env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = _run(run.args, capsys)
+    assert code == 0, err[-3000:]
+    cached = [line for line in err.splitlines() if ": cached (" in line]
+    assert sorted(line.rsplit("(", 1)[1].rstrip(")") for line in cached) == sorted(finished)
+    assert err.count(": done in") == 12 - len(finished)
+    assert _numbers(run.root / "report") == sequential_numbers
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
+    (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
+])
+def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir, tmp_path, capsys):
+    code, _, err = _run(["demo", "--model", str(tiny_model_dir), "--cache-dir", str(tmp_path / "cache"),
+                         "--out", str(tmp_path / "report"), *extra], capsys)
+    assert code == 1 and err.strip().splitlines() == [f"error: {message}"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):

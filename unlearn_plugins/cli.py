@@ -42,9 +42,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, default_debug, defau
     g.add_argument("--debug", action="store_true", default=default_debug, help="show the traceback of an error")
     g.add_argument("--verbosity", type=str.upper, choices=LEVELS, default=default_verbosity, metavar="LEVEL",
                    help=f"log level of this package and of transformers, datasets, lm-eval, peft and accelerate: "
-                        f"{', '.join(LEVELS)} (default: each library's own, WARNING); ERROR also hides warnings. `demo` "
-                        f"and `study` show only errors of transformers, lm-eval, peft and accelerate, whatever "
-                        f"the level")
+                        f"{', '.join(LEVELS)} (default: each library's own, WARNING; `demo` and `study`: only "
+                        f"the libraries' errors); ERROR also hides warnings")
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

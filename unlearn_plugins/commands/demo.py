@@ -18,9 +18,16 @@ import argparse
 from ..errors import UnlearnError
 from .common import check_int, check_out_folder, device_option
 
+EXAMPLE = """examples:
+  unlearn demo --out demo-report                    # about 15 minutes on 2 CPU cores
+  unlearn demo --fast --out smoke                   # every stage, minimal work
+  unlearn demo --authors 5 --forget-authors 2 --tofu-dir ../shared/data/tofu
+  unlearn demo --benchmark movielens --out demo-movielens
+"""
+
 #: options of one benchmark only: (flag, attribute)
 TOFU_ONLY = (("--authors", "authors"), ("--forget-authors", "forget_authors"), ("--data", "data"),
-             ("--tofu-dir", "tofu_dir"))
+             ("--tofu-dir", "tofu_dir"), ("--workers", "workers"))
 MOVIELENS_ONLY = (("--movielens-dir", "movielens_dir"), ("--users", "users"), ("--train-per-user", "train_per_user"),
                   ("--eval-per-user", "eval_per_user"), ("--forget-fraction", "forget_fraction"),
                   ("--shards", "shards"), ("--aggregator", "aggregator"), ("--train-dtype", "train_dtype"))
@@ -28,7 +35,7 @@ MOVIELENS_ONLY = (("--movielens-dir", "movielens_dir"), ("--users", "users"), ("
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the embedded model and write a report",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchmark", choices=("tofu", "movielens"), default="tofu",
                    help="tofu: LLM unlearning on TOFU authors; movielens: recommendation unlearning (default: tofu)")
     p.add_argument("--out", default=None,
@@ -49,6 +56,9 @@ def add_parser(sub) -> None:
     tofu.add_argument("--tofu-dir", default=None,
                       help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
                            "package; more authors: the hub)")
+    tofu.add_argument("--workers", type=int, default=None,
+                      help="stages built at once, each in a worker process with its share of the cores (default: 2, "
+                           "1 on a 1-core machine); 1: one after the other in this process")
     rec = p.add_argument_group("--benchmark movielens (defaults: the budget in unlearn_plugins/demo/movielens.py)")
     rec.add_argument("--movielens-dir", default=None,
                      help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
@@ -91,6 +101,8 @@ def check_args(args) -> None:
     if forget_authors >= authors:
         raise UnlearnError(f"--forget-authors {forget_authors} must be below --authors {authors} "
                            f"(at least one author is retained)")
+    if args.workers is not None:
+        check_int("--workers", args.workers, 1)
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
 
@@ -134,7 +146,7 @@ def run(args) -> int:
         config = DemoConfig(out=args.out or "unlearn-demo", model=args.model, authors=args.authors,
                             forget_authors=1 if args.forget_authors is None else args.forget_authors, fast=args.fast,
                             data=args.data or "auto", tofu_dir=args.tofu_dir, device=args.device,
-                            cache_dir=args.cache_dir)
+                            cache_dir=args.cache_dir, workers=args.workers)
         result = run_demo(config)
     print(result.table)
     print(f"report -> {result.out}/ ({', '.join(sorted(result.files))})")

@@ -6,20 +6,35 @@ stage's result depends on (base model files, benchmark data, the budget, the key
 stages it reads), so a change of any of them recomputes that stage and the ones after it,
 and nothing else. A stage is built in ``<folder>.tmp-<pid>`` and renamed into place when
 complete, so Ctrl-C leaves either a finished stage or a temporary folder that the next
-run deletes: a rerun continues with the first unfinished stage (:mod:`unlearn_plugins.stages`).
-A stage being built holds an exclusive lock (``.<folder>.lock`` beside it) and the whole demo
-one on its ``--out``, so two demos never build one stage or write one report at once: the
-second is refused.
+run deletes: a rerun continues with the unfinished stages (:mod:`unlearn_plugins.stages`).
+A stage being built holds an exclusive lock (``.<folder>.lock`` beside it), and another demo
+that needs it waits for it and then reuses it; the whole demo holds one on its ``--out``, so
+two demos never write one report at once: the second is refused.
+
+The stages form a graph (:class:`Step`): the full and retain models; then CUD, the three
+unlearning runs (which read the full model) and the retain model's evaluation (the Forget
+Quality reference); then the other evaluations (which read that reference). With
+``workers`` >= 2 the stages whose inputs are built run at once, each in a worker process of
+the study's local executor (:class:`unlearn_plugins.study.executors.LocalExecutor`: pinned to
+its share of the cores, one thread each on 2 cores). CUD's six anchor runs and its score
+matrices are built side by side first, into the CUD cache, as the scorer's processes do
+under ``accelerate launch`` (:meth:`CUDScorer.prepare_shard`); its stage then finds them
+there. The parent process prints the stage lines; each stage's own output goes to
+``<out>/logs/<stage>.log``. With ``workers=1`` every stage runs in this process, one after
+the other, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
@@ -103,6 +118,7 @@ class DemoConfig:
     device: str | None = None
     seed: int = 0
     cache_dir: str | None = None  # None: $UNLEARN_CACHE_DIR/demo
+    workers: int | None = None  # stages built at once; None: default_workers()
 
     @property
     def budget(self) -> Budget:
@@ -156,20 +172,27 @@ def anchor_split(bench: Benchmark, size: int) -> tuple[str, str]:
     return f"{bench.retain}[0:{min(size, half)}]", f"{bench.retain}[{half}:]"
 
 
-def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
-    from ..data.tofu import load_split
-    from ..models import load_model
+def _cud_scorer(config: DemoConfig, bench: Benchmark, full_model: str):
+    """The demo's CUD scorer: anchor runs on a pool of retain QA (:func:`anchor_split`)."""
     from ..scorers.cud import CUDScorer
-    from ..scoring import score_samples
-    from ..stratify import metadata_path, stratify, write_split
 
     b = config.budget
     cud = dict(b.cud)
     pool, anchor_retain = anchor_split(bench, b.anchor_pool)
     anchor_options = {**b.anchor_unlearn, "retain": anchor_retain, "max_length": b.max_length, "save_steps": 0}
-    scorer = CUDScorer(anchor_data=pool, objectives=cud.pop("objectives"), seeds=cud.pop("seeds"),
-                       model_spec=full_model, unlearn_options=anchor_options, max_length=b.max_length,
-                       progress=True, **cud)
+    return CUDScorer(anchor_data=pool, objectives=cud.pop("objectives"), seeds=cud.pop("seeds"),
+                     model_spec=full_model, unlearn_options=anchor_options, max_length=b.max_length,
+                     progress=True, **cud)
+
+
+def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
+    from ..data.tofu import load_split
+    from ..models import load_model
+    from ..scoring import score_samples
+    from ..stratify import metadata_path, stratify, write_split
+
+    b = config.budget
+    scorer = _cud_scorer(config, bench, full_model)
     samples = load_split(str(bench.forget))
     model, tok = load_model(full_model, device=config.device)
     rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name="cud")
@@ -182,6 +205,31 @@ def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path)
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
     write_json(out / "anchors.json", dict(scorer.last_anchors))
+
+
+def cud_anchor_runs(config: DemoConfig) -> list[tuple[str, int]]:
+    """CUD's (objective, seed) anchor runs, in the scorer's order."""
+    cud = config.budget.cud
+    return [(objective, seed) for objective in cud["objectives"] for seed in cud["seeds"]]
+
+
+def _prepare_cud(config: DemoConfig, bench: Benchmark, full_model: str, run: int | None) -> None:
+    """One part of the CUD stage, into the CUD cache where the stage's scorer then finds it:
+    anchor run ``run`` of :func:`cud_anchor_runs`, or (None) the forget samples' EAP-IG
+    matrices, in one batch as the stage itself would compute them."""
+    from ..data.tofu import load_split
+    from ..models import load_model
+    from ..scorers.cud.cache import model_fingerprint
+
+    scorer = _cud_scorer(config, bench, full_model)
+    samples = load_split(str(bench.forget))
+    model, tok = load_model(full_model, device=config.device)
+    fingerprint = model_fingerprint(model)
+    if run is None:
+        scorer.score_matrices(samples, model=model, tokenizer=tok, model_fp=fingerprint)
+    else:
+        scorer.anchor_loss_runs(scorer.anchor_pool(samples), model=model, tokenizer=tok, model_fp=fingerprint,
+                                only=[run])
 
 
 def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
@@ -221,9 +269,13 @@ class DemoResult:
 @contextlib.contextmanager
 def quiet_libraries():
     """Keep the demo's output to its stage lines and progress bars: lm-eval's per-task
-    warnings and deprecation notices are for people calling those libraries directly."""
+    warnings and deprecation notices are for people calling those libraries directly. With
+    ``--verbosity`` (UNLEARN_VERBOSITY, which the CLI sets, and workers inherit) that flag decides."""
     import warnings
 
+    if os.environ.get("UNLEARN_VERBOSITY"):
+        yield
+        return
     # (and our TOFU tasks' "no retain reference" warning: the retain model's evaluation makes it)
     names = ("lm_eval", "transformers", "peft", "accelerate", "unlearn_plugins.evaluation.tofu_tasks")
     loggers = [logging.getLogger(name) for name in names]
@@ -240,11 +292,192 @@ def quiet_libraries():
             lg.setLevel(level)
 
 
+def default_workers() -> int:
+    """Two workers where there are two cores or more, else one; more only when asked
+    (``--workers``): each worker holds a model of its own in memory."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
 def run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     """Every stage (cached), then the report in ``config.out`` (locked throughout)."""
+    if config.workers is None:
+        config = replace(config, workers=default_workers())
+    elif isinstance(config.workers, bool) or not isinstance(config.workers, int) or config.workers < 1:
+        raise UnlearnError(f"--workers must be an integer >= 1, got {config.workers!r}")
     with folder_lock(config.out, f"--out {config.out}"), quiet_libraries():
         return _run_demo(config, stream=stream)
 
+
+# ----------------------------------------------------------------------------- the stage graph
+
+#: what a worker process calls to build a stage (``module:function``, :func:`..study.cells.builder`)
+BUILDER = f"{__name__}:build_stage"
+
+
+@dataclass
+class Job:
+    """A stage, or a part of one, to build: its line label, cache folder and :func:`build_stage`
+    parameters (picklable: they travel to a worker process)."""
+
+    label: str
+    folder: Path
+    params: dict
+
+
+@dataclass
+class Step:
+    """A stage of the demo's graph. ``number``: its place in a sequential run, shown as
+    ``[number/total]``; ``needs``: the steps whose results it reads; ``plan``: its job, asked
+    for once those are built (an evaluation's key reads the retain model's reference);
+    ``parts``: jobs built side by side before it in a parallel run; ``priority``: lower is
+    handed to a free worker first (the full model first: most stages wait for it)."""
+
+    name: str
+    number: int
+    label: str
+    needs: tuple[str, ...]
+    plan: Callable[[], Job]
+    priority: int
+    parts: Callable[[], list[Job]] | None = None
+
+
+def build_stage(tmp: Path, p: dict) -> None:
+    """Build the job ``p`` describes into ``tmp``, in this process or in a worker."""
+    kind, config, bench = p["kind"], p["config"], p["bench"]
+    if kind == "finetune":
+        _finetune(config, Path(p["data"]), tmp)
+    elif kind == "cud":
+        _score_cud(config, bench, p["model"], tmp)
+    elif kind == "cud_part":
+        _prepare_cud(config, bench, p["model"], p["run"])
+    elif kind == "unlearn":
+        _unlearn(config, bench, p["model"], p["method"], tmp, config.budget.unlearn)
+    elif kind == "evaluate":
+        _evaluate(config, bench, p["model"], p["adapter"], tmp, p["references"], p["save_reference"],
+                  p["max_gen_toks"])
+    else:
+        raise UnlearnError(f"demo stage kind {kind!r}: unknown")
+
+
+def run_in_order(steps: list[Step], stages: Stages) -> None:
+    """Every stage here, one after the other (``workers=1``); a stage that another demo is
+    building is waited for, then reused."""
+    from ..study.cells import run_stage
+
+    for step in steps:
+        job = step.plan()
+        stages.n = step.number - 1
+        run_stage(stages, job.label, job.folder, lambda tmp, job=job: build_stage(tmp, job.params),
+                  on_wait=lambda message, step=step: stages.say(step.number, f"{step.label}: waiting: {message}"))
+
+
+def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path) -> None:
+    """Every stage, each as soon as the stages it reads are built, on ``workers`` local worker
+    processes; the stage lines from here. A failed stage stops new ones from starting; the
+    running ones finish (they are valid cache entries), then its error is raised."""
+    from ..study.cells import CellPlan, CellTask, Stage
+    from ..study.executors import LocalExecutor
+    from ..study.spec import Cell
+
+    done: set[str] = set()
+    waiting = list(steps)
+    ready: list[tuple[Step, Job, bool]] = []  # (step, job, whether it is one of the step's parts)
+    finals: dict[str, Job] = {}  # a step's own job while its parts are built
+    parts_left: dict[str, set[str]] = {}
+    running: dict[str, tuple[Step, Job, bool]] = {}
+    started: dict[str, float] = {}
+    failure: tuple[str, dict] | None = None  # (what failed, its result)
+    executor = None
+
+    def plan_ready_steps() -> None:
+        while True:
+            step = next((s for s in waiting if set(s.needs) <= done), None)
+            if step is None:
+                return
+            waiting.remove(step)
+            job = step.plan()
+            if (job.folder / DONE).is_file():
+                stages.say(step.number, f"{job.label}: cached ({job.folder.name})")
+                stages.timings[job.label] = {"seconds": 0.0, "cached": True}
+                done.add(step.name)
+                continue
+            parts = [p for p in (step.parts() if step.parts else []) if not (p.folder / DONE).is_file()]
+            if parts:
+                finals[step.name] = job
+                parts_left[step.name] = {p.folder.name for p in parts}
+                ready.extend((step, p, True) for p in parts)
+            else:
+                ready.append((step, job, False))
+
+    def submit(step: Step, job: Job, part: bool) -> None:
+        if step.name not in started:
+            started[step.name] = time.perf_counter()
+            stages.say(step.number, f"{step.label} ...")
+        cell = Cell(id=job.folder.name, kind="demo", label=job.label)
+        plan = CellPlan(cell, [Stage(job.label, str(job.folder), BUILDER, job.params)], result=str(job.folder))
+        executor.submit(CellTask(plan, str(stages.root), str(logs / f"{job.folder.name}.log")))
+        running[cell.id] = (step, job, part)
+
+    def finished(step: Step, job: Job, part: bool, result: dict) -> None:
+        nonlocal failure
+        if result["status"] != "done":
+            log = f" (log: {result['log']})" if result.get("log") else ""
+            stages.say(step.number, f"{job.label}: FAILED: {result.get('error')}{log}")
+            failure = failure or (f"{step.label} ({job.label})" if part else job.label, result)
+            if running:
+                print(f"waiting for the {len(running)} running stage(s) to finish", file=stages.stream, flush=True)
+            return
+        if part:
+            stages.say(step.number, f"  {job.label}: done in {result.get('seconds', 0):.0f} s")
+            parts_left[step.name].discard(job.folder.name)
+            if not parts_left[step.name]:
+                ready.append((step, finals.pop(step.name), False))
+            return
+        seconds = time.perf_counter() - started[step.name]
+        stages.timings[job.label] = {"seconds": round(seconds, 2), "cached": False}
+        stages.say(step.number, f"{job.label}: done in {seconds:.0f} s")
+        done.add(step.name)
+        for part_job in step.parts() if step.parts else []:  # they only marked what is now in the CUD cache
+            shutil.rmtree(part_job.folder, ignore_errors=True)
+
+    try:
+        while True:
+            if failure is None:
+                plan_ready_steps()
+                if ready and executor is None:
+                    executor = LocalExecutor(workers)
+                    print(f"workers: {executor.describe()}; their output: {logs}/", file=stages.stream, flush=True)
+                ready.sort(key=lambda item: (item[0].priority, item[0].number))
+                while ready and executor.free() > 0:
+                    submit(*ready.pop(0))
+            if not running:
+                break
+            for event in executor.events(0.5):
+                kind, cell = event[0], event[1]
+                if cell not in running:
+                    continue
+                step, job, part = running[cell]
+                if kind == "wait":
+                    stages.say(step.number, f"{job.label}: waiting: {event[2]}")
+                elif kind == "done":
+                    del running[cell]
+                    finished(step, job, part, event[2])
+    except BaseException:
+        if executor is not None:
+            executor.close(interrupted=True)  # each worker's stage removes its temporary folder
+            executor = None
+        raise
+    finally:
+        if executor is not None:
+            executor.close()
+    if failure is not None:
+        what, result = failure
+        log = f" (log: {result['log']})" if result.get("log") else ""
+        raise UnlearnError(f"{what}: {result.get('error')}{log}")
+
+
+# ----------------------------------------------------------------------------- the run
 
 def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     from ..models import cache_dir, load_tokenizer, resolve_model
@@ -259,7 +492,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     stages = Stages(root, total=7 + 2 * len(METHODS), stream=stream)
     started = time.perf_counter()
 
-    # 1. data and base model
+    # 1. data and base model (here: every other stage reads them)
     tofu = find_tofu(config.data, config.tofu_dir, n_authors)
     notice = None
     if tofu is None:
@@ -274,8 +507,8 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         build_benchmark(tmp, tofu=tofu, n_authors=n_authors, n_forget=config.forget_authors,
                         eval_size=b.eval_size)
 
-    bench_dir = stages.run(f"benchmark: {n_authors} authors, {config.forget_authors} to forget",
-                           stages.folder("bench", "tofu" if tofu else "generated", bench_key), build_bench)
+    bench_label = f"benchmark: {n_authors} authors, {config.forget_authors} to forget"
+    bench_dir = stages.run(bench_label, stages.folder("bench", "tofu" if tofu else "generated", bench_key), build_bench)
     bench = load_benchmark(bench_dir)
     if bench is None:
         raise UnlearnError(f"{bench_dir}: benchmark folder unreadable; delete it and run again")
@@ -285,55 +518,81 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     content = {name: file_digest(bench.folder / f"{name}.json") for name in ("full", "retain", "forget")}
     base_path = resolve_model(config.model)  # converts the embedded model once (cached)
     base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
+    max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks)
+    common = {"config": config, "bench": bench}
+    steps: list[Step] = []
+
+    def add(name: str, label: str, needs: tuple[str, ...], folder: Callable[[], Path], params: dict, priority: int,
+            parts: Callable[[], list[Job]] | None = None) -> None:
+        steps.append(Step(name, len(steps) + 2, label, needs, lambda: Job(label, folder(), {**common, **params}),
+                          priority, parts))
 
     # 2. target models
     targets = {}
     for name, data in (("full", bench.full), ("retain", bench.retain)):
         key = digest(base_key, content[name], b.finetune, b.max_length, config.seed)
-        folder = stages.run(f"fine-tune the {name} model on {bench.sizes[name]} QA",
-                            stages.folder("target", name, key),
-                            lambda tmp, data=data: _finetune(config, data, tmp))
+        folder = stages.folder("target", name, key)
         targets[name] = {"key": key, "model": str(folder / "run" / "merged")}
+        add(f"target-{name}", f"fine-tune the {name} model on {bench.sizes[name]} QA", (),
+            lambda folder=folder: folder, {"kind": "finetune", "data": str(data)}, priority=len(steps))
     full_model = targets["full"]["model"]
 
-    # 3. CUD scores of the forget samples
+    # 3. CUD scores of the forget samples (run in parallel: its anchor runs and matrices first)
     cud_key = digest(targets["full"]["key"], content["forget"], content["retain"], b.cud, b.anchor_unlearn,
                      b.easy_hard, b.max_length, b.anchor_pool)
-    cud_dir = stages.run(f"CUD scores of the {bench.sizes['forget']} forget samples",
-                         stages.folder("cud", "forget", cud_key),
-                         lambda tmp: _score_cud(config, bench, full_model, tmp))
+    cud_dir = stages.folder("cud", "forget", cud_key)
+
+    def cud_parts() -> list[Job]:
+        part = {**common, "kind": "cud_part", "model": full_model}
+        jobs = [Job(f"CUD anchor run {objective}/seed {seed}", stages.folder("cudpart", f"run{j}", cud_key),
+                    {**part, "run": j}) for j, (objective, seed) in enumerate(cud_anchor_runs(config))]
+        return jobs + [Job(f"CUD score matrices of the {bench.sizes['forget']} forget samples",
+                           stages.folder("cudpart", "matrices", cud_key), {**part, "run": None})]
+
+    add("cud", f"CUD scores of the {bench.sizes['forget']} forget samples", ("target-full",), lambda: cud_dir,
+        {"kind": "cud", "model": full_model}, priority=2, parts=cud_parts)
 
     # 4. unlearning, same budget for every method
     runs = {}
     for method in METHODS:
         key = digest(targets["full"]["key"], content["forget"], content["retain"], method.settings, b.unlearn,
                      b.max_length, config.seed)
-        folder = stages.run(f"unlearn with {method.label}", stages.folder("run", method.name, key),
-                            lambda tmp, m=method: _unlearn(config, bench, full_model, m, tmp, b.unlearn))
+        folder = stages.folder("run", method.name, key)
         runs[method.name] = {"key": key, "adapter": str(folder / "run")}
+        add(f"run-{method.name}", f"unlearn with {method.label}", ("target-full",), lambda folder=folder: folder,
+            {"kind": "unlearn", "model": full_model, "method": method}, priority=4)
 
     # 5. evaluation: the retain model first (its truth ratios are the Forget Quality reference)
-    evals = {}
-    max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
-    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks)
+    evaluate = {"kind": "evaluate", "max_gen_toks": max_gen_toks}
     key = digest(targets["retain"]["key"], bench_key, eval_settings)
-    folder = stages.run("evaluate the retain model (and save the Forget Quality reference)",
-                        stages.folder("eval", "retain", key),
-                        lambda tmp: _evaluate(config, bench, targets["retain"]["model"], None, tmp, [], True,
-                                              max_gen_toks))
-    evals["retain"] = folder
-    reference = str(folder / "reference.json")
-    models = [("full", "the full model", full_model, None, targets["full"]["key"])]
-    models += [(m.name, m.label, full_model, runs[m.name]["adapter"], runs[m.name]["key"]) for m in METHODS]
-    for name, label, model, adapter, model_k in models:
-        key = digest(model_k, key_of_reference(reference), bench_key, eval_settings)
-        evals[name] = stages.run(f"evaluate {label}", stages.folder("eval", name, key),
-                                 lambda tmp, m=model, a=adapter: _evaluate(config, bench, m, a, tmp, [reference],
-                                                                           False, max_gen_toks))
+    evals = {"retain": stages.folder("eval", "retain", key)}
+    reference = str(evals["retain"] / "reference.json")
+    add("eval-retain", "evaluate the retain model (and save the Forget Quality reference)", ("target-retain",),
+        lambda: evals["retain"], {**evaluate, "model": targets["retain"]["model"], "adapter": None, "references": [],
+                                  "save_reference": True}, priority=3)
+    models = [("full", "the full model", None, targets["full"]["key"], "target-full")]
+    models += [(m.name, m.label, runs[m.name]["adapter"], runs[m.name]["key"], f"run-{m.name}") for m in METHODS]
+    for name, label, adapter, model_k, made_by in models:
+        def folder(name=name, model_k=model_k) -> Path:  # keyed on the reference: read once it exists
+            evals[name] = stages.folder("eval", name, digest(model_k, key_of_reference(reference), bench_key,
+                                                             eval_settings))
+            return evals[name]
+
+        add(f"eval-{name}", f"evaluate {label}", (made_by, "eval-retain"), folder,
+            {**evaluate, "model": full_model, "adapter": adapter, "references": [reference], "save_reference": False},
+            priority=5)
+
+    if config.workers > 1:
+        run_in_parallel(steps, stages, config.workers, Path(config.out) / "logs")
+    else:
+        run_in_order(steps, stages)
+    # the stages' timings in a sequential run's order, whichever finished first
+    order = [bench_label] + [step.label for step in steps]
+    stages.timings = {label: stages.timings[label] for label in order if label in stages.timings}
 
     # 6. report
-    stages.n += 1
-    print(f"[{stages.n}/{stages.total}] report -> {config.out}", file=stream, flush=True)
+    stages.say(stages.total, f"report -> {config.out}")
     results, table, files = report.write_report(
         Path(config.out), config=config, bench=bench, notice=notice, targets=targets, runs=runs,
         methods=METHODS, evals=evals, cud_dir=cud_dir, timings=stages.timings,
@@ -350,4 +609,4 @@ def key_of_reference(path: str) -> str:
         return "missing"
 
 
-__all__ = ["DemoConfig", "run_demo", "METHODS", "BUDGETS", "Budget", "Method", "EVAL_TASKS"]
+__all__ = ["DemoConfig", "run_demo", "METHODS", "BUDGETS", "Budget", "Method", "EVAL_TASKS", "default_workers"]

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
 
@@ -68,22 +69,21 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+#: the row keys of the table's columns after the model's label
+VALUES = ("forget_quality", "model_utility", "forget_prob", "forget_rougeL_recall", "forget_prob_cud_easy",
+          "forget_prob_cud_hard")
+
+
+def _cells(r: dict) -> list[str]:
+    return [r["label"], *(_fmt(r[k]) for k in VALUES)]
+
+
 def format_table(rows: Sequence[dict]) -> str:
-    cells = [[r["label"], *(_fmt(r[k]) for k in ("forget_quality", "model_utility", "forget_prob",
-                                                 "forget_rougeL_recall", "forget_prob_cud_easy",
-                                                 "forget_prob_cud_hard"))] for r in rows]
-    widths = [max(len(c[i]) for c in cells + [list(COLUMNS)]) for i in range(len(COLUMNS))]
-    line = lambda c: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
-    return "\n".join([line(COLUMNS), "  ".join("-" * w for w in widths), *map(line, cells)])
+    return tables.text_table(COLUMNS, [_cells(r) for r in rows])
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for r in rows:
-        out.append("| " + " | ".join([r["label"], *(_fmt(r[k]) for k in (
-            "forget_quality", "model_utility", "forget_prob", "forget_rougeL_recall", "forget_prob_cud_easy",
-            "forget_prob_cud_hard"))]) + " |")
-    return "\n".join(out)
+    return tables.markdown_table(COLUMNS, [_cells(r) for r in rows])
 
 
 # ----------------------------------------------------------------------------- plots
