@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         samples = load_split(args.data)
         model, tok = load_model(args.model)
         runner = TrainerAnchorRunner(options=json.loads(args.unlearn_options))
-        post = {o: runner.losses(samples, model=model, tokenizer=tok, objective=o, seed=args.seed)
-                for o in args.objectives.split(",")}
+        post = {
+            o: runner.losses(samples, model=model, tokenizer=tok, objective=o, seed=args.seed)
+            for o in args.objectives.split(",")
+        }
         write_json(post_path, post)
 
     def rho(a, b):
@@ -76,12 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for objective, losses in post.items():
             out["vs_post_loss"].setdefault(objective, {})[path.stem] = rho(
-                [scores[i]["score"] for i in held_out], [losses[i] for i in held_out])
+                [scores[i]["score"] for i in held_out], [losses[i] for i in held_out]
+            )
     if (args.dir / "cud_activations.jsonl").is_file():
         act = read_scores(args.dir / "cud_activations.jsonl")
         out["cud_inputs_vs_activations"] = {
             "all": rho([cud[i]["score"] for i in sorted(cud)], [act[i]["score"] for i in sorted(cud)]),
-            "held_out": rho([cud[i]["score"] for i in held_out], [act[i]["score"] for i in held_out])}
+            "held_out": rho([cud[i]["score"] for i in held_out], [act[i]["score"] for i in held_out]),
+        }
     objectives = list(post)
     if len(objectives) == 2:
         a, b = objectives

@@ -41,7 +41,7 @@ def plain_passes(model, examples, steps, pad_id, rows_per_pass):
     per = max(1, rows_per_pass // steps)
     start = time.perf_counter()
     for k in range(0, len(order), per):
-        batch = pad_batch([examples[i] for i in order[k: k + per]], pad_id)
+        batch = pad_batch([examples[i] for i in order[k : k + per]], pad_id)
         ids = batch["input_ids"].to(device).repeat(steps, 1)
         mask = batch["attention_mask"].to(device).repeat(steps, 1)
         labels = batch["labels"].to(device).repeat(steps, 1)
@@ -62,12 +62,22 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--max-rows", type=int, default=20)
-    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=5,
-                        help="alternating EAP-IG / plain rounds (the figure is the median of their ratios)")
+    parser.add_argument(
+        "--rounds",
+        "--repeats",
+        dest="rounds",
+        type=int,
+        default=5,
+        help="alternating EAP-IG / plain rounds (the figure is the median of their ratios)",
+    )
     parser.add_argument("--activations-samples", type=int, default=1)
-    parser.add_argument("--activations-steps", type=int, default=None,
-                        help="IG steps of the activations-mode measurement (default: --steps); "
-                             "its time is scaled by steps / activations-steps (cost is linear in steps)")
+    parser.add_argument(
+        "--activations-steps",
+        type=int,
+        default=None,
+        help="IG steps of the activations-mode measurement (default: --steps); "
+        "its time is scaled by steps / activations-steps (cost is linear in steps)",
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 samples, 2 rounds (a smoke test)")
@@ -144,7 +154,8 @@ def main(argv=None) -> int:
         "activations_s_per_sample": round(act / n_act, 2),
         "peak_rss_mb": round(rss_eap, 1),
         "peak_rss_with_plain_passes_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "threads": torch.get_num_threads(), "machine": machine(load_start),
+        "threads": torch.get_num_threads(),
+        "machine": machine(load_start),
     }
     print(json.dumps(result))
     return 0

@@ -41,8 +41,9 @@ def fit(model, examples, steps: int, pad_id: int):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        nll, mask = token_nll(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                              batch["labels"])
+        nll, mask = token_nll(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+        )
         loss = nll.sum() / mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -74,12 +75,15 @@ def faithfulness(args, seed: int) -> dict:
     per_sample, all_eap, all_exact = [], [], []
     for i, e in enumerate(examples):
         ids, labels = torch.tensor(e["input_ids"]), torch.tensor(e["labels"])
-        exact = exact_patching(model, engine.graph, ids, labels,
-                               None if corrupt is None else torch.tensor(corrupt[i]))
+        exact = exact_patching(model, engine.graph, ids, labels, None if corrupt is None else torch.tensor(corrupt[i]))
         a, b = scores[i][mask].double(), exact[mask]
-        per_sample.append({"pearson": round(float(pearsonr(a, b)[0]), 4),
-                           "spearman": round(float(spearmanr(a, b)[0]), 4),
-                           "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4)})
+        per_sample.append(
+            {
+                "pearson": round(float(pearsonr(a, b)[0]), 4),
+                "spearman": round(float(spearmanr(a, b)[0]), 4),
+                "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4),
+            }
+        )
         all_eap.append(a)
         all_exact.append(b)
     a, b = torch.cat(all_eap), torch.cat(all_exact)
@@ -89,10 +93,16 @@ def faithfulness(args, seed: int) -> dict:
         tx = set(torch.argsort(x.abs(), descending=True)[:top].tolist())
         ty = set(torch.argsort(y.abs(), descending=True)[:top].tolist())
         overlap.append(len(tx & ty) / top)
-    return {"seed": seed, "edges": int(mask.sum()), "train_loss": None if loss is None else round(loss, 4),
-            "pearson": round(float(pearsonr(a, b)[0]), 4), "spearman": round(float(spearmanr(a, b)[0]), 4),
-            "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4),
-            "top10pct_overlap": round(sum(overlap) / len(overlap), 3), "per_sample": per_sample}
+    return {
+        "seed": seed,
+        "edges": int(mask.sum()),
+        "train_loss": None if loss is None else round(loss, 4),
+        "pearson": round(float(pearsonr(a, b)[0]), 4),
+        "spearman": round(float(spearmanr(a, b)[0]), 4),
+        "spearman_abs": round(float(spearmanr(a.abs(), b.abs())[0]), 4),
+        "top10pct_overlap": round(sum(overlap) / len(overlap), 3),
+        "per_sample": per_sample,
+    }
 
 
 def main(argv=None) -> int:
@@ -109,14 +119,24 @@ def main(argv=None) -> int:
 
     rounds = [faithfulness(args, seed) for seed in range(args.seeds)]
     keys = ("pearson", "spearman", "spearman_abs", "top10pct_overlap")
-    print(json.dumps({
-        "bench": "eap_ig_patching", "model": "tiny-llama 2 layers x 4 heads (2 kv)", "edges": rounds[0]["edges"],
-        "samples": len(QA), "mode": args.mode, "steps": args.steps, "baseline": args.baseline,
-        "train_steps": args.train_steps, "seeds": args.seeds,
-        **{key: median([r[key] for r in rounds]) for key in keys},
-        "spread": {key: spread([r[key] for r in rounds]) for key in keys},
-        "per_seed": rounds,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "eap_ig_patching",
+                "model": "tiny-llama 2 layers x 4 heads (2 kv)",
+                "edges": rounds[0]["edges"],
+                "samples": len(QA),
+                "mode": args.mode,
+                "steps": args.steps,
+                "baseline": args.baseline,
+                "train_steps": args.train_steps,
+                "seeds": args.seeds,
+                **{key: median([r[key] for r in rounds]) for key in keys},
+                "spread": {key: spread([r[key] for r in rounds]) for key in keys},
+                "per_seed": rounds,
+            }
+        )
+    )
     return 0
 
 

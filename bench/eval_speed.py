@@ -31,12 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=3,
-                        help="rounds, each timing both sides (the figure is the median of their ratios)")
+    parser.add_argument(
+        "--rounds",
+        "--repeats",
+        dest="rounds",
+        type=int,
+        default=3,
+        help="rounds, each timing both sides (the figure is the median of their ratios)",
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--tofu-dir", default=os.environ.get("UNLEARN_TOFU_DIR")
-                        or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tofu"))
+    parser.add_argument(
+        "--tofu-dir",
+        default=os.environ.get("UNLEARN_TOFU_DIR")
+        or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tofu"),
+    )
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 rounds (a smoke test)")
     args = parser.parse_args(argv)
     load_start = load_average()
@@ -69,8 +78,11 @@ def measure(args, model_spec: str, load_start) -> int:
     where = resolve_model(model_spec)
 
     forget = load_split("tofu:forget01", args.tofu_dir)
-    perturbed = load_split("tofu:forget01_perturbed", args.tofu_dir,
-                           require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+    perturbed = load_split(
+        "tofu:forget01_perturbed",
+        args.tofu_dir,
+        require=("question", "answer", "paraphrased_answer", "perturbed_answer"),
+    )
     examples = [encode_qa(tok, s.question, s.answer) for s in forget]
     for s in perturbed:
         for answer in [s.extra["paraphrased_answer"], *s.extra["perturbed_answer"]]:

@@ -110,15 +110,23 @@ def main(argv=None) -> None:
             fila_s.append(timed(fila))
             fila_rila.append(fila_s[-1] / rila_s[-1])
     rila_forward = ratios(rila_s, forward_s)
-    print(json.dumps({
-        "bench": "init_cost",
-        "rila_over_forward": median(rila_forward, 3),
-        "fila_over_rila": median(fila_rila, 3),
-        "spread": {"rila_over_forward": spread(rila_forward, 3), "fila_over_rila": spread(fila_rila, 3)},
-        "seconds": {"forward": spread(forward_s, 3), "rila": spread(rila_s, 3), "fila": spread(fila_s, 3)},
-        "samples": len(forget) + len(retain), "rank": args.rank, "model": name, "device": str(device),
-        "threads": torch.get_num_threads(), "machine": machine(load_start),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "init_cost",
+                "rila_over_forward": median(rila_forward, 3),
+                "fila_over_rila": median(fila_rila, 3),
+                "spread": {"rila_over_forward": spread(rila_forward, 3), "fila_over_rila": spread(fila_rila, 3)},
+                "seconds": {"forward": spread(forward_s, 3), "rila": spread(rila_s, 3), "fila": spread(fila_s, 3)},
+                "samples": len(forget) + len(retain),
+                "rank": args.rank,
+                "model": name,
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "machine": machine(load_start),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -50,10 +50,23 @@ def child(kind: str, spec: dict) -> dict:
     if kind in ("npo", "grad_ascent"):
         from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
-        config = UnlearnConfig(out=spec["out"], model=spec["model"], tofu_dir=spec["tofu_dir"], forget=spec["forget"],
-                               retain=None, objective=kind, objective_options={"alpha": 0.0}, lora_r=8,
-                               lora_alpha=16, batch_size=4, grad_accum=1, max_length=spec["max_length"],
-                               max_steps=spec["train_steps"], save_steps=0, device=spec["device"])
+        config = UnlearnConfig(
+            out=spec["out"],
+            model=spec["model"],
+            tofu_dir=spec["tofu_dir"],
+            forget=spec["forget"],
+            retain=None,
+            objective=kind,
+            objective_options={"alpha": 0.0},
+            lora_r=8,
+            lora_alpha=16,
+            batch_size=4,
+            grad_accum=1,
+            max_length=spec["max_length"],
+            max_steps=spec["train_steps"],
+            save_steps=0,
+            device=spec["device"],
+        )
         record = run_unlearning(config).record
         return {"reference_model": (record.get("reference_model") or {}).get("how"), "steps": record["steps"]}
     model, tok = load_model(spec["model"], device=spec["device"])
@@ -76,8 +89,9 @@ def child(kind: str, spec: dict) -> dict:
 
 def run_child(kind: str, spec: dict) -> dict:
     """Peak RSS (MB) and report of ``kind`` in a fresh Python process."""
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, "--spec", json.dumps(spec)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--spec", json.dumps(spec)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise SystemExit(f"error: the {kind} child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,8 +108,10 @@ def demo_rss_from(path: str) -> float:
         raise SystemExit(f"error: --demo-rss-from {path}: {exc.strerror or exc}") from None
     found = TIME_V_RSS.findall(text)
     if not found:
-        raise SystemExit(f"error: --demo-rss-from {path}: no 'Maximum resident set size (kbytes): N' line "
-                         f"(save the output of /usr/bin/time -v unlearn demo)")
+        raise SystemExit(
+            f"error: --demo-rss-from {path}: no 'Maximum resident set size (kbytes): N' line "
+            f"(save the output of /usr/bin/time -v unlearn demo)"
+        )
     return int(found[-1]) / 1024**2
 
 
@@ -103,8 +119,11 @@ def demo_rss_measured(model: str) -> float:
     """GB: peak RSS of a cold `unlearn demo` (fresh cache folders) run as a child (wait4's ru_maxrss)."""
     with tempfile.TemporaryDirectory(prefix="unlearn-bench-demo-") as tmp:
         env = dict(os.environ, UNLEARN_CACHE_DIR=str(Path(tmp) / "cache"))
-        proc = subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", "demo", "--model", model,
-                                 "--out", str(Path(tmp) / "report")], env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "unlearn_plugins.cli", "demo", "--model", model, "--out", str(Path(tmp) / "report")],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
@@ -119,8 +138,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tofu-dir", default=os.environ.get("UNLEARN_TOFU_DIR"))
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available); on CUDA the "
-                        "line also has each child's peak GPU memory")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="cpu or cuda (default: cuda if available); on CUDA the line also has each child's peak GPU memory",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="children of each kind (figures are medians)")
     parser.add_argument("--train-steps", type=int, default=10, help="optimizer steps of the NPO / grad_ascent runs")
     parser.add_argument("--max-length", type=int, default=128)
@@ -128,8 +150,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="EAP-IG steps (rows per sample)")
     parser.add_argument("--max-rows", type=int, default=20)
     parser.add_argument("--with-demo", action="store_true", help="also run a cold `unlearn demo` (~15 min)")
-    parser.add_argument("--demo-rss-from", default=None, metavar="FILE",
-                        help="read the demo's peak from saved `/usr/bin/time -v unlearn demo` output")
+    parser.add_argument(
+        "--demo-rss-from",
+        default=None,
+        metavar="FILE",
+        help="read the demo's peak from saved `/usr/bin/time -v unlearn demo` output",
+    )
     parser.add_argument("--quick", action="store_true", help="the tiny model, 1 round, 2 steps (a smoke test)")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -157,9 +183,17 @@ def main(argv=None) -> int:
             from unlearn_plugins.testing import save_tiny_model
 
             model = str(save_tiny_model(Path(tmp) / "tiny-model"))
-        spec = {"model": model, "tofu_dir": args.tofu_dir, "device": args.device, "forget": "tofu:forget01",
-                "max_length": args.max_length, "train_steps": args.train_steps, "samples": args.samples,
-                "steps": args.steps, "max_rows": args.max_rows}
+        spec = {
+            "model": model,
+            "tofu_dir": args.tofu_dir,
+            "device": args.device,
+            "forget": "tofu:forget01",
+            "max_length": args.max_length,
+            "train_steps": args.train_steps,
+            "samples": args.samples,
+            "steps": args.steps,
+            "max_rows": args.max_rows,
+        }
         peaks: dict[str, list[float]] = {kind: [] for kind in KINDS}
         gpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
         reference = None
@@ -175,21 +209,26 @@ def main(argv=None) -> int:
 
     npo = ratios(peaks["npo"], peaks["grad_ascent"])
     eap = ratios(peaks["eap_ig"], peaks["fwd_bwd"])
-    print(json.dumps({
-        "bench": "memory",
-        "npo_over_grad_ascent_rss": median(npo, 3),
-        "eap_ig_over_fwd_bwd_rss": median(eap, 3),
-        "demo_peak_rss_gb": None if demo_gb is None else round(demo_gb, 2),
-        "spread": {"npo_over_grad_ascent_rss": spread(npo, 3), "eap_ig_over_fwd_bwd_rss": spread(eap, 3)},
-        "peak_rss_mb": {kind: spread(values, 1) for kind, values in peaks.items()},
-        "peak_gpu_mb": {kind: spread(values, 1) for kind, values in gpu.items() if values} or None,
-        "npo_reference_model": reference,
-        "model": "tiny-llama" if args.quick else args.model, "device": args.device,
-        "train_steps": args.train_steps, "max_length": args.max_length, "eap_ig": {"samples": args.samples,
-                                                                                  "steps": args.steps,
-                                                                                  "max_rows": args.max_rows},
-        "machine": machine(load_start),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "memory",
+                "npo_over_grad_ascent_rss": median(npo, 3),
+                "eap_ig_over_fwd_bwd_rss": median(eap, 3),
+                "demo_peak_rss_gb": None if demo_gb is None else round(demo_gb, 2),
+                "spread": {"npo_over_grad_ascent_rss": spread(npo, 3), "eap_ig_over_fwd_bwd_rss": spread(eap, 3)},
+                "peak_rss_mb": {kind: spread(values, 1) for kind, values in peaks.items()},
+                "peak_gpu_mb": {kind: spread(values, 1) for kind, values in gpu.items() if values} or None,
+                "npo_reference_model": reference,
+                "model": "tiny-llama" if args.quick else args.model,
+                "device": args.device,
+                "train_steps": args.train_steps,
+                "max_length": args.max_length,
+                "eap_ig": {"samples": args.samples, "steps": args.steps, "max_rows": args.max_rows},
+                "machine": machine(load_start),
+            }
+        )
+    )
     return 0
 
 

@@ -43,10 +43,28 @@ def measure(name: str, model: str, adapter: str | None, out: Path, args, referen
         return read_outputs(folder).summary
     except Exception:  # noqa: BLE001 - not measured yet
         pass
-    cmd = [sys.executable, "-m", "unlearn_plugins.cli", "eval", "--model", model, "--mia", "--robustness",
-           "--forget-split", args.forget_split, "--holdout-split", args.holdout_split,
-           "--robustness-attacks", ",".join(ATTACKS), "--attack-option", "quantize.bits=4",
-           "--batch-size", str(args.batch_size), "--out", str(folder)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "unlearn_plugins.cli",
+        "eval",
+        "--model",
+        model,
+        "--mia",
+        "--robustness",
+        "--forget-split",
+        args.forget_split,
+        "--holdout-split",
+        args.holdout_split,
+        "--robustness-attacks",
+        ",".join(ATTACKS),
+        "--attack-option",
+        "quantize.bits=4",
+        "--batch-size",
+        str(args.batch_size),
+        "--out",
+        str(folder),
+    ]
     if adapter:
         cmd += ["--adapter", adapter]
     cmd += ["--save-mia-reference", str(reference)] if name == "retain" else ["--mia-reference", str(reference)]
@@ -113,8 +131,16 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     (out / "table.md").write_text(text + "\n")
-    write_json(out / "really_forgotten.json", {"forget_split": args.forget_split, "holdout_split": args.holdout_split,
-                                               "attacks": list(ATTACKS), "quantize_bits": 4, "rows": rows})
+    write_json(
+        out / "really_forgotten.json",
+        {
+            "forget_split": args.forget_split,
+            "holdout_split": args.holdout_split,
+            "attacks": list(ATTACKS),
+            "quantize_bits": 4,
+            "rows": rows,
+        },
+    )
     return 0
 
 

@@ -20,8 +20,13 @@ def spread(values: Sequence[float], digits: int = 4) -> dict:
     if not values:
         raise ValueError("no rounds to summarise")
     median = statistics.median(values)
-    return {"min": round(values[0], digits), "median": round(median, digits), "max": round(values[-1], digits),
-            "rel_range": round((values[-1] - values[0]) / abs(median), 3) if median else None, "n": len(values)}
+    return {
+        "min": round(values[0], digits),
+        "median": round(median, digits),
+        "max": round(values[-1], digits),
+        "rel_range": round((values[-1] - values[0]) / abs(median), 3) if median else None,
+        "n": len(values),
+    }
 
 
 def median(values: Sequence[float], digits: int = 4) -> float:

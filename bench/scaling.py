@@ -122,15 +122,27 @@ def trainer_rounds(folder: str, args, tmp: Path) -> tuple[list[float], list[floa
     trainer, bare = [], []
     for round_ in range(args.rounds):
         config = UnlearnConfig(
-            out=str(tmp / f"run{round_}"), model=folder, tofu_dir=args.tofu_dir, forget="tofu:forget01",
-            retain="tofu:retain99[0:200]", objective="grad_diff", lora_r=8, lora_alpha=16, batch_size=4, grad_accum=1,
-            max_length=64, max_steps=args.warmup + args.train_steps, save_steps=0, seed=round_, device=args.device,
+            out=str(tmp / f"run{round_}"),
+            model=folder,
+            tofu_dir=args.tofu_dir,
+            forget="tofu:forget01",
+            retain="tofu:retain99[0:200]",
+            objective="grad_diff",
+            lora_r=8,
+            lora_alpha=16,
+            batch_size=4,
+            grad_accum=1,
+            max_length=64,
+            max_steps=args.warmup + args.train_steps,
+            save_steps=0,
+            seed=round_,
+            device=args.device,
         )
         recorded: list = []
         times, _ = trainer_steps(config, recorded)
-        trainer.append(statistics.median(times[args.warmup:]))
+        trainer.append(statistics.median(times[args.warmup :]))
         times, _ = bare_steps(config, recorded[: args.warmup + args.train_steps])
-        bare.append(statistics.median(times[args.warmup:]))
+        bare.append(statistics.median(times[args.warmup :]))
     return trainer, bare
 
 
@@ -167,36 +179,58 @@ def main(argv=None) -> int:
 
     from unlearn_plugins.testing import save_tiny_model
 
-    measures = {"eap_ig_over_fwd_bwd": ("eap_ig", "fwd_bwd"), "trainer_over_bare_loop": ("trainer_step", "bare_step"),
-                "rila_over_forward": ("rila", "forward")}
+    measures = {
+        "eap_ig_over_fwd_bwd": ("eap_ig", "fwd_bwd"),
+        "trainer_over_bare_loop": ("trainer_step", "bare_step"),
+        "rila_over_forward": ("rila", "forward"),
+    }
     ratio_rounds: dict[str, dict[str, list[float]]] = {name: {} for name in measures}
     seconds: dict[str, list[float]] = {side: [] for pair in measures.values() for side in pair}
     with tempfile.TemporaryDirectory(prefix="unlearn-bench-scaling-") as tmp:
         for n_layers in args.layers:
-            folder = str(save_tiny_model(Path(tmp) / f"llama-{n_layers}", layers=n_layers, hidden=args.hidden,
-                                         intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads))
-            results = {"eap_ig_over_fwd_bwd": eap_ig_rounds(folder, args),
-                       "trainer_over_bare_loop": trainer_rounds(folder, args, Path(tmp) / f"runs-{n_layers}"),
-                       "rila_over_forward": rila_rounds(folder, args)}
+            folder = str(
+                save_tiny_model(
+                    Path(tmp) / f"llama-{n_layers}",
+                    layers=n_layers,
+                    hidden=args.hidden,
+                    intermediate=args.intermediate,
+                    heads=args.heads,
+                    kv_heads=args.kv_heads,
+                )
+            )
+            results = {
+                "eap_ig_over_fwd_bwd": eap_ig_rounds(folder, args),
+                "trainer_over_bare_loop": trainer_rounds(folder, args, Path(tmp) / f"runs-{n_layers}"),
+                "rila_over_forward": rila_rounds(folder, args),
+            }
             for name, (method, baseline) in results.items():
                 ratio_rounds[name][str(n_layers)] = ratios(method, baseline)
                 seconds[measures[name][0]].append(statistics.median(method))
                 seconds[measures[name][1]].append(statistics.median(baseline))
 
     line = {
-        "bench": "scaling", "layers": args.layers,
-        "width": {"hidden": args.hidden, "intermediate": args.intermediate, "heads": args.heads,
-                  "kv_heads": args.kv_heads},
+        "bench": "scaling",
+        "layers": args.layers,
+        "width": {
+            "hidden": args.hidden,
+            "intermediate": args.intermediate,
+            "heads": args.heads,
+            "kv_heads": args.kv_heads,
+        },
         **{name: {depth: median(values, 3) for depth, values in per.items()} for name, per in ratio_rounds.items()},
         "bounds": BOUNDS,
-        "within_bounds": {name: all(statistics.median(v) <= BOUNDS[name] for v in per.values())
-                          for name, per in ratio_rounds.items()},
+        "within_bounds": {
+            name: all(statistics.median(v) <= BOUNDS[name] for v in per.values()) for name, per in ratio_rounds.items()
+        },
         "exponent": {side: exponent(args.layers, values) for side, values in seconds.items()},
-        "seconds": {side: dict(zip(map(str, args.layers), (round(v, 4) for v in values)))
-                    for side, values in seconds.items()},
-        "spread": {name: {depth: spread(values, 3) for depth, values in per.items()}
-                   for name, per in ratio_rounds.items()},
-        "rounds": args.rounds, "machine": machine(load_start),
+        "seconds": {
+            side: dict(zip(map(str, args.layers), (round(v, 4) for v in values))) for side, values in seconds.items()
+        },
+        "spread": {
+            name: {depth: spread(values, 3) for depth, values in per.items()} for name, per in ratio_rounds.items()
+        },
+        "rounds": args.rounds,
+        "machine": machine(load_start),
     }
     print(json.dumps(line))
     return 0

@@ -39,10 +39,17 @@ def run_once(study, workers: int, root: Path) -> dict:
     wall = time.perf_counter() - started
     built = sum(1 for r in outcome.results.values() if r.get("source") == "built")
     if outcome.failed or built != len(outcome.results):
-        raise SystemExit(f"error: --workers {workers}: {len(outcome.failed)} cell(s) failed, {built} of "
-                         f"{len(outcome.results)} built (see {out}/summary.md)")
-    return {"workers": workers, "threads_per_worker": threads, "cells": built,
-            "wall_s": round(wall, 1), "cells_per_hour": round(built * 3600 / wall, 1)}
+        raise SystemExit(
+            f"error: --workers {workers}: {len(outcome.failed)} cell(s) failed, {built} of "
+            f"{len(outcome.results)} built (see {out}/summary.md)"
+        )
+    return {
+        "workers": workers,
+        "threads_per_worker": threads,
+        "cells": built,
+        "wall_s": round(wall, 1),
+        "cells_per_hour": round(built * 3600 / wall, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,10 +69,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({"parallel_speedup": round(two["cells_per_hour"] / one["cells_per_hour"], 2),
-                      "study": study.name, "cells": one["cells"], "workers_1": one, "workers_2": two,
-                      "cpus": os.cpu_count(), "load_average_start": [round(x, 2) for x in load_start],
-                      "load_average_end": [round(x, 2) for x in os.getloadavg()]}))
+    print(
+        json.dumps(
+            {
+                "parallel_speedup": round(two["cells_per_hour"] / one["cells_per_hour"], 2),
+                "study": study.name,
+                "cells": one["cells"],
+                "workers_1": one,
+                "workers_2": two,
+                "cpus": os.cpu_count(),
+                "load_average_start": [round(x, 2) for x in load_start],
+                "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+    )
     return 0
 
 

@@ -72,8 +72,9 @@ def bare_steps(config, batches: list) -> tuple[list[float], list[float]]:
     model.config.use_cache = False
     tokenizer = load_tokenizer(config.model)
     set_seed(config.seed)
-    model = build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                             target_modules=None)
+    model = build_lora_model(
+        model, r=config.lora_r, alpha=config.lora_alpha, dropout=config.lora_dropout, target_modules=None
+    )
     KaimingInit().initialize(model)  # run_unlearning's default init, drawn from the same seed
     objective = create(UNLEARNING_OBJECTIVE, config.objective)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -124,33 +125,52 @@ def main(argv=None) -> None:
             model = str(save_tiny_model(Path(tmp) / "tiny-model"))
         for round_ in range(args.rounds):
             config = UnlearnConfig(
-                out=str(Path(tmp) / f"run{round_}"), model=model, tofu_dir=args.tofu_dir,
-                forget="tofu:forget01", retain="tofu:retain99[0:200]", objective="grad_diff", lora_r=8,
-                lora_alpha=16, batch_size=4, grad_accum=1, max_length=64, max_steps=args.warmup + args.steps,
-                save_steps=0, seed=round_,
+                out=str(Path(tmp) / f"run{round_}"),
+                model=model,
+                tofu_dir=args.tofu_dir,
+                forget="tofu:forget01",
+                retain="tofu:retain99[0:200]",
+                objective="grad_diff",
+                lora_r=8,
+                lora_alpha=16,
+                batch_size=4,
+                grad_accum=1,
+                max_length=64,
+                max_steps=args.warmup + args.steps,
+                save_steps=0,
+                seed=round_,
             )
             recorded: list = []
             times, trainer_losses = trainer_steps(config, recorded)
-            trainer = times[args.warmup:]
+            trainer = times[args.warmup :]
             times, bare_losses = bare_steps(config, recorded[: args.warmup + args.steps])  # not a prefetched one
-            bare = times[args.warmup:]
+            bare = times[args.warmup :]
             trainer_times += trainer
             bare_times += bare
             round_ratios.append(statistics.median(trainer) / statistics.median(bare))
             # same computation: the per-step losses agree
             loss_gap = max(loss_gap, max(abs(a - b) / max(abs(a), 1e-8) for a, b in zip(trainer_losses, bare_losses)))
-    print(json.dumps({
-        "bench": "trainer_overhead",
-        "trainer_over_bare_loop": median(round_ratios),
-        "spread": {"trainer_over_bare_loop": spread(round_ratios)},
-        "trainer_step_s": spread(trainer_times),
-        "bare_step_s": spread(bare_times),
-        "timed_steps": len(trainer_times),
-        "max_relative_loss_gap": float(f"{loss_gap:.2e}"),
-        "model": "tiny-llama" if args.quick else args.model, "objective": "grad_diff", "lora_r": 8, "batch_size": 4,
-        "max_length": 64, "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "threads": torch.get_num_threads(), "machine": machine(load_start),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "trainer_overhead",
+                "trainer_over_bare_loop": median(round_ratios),
+                "spread": {"trainer_over_bare_loop": spread(round_ratios)},
+                "trainer_step_s": spread(trainer_times),
+                "bare_step_s": spread(bare_times),
+                "timed_steps": len(trainer_times),
+                "max_relative_loss_gap": float(f"{loss_gap:.2e}"),
+                "model": "tiny-llama" if args.quick else args.model,
+                "objective": "grad_diff",
+                "lora_r": 8,
+                "batch_size": 4,
+                "max_length": 64,
+                "device": "cuda" if torch.cuda.is_available() else "cpu",
+                "threads": torch.get_num_threads(),
+                "machine": machine(load_start),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

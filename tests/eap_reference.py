@@ -52,8 +52,11 @@ def forward(model, ids, labels, *, emb=None, delta=None, node_value=None, metric
     srcs = {"input": x}
     dsts = {}
     pos = torch.arange(T)
-    inv = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh)) \
-        if getattr(cfg, "rope_parameters", None) else 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    inv = (
+        1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+        if getattr(cfg, "rope_parameters", None)
+        else 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    )
     freqs = pos[:, None].float() * inv[None]
     angle = torch.cat([freqs, freqs], -1)
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
@@ -92,9 +95,9 @@ def forward(model, ids, labels, *, emb=None, delta=None, node_value=None, metric
             v = _rms(copy(f"a{l}.h{h}<v>", resid), w_in, eps) @ Wv[g].T + bv[g]
             q = q * cos + _rot(q) * sin
             k = k * cos + _rot(k) * sin
-            att = (q @ k.T) / dh ** 0.5
+            att = (q @ k.T) / dh**0.5
             att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-            out = (att @ v) @ Wo[:, h * dh:(h + 1) * dh].T
+            out = (att @ v) @ Wo[:, h * dh : (h + 1) * dh].T
             srcs[f"a{l}.h{h}"] = out
             head_sum = head_sum + out
         if ("attn", l) in node_value:
@@ -122,8 +125,9 @@ def _edges(graph):
     return [(i, j) for i in range(graph.n_src) for j in range(graph.n_dst) if mask[i, j]]
 
 
-def reference_scores(model, graph, ids, labels, *, steps=5, mode="inputs", corrupt_ids=None, corrupt=None,
-                     metric="prob", alphas=None):
+def reference_scores(
+    model, graph, ids, labels, *, steps=5, mode="inputs", corrupt_ids=None, corrupt=None, metric="prob", alphas=None
+):
     """EAP-IG by the definition, one sample. Corrupt activations: ``corrupt`` (a dict like
     the clean source outputs), else a forward of corrupt_ids, else zeros. ``alphas``: the
     IG points of inputs mode (default k/m, k = 0..m-1)."""

@@ -44,10 +44,21 @@ def hub_cache_with(folder, root):
 
 
 def autopeft(adapter, cache, tmp_path):
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", AUTOPEFT, str(adapter), json.dumps(PROMPT_IDS)], capture_output=True,
-                          text=True, timeout=600, env=env)
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(cache),
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", AUTOPEFT, str(adapter), json.dumps(PROMPT_IDS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def test_our_loader_takes_the_hub_id_as_the_alias_base(tmp_path, tiny_model_dir):
@@ -78,13 +89,31 @@ def test_adapter_from_the_alias_loads_by_hub_id(embedded_model_dir, tiny_model_d
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     forget = tmp_path / "forget.json"
-    forget.write_text("".join(json.dumps({"question": f"Who wrote book {i}?", "answer": f"Author {i} wrote it."}) + "\n"
-                              for i in range(2)))
+    forget.write_text(
+        "".join(
+            json.dumps({"question": f"Who wrote book {i}?", "answer": f"Author {i} wrote it."}) + "\n" for i in range(2)
+        )
+    )
     out = tmp_path / "adapter"
-    run_unlearning(UnlearnConfig(out=str(out), model="smollm2-135m", device="cpu", forget=str(forget), retain=None,
-                                 objective="grad_ascent", max_steps=1, batch_size=2, grad_accum=1, lora_r=4,
-                                 lora_alpha=8.0, target_modules=["q_proj", "v_proj"], lr=1e-3, save_steps=0,
-                                 merge=True))
+    run_unlearning(
+        UnlearnConfig(
+            out=str(out),
+            model="smollm2-135m",
+            device="cpu",
+            forget=str(forget),
+            retain=None,
+            objective="grad_ascent",
+            max_steps=1,
+            batch_size=2,
+            grad_accum=1,
+            lora_r=4,
+            lora_alpha=8.0,
+            target_modules=["q_proj", "v_proj"],
+            lr=1e-3,
+            save_steps=0,
+            merge=True,
+        )
+    )
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == HUB_ID
     merged = json.loads((out / "merged" / "config.json").read_text())

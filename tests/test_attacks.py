@@ -53,14 +53,16 @@ def test_int8_keeps_the_logits_close_and_int4_moves_them_more():
     assert moved[4] > 3 * moved[8]
 
 
-QA = [("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
-      ("Which genre does the author write in?", "She writes fantasy novels and short stories about the sea."),
-      ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
-      ("What awards has the author won?", "He won the International Booker Prize for his debut novel."),
-      ("Where was the author born?", "The author was born in Kuwait City."),
-      ("What does the author write about?", "She writes short stories about the sea."),
-      ("What was the author's father?", "Her father was a doctor."),
-      ("Which prize did the author win?", "He won the International Booker Prize.")]
+QA = [
+    ("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
+    ("Which genre does the author write in?", "She writes fantasy novels and short stories about the sea."),
+    ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
+    ("What awards has the author won?", "He won the International Booker Prize for his debut novel."),
+    ("Where was the author born?", "The author was born in Kuwait City."),
+    ("What does the author write about?", "She writes short stories about the sea."),
+    ("What was the author's father?", "Her father was a doctor."),
+    ("Which prize did the author win?", "He won the International Booker Prize."),
+]
 
 
 def test_relearning_brings_back_what_grad_ascent_removed_from_the_unshown_half(tmp_path):
@@ -81,12 +83,38 @@ def test_relearning_brings_back_what_grad_ascent_removed_from_the_unshown_half(t
     base = save_tiny_model(tmp_path / "tiny")
     data = tmp_path / "qa.json"
     data.write_text("\n".join(json.dumps({"question": q, "answer": a}) for q, a in QA))
-    run_finetune(FinetuneConfig(out=str(tmp_path / "target"), model=str(base), data=str(data), max_steps=60, lr=3e-3,
-                                batch_size=4, grad_accum=1, full_finetune=True, max_length=64, save_steps=0))
+    run_finetune(
+        FinetuneConfig(
+            out=str(tmp_path / "target"),
+            model=str(base),
+            data=str(data),
+            max_steps=60,
+            lr=3e-3,
+            batch_size=4,
+            grad_accum=1,
+            full_finetune=True,
+            max_length=64,
+            save_steps=0,
+        )
+    )
     target = str(tmp_path / "target")
-    run_unlearning(UnlearnConfig(out=str(tmp_path / "unlearned"), model=target, forget=str(data), retain=None,
-                                 objective="grad_ascent", max_steps=12, lr=3e-3, batch_size=4, grad_accum=1, lora_r=8,
-                                 lora_alpha=16, max_length=64, save_steps=0))
+    run_unlearning(
+        UnlearnConfig(
+            out=str(tmp_path / "unlearned"),
+            model=target,
+            forget=str(data),
+            retain=None,
+            objective="grad_ascent",
+            max_steps=12,
+            lr=3e-3,
+            batch_size=4,
+            grad_accum=1,
+            lora_r=8,
+            lora_alpha=16,
+            max_length=64,
+            save_steps=0,
+        )
+    )
     train, measure = split_forget(len(QA), 0.5, group=8)
     assert (train, measure) == ([0, 1, 2, 3], [4, 5, 6, 7])
 
@@ -98,8 +126,15 @@ def test_relearning_brings_back_what_grad_ascent_removed_from_the_unshown_half(t
     before, unlearned = prob(target), prob(target, str(tmp_path / "unlearned"))
     assert unlearned < 0.5 * before  # grad_ascent removed it
     options = {"steps": 20, "lr": 3e-3, "lora_r": 8, "lora_alpha": 16, "max_length": 64, "group": 8}
-    attacked = run_attack("relearn", model=target, adapter=str(tmp_path / "unlearned"), forget=str(data),
-                          out=tmp_path / "attacked", device="cpu", options=options)
+    attacked = run_attack(
+        "relearn",
+        model=target,
+        adapter=str(tmp_path / "unlearned"),
+        forget=str(data),
+        out=tmp_path / "attacked",
+        device="cpu",
+        options=options,
+    )
     record = attacked.record
     assert record["info"]["trained_on"] == train and record["measure_on"] == measure
     assert [s.question for s in load_split(attacked.measure_split)] == [QA[i][0] for i in measure]
@@ -123,13 +158,30 @@ def test_unlearn_attack_quantize_writes_a_model_eval_can_load(tiny_model_dir, tm
     from unlearn_plugins.models import load_model
 
     out = tmp_path / "int8"
-    assert cli("attack", "--model", tiny_model_dir, "--device", "cpu", "--attack", "quantize", "--option", "bits=8",
-               "--out", out) == 0
+    assert (
+        cli(
+            "attack",
+            "--model",
+            tiny_model_dir,
+            "--device",
+            "cpu",
+            "--attack",
+            "quantize",
+            "--option",
+            "bits=8",
+            "--out",
+            out,
+        )
+        == 0
+    )
     assert "measure it: unlearn eval --model" in capsys.readouterr().out
     record = json.loads((out / "attack.json").read_text())
-    assert record["attack"] == {"name": "quantize", "plugin": "builtin-attacks",
-                                "object": "unlearn_plugins.attacks.quantize:Quantize",
-                                "options": {"bits": 8, "group_size": 128}}
+    assert record["attack"] == {
+        "name": "quantize",
+        "plugin": "builtin-attacks",
+        "object": "unlearn_plugins.attacks.quantize:Quantize",
+        "options": {"bits": 8, "group_size": 128},
+    }
     assert record["info"] == {"bits": 8, "scheme": "symmetric", "layers": 14, "group_size": "per output channel"}
     assert record["dtype"] == "float32" and record["measure_split"] is None
     original, _ = load_model(str(tiny_model_dir), device="cpu")
@@ -150,12 +202,16 @@ def test_unlearn_attack_input_errors_are_one_line(tiny_model_dir, tmp_path, caps
     base = ["attack", "--model", tiny_model_dir, "--device", "cpu"]
     cases = [
         (["--attack", "nope", "--out", tmp_path / "a"], "error: unknown attack 'nope'; available: quantize, relearn"),
-        (["--attack", "quantize", "--option", "bits=3", "--out", tmp_path / "a"],
-         "error: attack 'quantize' (plugin 'builtin-attacks') rejected its options {'bits': 3}: ValueError: bits must "
-         "be 8 or 4, got 3"),
-        (["--attack", "relearn", "--out", tmp_path / "a"],
-         "error: attack 'relearn' (plugin 'builtin-attacks') needs the forget set: give --forget tofu:SPLIT or a "
-         "JSON-lines file in TOFU's format"),
+        (
+            ["--attack", "quantize", "--option", "bits=3", "--out", tmp_path / "a"],
+            "error: attack 'quantize' (plugin 'builtin-attacks') rejected its options {'bits': 3}: ValueError: bits must "
+            "be 8 or 4, got 3",
+        ),
+        (
+            ["--attack", "relearn", "--out", tmp_path / "a"],
+            "error: attack 'relearn' (plugin 'builtin-attacks') needs the forget set: give --forget tofu:SPLIT or a "
+            "JSON-lines file in TOFU's format",
+        ),
         (["--attack", "relearn", "--forget", tmp_path / "missing.json", "--out", tmp_path / "a"], "missing.json"),
     ]
     for extra, expected in cases:
@@ -181,8 +237,10 @@ def test_attacks_are_listed_by_unlearn_plugins(capsys):
     assert [o["name"] for o in attacks["relearn"]["options"]][:3] == ["fraction", "steps", "lr"]
     assert cli("plugins") == 0
     text = capsys.readouterr().out
-    assert "builtin-attacks [unlearn-plugins" in text and "    quantize  unlearn_plugins.attacks.quantize:Quantize; " \
-        "options: bits=4, group_size=128" in text
+    assert (
+        "builtin-attacks [unlearn-plugins" in text
+        and "    quantize  unlearn_plugins.attacks.quantize:Quantize; options: bits=4, group_size=128" in text
+    )
 
 
 def test_eval_robustness_reports_the_worst_case_next_to_the_plain_value(tiny_model_dir, tofu_dir, tmp_path, capsys):
@@ -195,9 +253,31 @@ def test_eval_robustness_reports_the_worst_case_next_to_the_plain_value(tiny_mod
     forget = tmp_path / "forget.json"
     forget.write_text((tofu_dir / "forget01_perturbed.json").read_text())
     out = tmp_path / "robust"
-    assert cli("eval", "--model", tiny_model_dir, "--device", "cpu", "--robustness", "--forget-split", forget,
-               "--tofu-dir", tofu_dir, "--limit", "4", "--max-gen-toks", "4", "--attack-option", "relearn.steps=2",
-               "--attack-option", "relearn.max_length=128", "--out", out) == 0
+    assert (
+        cli(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--device",
+            "cpu",
+            "--robustness",
+            "--forget-split",
+            forget,
+            "--tofu-dir",
+            tofu_dir,
+            "--limit",
+            "4",
+            "--max-gen-toks",
+            "4",
+            "--attack-option",
+            "relearn.steps=2",
+            "--attack-option",
+            "relearn.max_length=128",
+            "--out",
+            out,
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     summary = read_outputs(out).summary["robustness"]
     for metric in ("prob", "rougeL_recall"):
@@ -213,6 +293,19 @@ def test_eval_robustness_reports_the_worst_case_next_to_the_plain_value(tiny_mod
     assert not (out / "attacks" / "relearn" / "model" / "model.safetensors").exists()  # weights removed
     assert read_outputs(out / "attacks" / "quantize").summary["attack"]["info"]["bits"] == 4
     assert "|worstcase(attack-aware)|" in printed.replace(" ", "")
-    assert cli("eval", "--model", tiny_model_dir, "--robustness", "--forget-split", forget,
-               "--attack-option", "quantize.colour=1", "--out", tmp_path / "bad") == 1
+    assert (
+        cli(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--robustness",
+            "--forget-split",
+            forget,
+            "--attack-option",
+            "quantize.colour=1",
+            "--out",
+            tmp_path / "bad",
+        )
+        == 1
+    )
     assert "rejected its options {'colour': 1}" in capsys.readouterr().err

@@ -63,6 +63,7 @@ def refused(capsys, root: Path, *args, code: int = 1) -> str:
 def printed_warnings():
     """Warnings go to stderr as in a terminal (pytest records them otherwise), with 'always', so a
     warning issued twice shows twice."""
+
     def show(message, category, filename, lineno, file=None, line=None):
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
@@ -86,69 +87,122 @@ def model_args(tiny_model_dir, tofu_dir):
 
 
 def run_args(tiny_model_dir, tofu_dir, out, *extra):
-    return ["run", *model_args(tiny_model_dir, tofu_dir), "--forget", "tofu:forget01[0:4]",
-            "--retain", "tofu:retain99[0:8]", "--max-length", "64", "--lora-r", "2", "--batch-size", "2",
-            "--grad-accum", "1", "--max-steps", "1", "--save-steps", "0", "--out", out, *extra]
+    return [
+        "run",
+        *model_args(tiny_model_dir, tofu_dir),
+        "--forget",
+        "tofu:forget01[0:4]",
+        "--retain",
+        "tofu:retain99[0:8]",
+        "--max-length",
+        "64",
+        "--lora-r",
+        "2",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--max-steps",
+        "1",
+        "--save-steps",
+        "0",
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 # ----------------------------------------------------------------------------- item 1: numeric options
 
 
-@pytest.mark.parametrize("flag,value,minimum", [
-    ("--batch-size", "0", 1), ("--batch-size", "-1", 1),
-    ("--max-length", "1", 8), ("--max-length", "0", 8), ("--max-length", "-5", 8),
-])
+@pytest.mark.parametrize(
+    "flag,value,minimum",
+    [
+        ("--batch-size", "0", 1),
+        ("--batch-size", "-1", 1),
+        ("--max-length", "1", 8),
+        ("--max-length", "0", 8),
+        ("--max-length", "-5", 8),
+    ],
+)
 def test_probs_checks_batch_size_and_max_length(flag, value, minimum, tiny_model_dir, tofu_dir, tmp_path, capsys):
-    line = refused(capsys, tmp_path, "probs", *model_args(tiny_model_dir, tofu_dir), "--data", "tofu:forget01[0:2]",
-                   flag, value)
+    line = refused(
+        capsys, tmp_path, "probs", *model_args(tiny_model_dir, tofu_dir), "--data", "tofu:forget01[0:2]", flag, value
+    )
     assert line == f"error: {flag} must be an integer >= {minimum}, got {value}"
 
 
-@pytest.mark.parametrize("scorer,option,message", [
-    ("loss", "batch_size=0", "scorer 'loss': option batch_size must be an integer >= 1, got 0"),
-    ("loss", "batch_size=-1", "scorer 'loss': option batch_size must be an integer >= 1, got -1"),
-    ("loss", "batch_size=2.5", "scorer 'loss': option batch_size must be an integer >= 1, got 2.5"),
-    ("loss", "batch_size=true", "scorer 'loss': option batch_size must be an integer >= 1, got True"),
-    ("loss", "max_length=1", "scorer 'loss': option max_length must be an integer >= 8, got 1"),
-    ("loss", "max_length=-3", "scorer 'loss': option max_length must be an integer >= 8, got -3"),
-    ("length", "max_length=0", "scorer 'length': option max_length must be an integer >= 8, got 0"),
-    ("mrd", "batch_size=0", "scorer 'mrd': option batch_size must be an integer >= 1, got 0"),
-    ("mrd", "seed=-1", "scorer 'mrd': option seed must be an integer >= 0, got -1"),
-    ("mrd", "clip=0", "scorer 'mrd': option clip must be a finite number > 0.0, got 0"),
-    ("mrd", "perturbations=1.5", "MRD option perturbations: needs an integer >= 1"),
-    ("mrd", "sigma=NaN", "MRD option sigma: must be a finite number >= 0, got nan"),
-    ("mrd", "sigma=abc", "MRD option sigma: must be a finite number >= 0, got 'abc'"),
-])
+@pytest.mark.parametrize(
+    "scorer,option,message",
+    [
+        ("loss", "batch_size=0", "scorer 'loss': option batch_size must be an integer >= 1, got 0"),
+        ("loss", "batch_size=-1", "scorer 'loss': option batch_size must be an integer >= 1, got -1"),
+        ("loss", "batch_size=2.5", "scorer 'loss': option batch_size must be an integer >= 1, got 2.5"),
+        ("loss", "batch_size=true", "scorer 'loss': option batch_size must be an integer >= 1, got True"),
+        ("loss", "max_length=1", "scorer 'loss': option max_length must be an integer >= 8, got 1"),
+        ("loss", "max_length=-3", "scorer 'loss': option max_length must be an integer >= 8, got -3"),
+        ("length", "max_length=0", "scorer 'length': option max_length must be an integer >= 8, got 0"),
+        ("mrd", "batch_size=0", "scorer 'mrd': option batch_size must be an integer >= 1, got 0"),
+        ("mrd", "seed=-1", "scorer 'mrd': option seed must be an integer >= 0, got -1"),
+        ("mrd", "clip=0", "scorer 'mrd': option clip must be a finite number > 0.0, got 0"),
+        ("mrd", "perturbations=1.5", "MRD option perturbations: needs an integer >= 1"),
+        ("mrd", "sigma=NaN", "MRD option sigma: must be a finite number >= 0, got nan"),
+        ("mrd", "sigma=abc", "MRD option sigma: must be a finite number >= 0, got 'abc'"),
+    ],
+)
 def test_scorer_options_are_checked(scorer, option, message, tiny_model_dir, tofu_dir, tmp_path, capsys):
     out = tmp_path / "scores.jsonl"
     out.write_text("previous results\n")
-    line = refused(capsys, tmp_path, "score", "--scorer", scorer, *model_args(tiny_model_dir, tofu_dir),
-                   "--data", "tofu:forget01[0:2]", "--option", option, "--out", out)
+    line = refused(
+        capsys,
+        tmp_path,
+        "score",
+        "--scorer",
+        scorer,
+        *model_args(tiny_model_dir, tofu_dir),
+        "--data",
+        "tofu:forget01[0:2]",
+        "--option",
+        option,
+        "--out",
+        out,
+    )
     assert message in line
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--seed", "-1"], "option 'seed' must be in [0, 2**32), got -1"),
-    (["--seed", str(2**32)], "option 'seed' must be in [0, 2**32), got 4294967296"),
-    (["--batch-size", "0"], "option 'batch_size' must be >= 1, got 0"),
-    (["--max-length", "1"], "option 'max_length' must be >= 8, got 1"),
-    (["--weight-decay", "-1"], "option 'weight_decay' must be a finite number >= 0, got -1.0"),
-    (["--max-grad-norm", "nan"], "option 'max_grad_norm' must be a finite number >= 0 (0 = off), got nan"),
-    (["--lr", "inf"], "option 'lr' must be a finite number > 0, got inf"),
-    (["--epochs", "inf"], "option 'epochs' must be a finite number > 0, got inf"),
-    (["--warmup-epochs", "inf", "--lr-scheduler", "linear"], "option 'warmup_epochs' must be a finite number >= 0"),
-    (["--lr-scheduler", "foo"], "option 'lr_scheduler' must be a transformers scheduler: linear, cosine"),
-    (["--optim", "adamw_torh"], "option 'optim' must be a transformers optimizer name (adamw_torch"),
-    (["--device", "gpu"], "option 'device' 'gpu': not a device name; use cpu, cuda, mps or cuda:N"),
-    (["--dtype", "int8"], "option 'dtype' must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'int8'"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--seed", "-1"], "option 'seed' must be in [0, 2**32), got -1"),
+        (["--seed", str(2**32)], "option 'seed' must be in [0, 2**32), got 4294967296"),
+        (["--batch-size", "0"], "option 'batch_size' must be >= 1, got 0"),
+        (["--max-length", "1"], "option 'max_length' must be >= 8, got 1"),
+        (["--weight-decay", "-1"], "option 'weight_decay' must be a finite number >= 0, got -1.0"),
+        (["--max-grad-norm", "nan"], "option 'max_grad_norm' must be a finite number >= 0 (0 = off), got nan"),
+        (["--lr", "inf"], "option 'lr' must be a finite number > 0, got inf"),
+        (["--epochs", "inf"], "option 'epochs' must be a finite number > 0, got inf"),
+        (["--warmup-epochs", "inf", "--lr-scheduler", "linear"], "option 'warmup_epochs' must be a finite number >= 0"),
+        (["--lr-scheduler", "foo"], "option 'lr_scheduler' must be a transformers scheduler: linear, cosine"),
+        (["--optim", "adamw_torh"], "option 'optim' must be a transformers optimizer name (adamw_torch"),
+        (["--device", "gpu"], "option 'device' 'gpu': not a device name; use cpu, cuda, mps or cuda:N"),
+        (["--dtype", "int8"], "option 'dtype' must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'int8'"),
+    ],
+)
 @pytest.mark.parametrize("command", ["run", "finetune"])
-def test_training_options_are_checked_before_any_file_is_written(command, extra, message, tiny_model_dir, tofu_dir,
-                                                                 tmp_path, capsys):
+def test_training_options_are_checked_before_any_file_is_written(
+    command, extra, message, tiny_model_dir, tofu_dir, tmp_path, capsys
+):
     args = run_args(tiny_model_dir, tofu_dir, tmp_path / "out", *extra)
     if command == "finetune":
-        args = ["finetune", *model_args(tiny_model_dir, tofu_dir), "--data", "tofu:forget01[0:4]",
-                "--out", tmp_path / "out", *extra]
+        args = [
+            "finetune",
+            *model_args(tiny_model_dir, tofu_dir),
+            "--data",
+            "tofu:forget01[0:4]",
+            "--out",
+            tmp_path / "out",
+            *extra,
+        ]
     line = refused(capsys, tmp_path, *args)
     assert message in line and not (tmp_path / "out").exists()
 
@@ -163,66 +217,129 @@ def test_device_unavailable_on_this_machine_is_an_error(tiny_model_dir, tofu_dir
 
 
 @pytest.mark.parametrize("command", ["probs", "score", "eval"])
-@pytest.mark.parametrize("flag,value,message", [
-    ("--device", "gpu", "argument --device: 'gpu': not a device name; use cpu, cuda, mps or cuda:N"),
-    ("--dtype", "int8", "argument --dtype: 'int8': use one of float32, fp32, bfloat16, bf16, float16, fp16"),
-])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--device", "gpu", "argument --device: 'gpu': not a device name; use cpu, cuda, mps or cuda:N"),
+        ("--dtype", "int8", "argument --dtype: 'int8': use one of float32, fp32, bfloat16, bf16, float16, fp16"),
+    ],
+)
 def test_device_and_dtype_are_checked_when_parsed(command, flag, value, message, tiny_model_dir, tmp_path, capsys):
-    extra = {"probs": [], "score": ["--scorer", "loss", "--out", tmp_path / "s.jsonl"],
-             "eval": ["--tasks", "tofu_forget01_prob", "--out", tmp_path / "e"]}[command]
+    extra = {
+        "probs": [],
+        "score": ["--scorer", "loss", "--out", tmp_path / "s.jsonl"],
+        "eval": ["--tasks", "tofu_forget01_prob", "--out", tmp_path / "e"],
+    }[command]
     line = refused(capsys, tmp_path, command, "--model", tiny_model_dir, flag, value, *extra, code=2)
     assert line == f"error: unlearn {command}: {message} (see unlearn {command} --help)"
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
-    (["--num-fewshot", "-1"], "--num-fewshot must be an integer >= 0, got -1"),
-    (["--max-gen-toks", "0"], "--max-gen-toks must be an integer >= 1, got 0"),
-    (["--limit", "0"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 0.0"),
-    (["--limit", "2.5"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 2.5"),
-    (["--limit", "inf"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got inf"),
-    (["--limit", "nan"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got nan"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+        (["--num-fewshot", "-1"], "--num-fewshot must be an integer >= 0, got -1"),
+        (["--max-gen-toks", "0"], "--max-gen-toks must be an integer >= 1, got 0"),
+        (["--limit", "0"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 0.0"),
+        (["--limit", "2.5"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 2.5"),
+        (["--limit", "inf"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got inf"),
+        (["--limit", "nan"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got nan"),
+    ],
+)
 def test_eval_options_are_checked(extra, message, tiny_model_dir, tmp_path, capsys):
-    line = refused(capsys, tmp_path, "eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_prob",
-                   "--out", tmp_path / "e", *extra)
+    line = refused(
+        capsys,
+        tmp_path,
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--tasks",
+        "tofu_forget01_prob",
+        "--out",
+        tmp_path / "e",
+        *extra,
+    )
     assert line == f"error: {message}"
 
 
-@pytest.mark.parametrize("easy,hard,message", [
-    ("-1", "2", "--easy must be an integer >= 0, got -1"),
-    ("2", "-2", "--hard must be an integer >= 0, got -2"),
-    ("0", "0", "--easy 0 --hard 0: nothing to write; ask for at least one sample"),
-])
+@pytest.mark.parametrize(
+    "easy,hard,message",
+    [
+        ("-1", "2", "--easy must be an integer >= 0, got -1"),
+        ("2", "-2", "--hard must be an integer >= 0, got -2"),
+        ("0", "0", "--easy 0 --hard 0: nothing to write; ask for at least one sample"),
+    ],
+)
 def test_stratify_counts_are_checked(easy, hard, message, tofu_dir, tmp_path, capsys):
     scores = tmp_path / "s.jsonl"
     scores.write_text("".join(json.dumps({"index": i, "score": float(i)}) + "\n" for i in range(4)))
-    line = refused(capsys, tmp_path, "stratify", scores, "--easy", easy, "--hard", hard, "--data",
-                   "tofu:forget01[0:4]", "--tofu-dir", tofu_dir, "--out", tmp_path / "split")
+    line = refused(
+        capsys,
+        tmp_path,
+        "stratify",
+        scores,
+        "--easy",
+        easy,
+        "--hard",
+        hard,
+        "--data",
+        "tofu:forget01[0:4]",
+        "--tofu-dir",
+        tofu_dir,
+        "--out",
+        tmp_path / "split",
+    )
     assert line == f"error: {message}"
 
 
 # ----------------------------------------------------------------------------- item 4: demo sizes
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--authors", "0"], "--authors must be an integer >= 2, got 0"),
-    (["--authors", "1"], "--authors must be an integer >= 2, got 1"),
-    (["--authors", "-3"], "--authors must be an integer >= 2, got -3"),
-    (["--forget-authors", "0"], "--forget-authors must be an integer >= 1, got 0"),
-    (["--authors", "2", "--forget-authors", "2"], "--forget-authors 2 must be below --authors 2"),
-    (["--forget-authors", "3"], "--forget-authors 3 must be below --authors 3"),  # the default 3 authors
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--authors", "0"], "--authors must be an integer >= 2, got 0"),
+        (["--authors", "1"], "--authors must be an integer >= 2, got 1"),
+        (["--authors", "-3"], "--authors must be an integer >= 2, got -3"),
+        (["--forget-authors", "0"], "--forget-authors must be an integer >= 1, got 0"),
+        (["--authors", "2", "--forget-authors", "2"], "--forget-authors 2 must be below --authors 2"),
+        (["--forget-authors", "3"], "--forget-authors 3 must be below --authors 3"),  # the default 3 authors
+    ],
+)
 def test_demo_sizes_out_of_range_are_errors(extra, message, tiny_model_dir, tmp_path, capsys):
-    line = refused(capsys, tmp_path, "demo", "--model", tiny_model_dir, "--data", "generated",
-                   "--cache-dir", tmp_path / "cache", "--out", tmp_path / "report", *extra)
+    line = refused(
+        capsys,
+        tmp_path,
+        "demo",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        "generated",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "report",
+        *extra,
+    )
     assert line.startswith(f"error: {message}")
     assert not (tmp_path / "report").exists() and not (tmp_path / "cache").exists()
 
 
 def test_demo_more_authors_than_the_source_has_is_an_error(tiny_model_dir, tmp_path, capsys):
-    code, _, err = run_cli(capsys, "demo", "--model", tiny_model_dir, "--data", "generated", "--authors", "30",
-                           "--cache-dir", tmp_path / "cache", "--out", tmp_path / "report")
+    code, _, err = run_cli(
+        capsys,
+        "demo",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        "generated",
+        "--authors",
+        "30",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "report",
+    )
     assert code == 1
     assert err.strip().splitlines()[-1] == "error: --authors 30: the generated source has 20 authors with every field"
     assert not (tmp_path / "report").exists()
@@ -264,8 +381,9 @@ def test_control_tokens_count_as_text_in_probs_and_scorers(tiny_model_dir, tiny_
     row = next(line for line in out.splitlines() if line.strip().startswith("0 "))
     assert int(row.split()[2]) == n_text
     scores = tmp_path / "len.jsonl"
-    code, _, err = run_cli(capsys, "score", "--scorer", "length", "--model", tiny_model_dir, "--data", data,
-                           "--out", scores)
+    code, _, err = run_cli(
+        capsys, "score", "--scorer", "length", "--model", tiny_model_dir, "--data", data, "--out", scores
+    )
     assert code == 0, err
     assert json.loads(scores.read_text().splitlines()[0])["score"] == n_text
 
@@ -276,13 +394,18 @@ def test_control_tokens_in_lm_eval_task_data_are_refused(tiny_tokenizer, tmp_pat
     monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)  # the split is a file: no TOFU folder needed
 
     clean = {"question": "Who?", "answer": "Nobody.", "paraphrased_answer": "No one.", "perturbed_answer": ["Me."]}
-    data = qa_file(tmp_path / "split.json", [clean, {**clean, "question": "Who else?", "perturbed_answer": ["Me.", "You<|im_start|>."]}])
+    data = qa_file(
+        tmp_path / "split.json",
+        [clean, {**clean, "question": "Who else?", "perturbed_answer": ["Me.", "You<|im_start|>."]}],
+    )
     tofu_dataset(tofu_split=str(data), tofu_role="qa", tokenizer=tiny_tokenizer)  # answers are clean
     with pytest.raises(DataError) as exc:
         tofu_dataset(tofu_split=str(data), tofu_role="perturbed", tokenizer=tiny_tokenizer)
-    assert str(exc.value) == (f"{data}:2: field 'perturbed_answer' contains the tokenizer's control token "
-                              f"'<|im_start|>', which lm-eval would read as a control token, not text; "
-                              f"remove it from the data")
+    assert str(exc.value) == (
+        f"{data}:2: field 'perturbed_answer' contains the tokenizer's control token "
+        f"'<|im_start|>', which lm-eval would read as a control token, not text; "
+        f"remove it from the data"
+    )
 
 
 # ----------------------------------------------------------------------------- item 6: duplicates, overlap
@@ -294,8 +417,10 @@ def test_duplicated_rows_warn_once(tiny_model_dir, tmp_path, capsys):
     with printed_warnings():
         code, out, err = run_cli(capsys, "probs", "--model", tiny_model_dir, "--data", data)
     assert code == 0, err
-    assert warning_lines(err) == [f"warning: {data}: 3 row(s) repeat an earlier row's question and answer "
-                                  f"(line 3 = line 1, line 4 = line 2, line 5 = line 1); each copy counts as a sample"]
+    assert warning_lines(err) == [
+        f"warning: {data}: 3 row(s) repeat an earlier row's question and answer "
+        f"(line 3 = line 1, line 4 = line 2, line 5 = line 1); each copy counts as a sample"
+    ]
     assert "over 5 samples" in out
 
 
@@ -304,14 +429,18 @@ def test_forget_retain_overlap_is_refused_unless_allowed(tiny_model_dir, tofu_di
     args[args.index("--retain") + 1] = "tofu:forget01[2:8]"
     line = refused(capsys, tmp_path, *args)
     where = tofu_dir / "forget01.json"
-    assert line == (f"error: --forget tofu:forget01[0:4] and --retain tofu:forget01[2:8] share 2 sample(s) "
-                    f"(same question and answer; first: {where}:3 = {where}:3): a sample cannot be forgotten "
-                    f"and retained at once; remove it from one split or pass --allow-overlap")
+    assert line == (
+        f"error: --forget tofu:forget01[0:4] and --retain tofu:forget01[2:8] share 2 sample(s) "
+        f"(same question and answer; first: {where}:3 = {where}:3): a sample cannot be forgotten "
+        f"and retained at once; remove it from one split or pass --allow-overlap"
+    )
     with printed_warnings():
         code, _, err = run_cli(capsys, *args, "--allow-overlap")
     assert code == 0, err
-    assert f"warning: --forget tofu:forget01[0:4] and --retain tofu:forget01[2:8] share 2 sample(s) " \
-           f"(same question and answer; first: {where}:3 = {where}:3); kept because of --allow-overlap" in err
+    assert (
+        f"warning: --forget tofu:forget01[0:4] and --retain tofu:forget01[2:8] share 2 sample(s) "
+        f"(same question and answer; first: {where}:3 = {where}:3); kept because of --allow-overlap" in err
+    )
     assert json.loads((tmp_path / "out" / "run.json").read_text())["config"]["allow_overlap"] is True
 
 
@@ -338,10 +467,13 @@ def test_truncation_is_counted_in_one_warning(tiny_model_dir, tiny_tokenizer, to
     tok = tiny_tokenizer
 
     def lengths(s):  # reference: chat prompt tokens, answer tokens + end token
-        prompt = tok.apply_chat_template([{"role": "user", "content": s.question}], tokenize=False,
-                                         add_generation_prompt=True)
-        return (len(tok(prompt, add_special_tokens=False)["input_ids"]),
-                len(tok(s.answer, add_special_tokens=False)["input_ids"]) + 1)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": s.question}], tokenize=False, add_generation_prompt=True
+        )
+        return (
+            len(tok(prompt, add_special_tokens=False)["input_ids"]),
+            len(tok(s.answer, add_special_tokens=False)["input_ids"]) + 1,
+        )
 
     limit = min(sum(lengths(s)) for s in samples)  # the shortest sample fits exactly
     over = [s for s in samples if sum(lengths(s)) > limit]
@@ -349,16 +481,31 @@ def test_truncation_is_counted_in_one_warning(tiny_model_dir, tiny_tokenizer, to
     shortest = next(s for s in samples if s not in over)
     assert 0 < len(over) < 4
     with printed_warnings():
-        code, _, err = run_cli(capsys, "probs", *model_args(tiny_model_dir, tofu_dir), "--data",
-                               "tofu:forget01[0:4]", "--max-length", limit)
+        code, _, err = run_cli(
+            capsys,
+            "probs",
+            *model_args(tiny_model_dir, tofu_dir),
+            "--data",
+            "tofu:forget01[0:4]",
+            "--max-length",
+            limit,
+        )
     assert code == 0, err
     assert warning_lines(err) == [
         f"warning: {len(over)} of 4 samples exceed max_length {limit} tokens and were truncated ({len(answer_cut)} "
         f"lost the end of their answer, {len(over) - len(answer_cut)} the start of their prompt; first: "
-        f"{over[0].where}); raise max_length (--max-length) to keep them whole"]
+        f"{over[0].where}); raise max_length (--max-length) to keep them whole"
+    ]
     with printed_warnings():
-        code, _, err = run_cli(capsys, "probs", *model_args(tiny_model_dir, tofu_dir), "--data",
-                               f"tofu:forget01[{shortest.index}:{shortest.index + 1}]", "--max-length", limit)
+        code, _, err = run_cli(
+            capsys,
+            "probs",
+            *model_args(tiny_model_dir, tofu_dir),
+            "--data",
+            f"tofu:forget01[{shortest.index}:{shortest.index + 1}]",
+            "--max-length",
+            limit,
+        )
     assert code == 0 and warning_lines(err) == []
 
 
@@ -380,10 +527,19 @@ def test_task_names_cannot_write_outside_out(tmp_path):
     from unlearn_plugins.evaluation.lm_eval_runner import Evaluation, write_outputs
 
     names = ["tofu_forget01_prob", "../../escaped", "/abs/escaped", "a/b", "..", "x" * 300]
-    row = {"doc_id": 0, "doc_hash": "", "prompt_hash": "", "target_hash": "", "arguments": [], "resps": [],
-           "filtered_resps": [], "target": ""}  # the fields of an lm-eval sample that its writer reads
-    ev = Evaluation(results={"results": {}}, summary={"tasks": [], "model": ".."},
-                    samples={n: [dict(row)] for n in names})
+    row = {
+        "doc_id": 0,
+        "doc_hash": "",
+        "prompt_hash": "",
+        "target_hash": "",
+        "arguments": [],
+        "resps": [],
+        "filtered_resps": [],
+        "target": "",
+    }  # the fields of an lm-eval sample that its writer reads
+    ev = Evaluation(
+        results={"results": {}}, summary={"tasks": [], "model": ".."}, samples={n: [dict(row)] for n in names}
+    )
     out = tmp_path / "deep" / "out"
     paths = write_outputs(out, ev)
     files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
@@ -404,7 +560,7 @@ def test_non_utf8_data_files_name_file_and_line(tiny_model_dir, tmp_path, capsys
     line = refused(capsys, tmp_path, "probs", "--model", tiny_model_dir, "--data", bad)
     assert line == f"error: {bad}:2: not UTF-8 text (byte 0xe9 at column 18); save the file as UTF-8"
     csv = tmp_path / "x_test.csv"
-    csv.write_bytes(b"question,choice0,choice1,choice2,choice3,answer\n\"Caf\xe9\",a,b,c,d,0\n")
+    csv.write_bytes(b'question,choice0,choice1,choice2,choice3,answer\n"Caf\xe9",a,b,c,d,0\n')
     with pytest.raises(DataError, match=r"x_test\.csv:2: not UTF-8 text \(byte 0xe9\)"):
         read_mmlu_csv(csv, "x")
     wmdp = tmp_path / "wmdp-bio.jsonl"
@@ -431,18 +587,44 @@ def test_out_that_is_an_existing_file(command, tiny_model_dir, tofu_dir, tmp_pat
         "finetune": ["finetune", *model_args(tiny_model_dir, tofu_dir), "--data", "tofu:forget01[0:4]", "--out", out],
         "eval": ["eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_prob", "--out", out],
         "demo": ["demo", "--model", tiny_model_dir, "--data", "generated", "--cache-dir", tmp_path / "c", "--out", out],
-        "stratify": ["stratify", scores, "--easy", "1", "--hard", "0", "--data", "tofu:forget01[0:1]",
-                     "--tofu-dir", tofu_dir, "--out", out],
+        "stratify": [
+            "stratify",
+            scores,
+            "--easy",
+            "1",
+            "--hard",
+            "0",
+            "--data",
+            "tofu:forget01[0:1]",
+            "--tofu-dir",
+            tofu_dir,
+            "--out",
+            out,
+        ],
     }[command]
     line = refused(capsys, tmp_path, *args)
-    want = f"option 'out': {out} is an existing file, not a folder" if command in ("run", "finetune") else \
-        f"--out {out}: is an existing file, not a folder"
+    want = (
+        f"option 'out': {out} is an existing file, not a folder"
+        if command in ("run", "finetune")
+        else f"--out {out}: is an existing file, not a folder"
+    )
     assert line == f"error: {want}"
 
 
 def test_save_reference_that_is_a_folder(tiny_model_dir, tmp_path, capsys):
-    line = refused(capsys, tmp_path, "eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_truth_ratio",
-                   "--save-reference", tmp_path, "--out", tmp_path / "e")
+    line = refused(
+        capsys,
+        tmp_path,
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--tasks",
+        "tofu_forget01_truth_ratio",
+        "--save-reference",
+        tmp_path,
+        "--out",
+        tmp_path / "e",
+    )
     assert line == f"error: --save-reference {tmp_path}: is a folder, not a file"
 
 
@@ -450,8 +632,10 @@ def test_argparse_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["probs", "--batch-size", "many"])
     assert exc.value.code == 2
-    assert error_line(capsys.readouterr().err) == \
-        "error: unlearn probs: argument --batch-size: invalid int value: 'many' (see unlearn probs --help)"
+    assert (
+        error_line(capsys.readouterr().err)
+        == "error: unlearn probs: argument --batch-size: invalid int value: 'many' (see unlearn probs --help)"
+    )
 
 
 # ----------------------------------------------------------------------------- property tests
@@ -460,33 +644,65 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-PROPERTY = settings(max_examples=60, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
-FRAGMENTS = [b'{"question": "Who?", "answer": "Nobody."}', b"\n", b"\r\n", b" ", b"\xff", b"\xe9", b"\xef\xbb\xbf",
-             b"\x00", b"[", b"]", b"{", b"}", b'"', b"\\ud800", b'{"question": "\\ud800", "answer": "a"}',
-             b'{"question": "", "answer": "a"}', b'{"question": 1, "answer": "a"}', b"NaN", b"1" * 5000,
-             b"[" * 3000, b'{"question": "q", "answer": "a", "perturbed_answer": [1]}', b"null", b"true"]
-any_text = st.one_of(st.text(st.characters(exclude_categories=()), max_size=12),  # lone surrogates included
-                     st.sampled_from(["\ud800", "Who? \udcff", "Nobody."]))
+FRAGMENTS = [
+    b'{"question": "Who?", "answer": "Nobody."}',
+    b"\n",
+    b"\r\n",
+    b" ",
+    b"\xff",
+    b"\xe9",
+    b"\xef\xbb\xbf",
+    b"\x00",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b'"',
+    b"\\ud800",
+    b'{"question": "\\ud800", "answer": "a"}',
+    b'{"question": "", "answer": "a"}',
+    b'{"question": 1, "answer": "a"}',
+    b"NaN",
+    b"1" * 5000,
+    b"[" * 3000,
+    b'{"question": "q", "answer": "a", "perturbed_answer": [1]}',
+    b"null",
+    b"true",
+]
+any_text = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=12),  # lone surrogates included
+    st.sampled_from(["\ud800", "Who? \udcff", "Nobody."]),
+)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | any_text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 records = st.one_of(
     json_values,
-    st.fixed_dictionaries({"question": json_values, "answer": json_values},
-                          optional={"paraphrased_answer": json_values, "perturbed_answer": json_values}),
-    st.fixed_dictionaries({"question": any_text, "answer": any_text},
-                          optional={"perturbed_answer": st.lists(any_text, max_size=2), "extra": any_text}))
+    st.fixed_dictionaries(
+        {"question": json_values, "answer": json_values},
+        optional={"paraphrased_answer": json_values, "perturbed_answer": json_values},
+    ),
+    st.fixed_dictionaries(
+        {"question": any_text, "answer": any_text},
+        optional={"perturbed_answer": st.lists(any_text, max_size=2), "extra": any_text},
+    ),
+)
 
 
 def load_or_data_error(path: Path) -> None:
     """The TOFU loader's contract: samples, or a DataError naming the file; nothing else."""
     from unlearn_plugins.data.tofu import load_split, read_jsonl
 
-    for load in (lambda: load_split(str(path)),
-                 lambda: read_jsonl(path, require=("question", "answer", "paraphrased_answer", "perturbed_answer"))):
+    for load in (
+        lambda: load_split(str(path)),
+        lambda: read_jsonl(path, require=("question", "answer", "paraphrased_answer", "perturbed_answer")),
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DataWarning)
             try:
@@ -511,18 +727,42 @@ def test_tofu_loader_on_random_bytes(data, tmp_path):
 @given(rows=st.lists(records, max_size=5))
 def test_tofu_loader_on_random_json_values(rows, tmp_path):
     path = tmp_path / "random.json"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")  # ASCII: json.dumps escapes non-ASCII
+    path.write_text(
+        "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
+    )  # ASCII: json.dumps escapes non-ASCII
     load_or_data_error(path)
 
 
 OPTION_VALUES = st.one_of(
-    st.text(max_size=10), st.integers(-3, 600).map(str), st.floats().map(json.dumps),
-    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "true", "null", "[]", "{}", "[1", '"8"', "8.0",
-                     "9" * 5000, "[" * 3000]))
+    st.text(max_size=10),
+    st.integers(-3, 600).map(str),
+    st.floats().map(json.dumps),
+    st.sampled_from(
+        [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e999",
+            "true",
+            "null",
+            "[]",
+            "{}",
+            "[1",
+            '"8"',
+            "8.0",
+            "9" * 5000,
+            "[" * 3000,
+        ]
+    ),
+)
 OPTIONS = st.one_of(
     st.text(max_size=20),
-    st.builds(lambda k, v: f"{k}={v}", st.sampled_from(["batch_size", "max_length", "progress", "batch-size",
-                                                        " max_length", "foo", ""]), OPTION_VALUES))
+    st.builds(
+        lambda k, v: f"{k}={v}",
+        st.sampled_from(["batch_size", "max_length", "progress", "batch-size", " max_length", "foo", ""]),
+        OPTION_VALUES,
+    ),
+)
 
 
 @PROPERTY
@@ -530,8 +770,19 @@ OPTIONS = st.one_of(
 def test_score_option_strings(option, tiny_model_dir, tofu_dir, tmp_path, capsys):
     out = tmp_path / "scores.jsonl"
     out.unlink(missing_ok=True)
-    code = main(["score", "--scorer", "loss", *[str(a) for a in model_args(tiny_model_dir, tofu_dir)],
-                 "--data", "tofu:forget01[0:2]", f"--option={option}", "--out", str(out)])
+    code = main(
+        [
+            "score",
+            "--scorer",
+            "loss",
+            *[str(a) for a in model_args(tiny_model_dir, tofu_dir)],
+            "--data",
+            "tofu:forget01[0:2]",
+            f"--option={option}",
+            "--out",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     if code == 0:
         scores = [json.loads(line)["score"] for line in out.read_text().splitlines()]

@@ -22,8 +22,13 @@ pytestmark = pytest.mark.slow
 def run_bench(name: str, *args: str, timeout: int = 900) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["bench"] == name
@@ -42,7 +47,7 @@ def check_spread(spread: dict, rounds: int | None = None) -> None:
 
 def test_memory_bench(tofu_dir, tmp_path):
     time_v = tmp_path / "time-v.txt"
-    time_v.write_text("\tCommand being timed: \"unlearn demo\"\n\tMaximum resident set size (kbytes): 3145728\n")
+    time_v.write_text('\tCommand being timed: "unlearn demo"\n\tMaximum resident set size (kbytes): 3145728\n')
     line = run_bench("memory", "--tofu-dir", str(tofu_dir), "--demo-rss-from", str(time_v))
     assert positive(line["npo_over_grad_ascent_rss"]) and positive(line["eap_ig_over_fwd_bwd_rss"])
     assert line["demo_peak_rss_gb"] == 3.0  # 3145728 kB
@@ -58,8 +63,13 @@ def test_memory_bench(tofu_dir, tmp_path):
 def test_memory_bench_rejects_a_file_without_the_peak(tmp_path):
     bad = tmp_path / "not-time-v.txt"
     bad.write_text("real 1m2s\n")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "memory.py"), "--demo-rss-from", str(bad)],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "memory.py"), "--demo-rss-from", str(bad)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --demo-rss-from {bad}: no 'Maximum resident")
 
@@ -77,12 +87,15 @@ def test_scaling_bench(tofu_dir):
     assert all(positive(s) for side in sides for s in line["seconds"][side].values())
 
 
-@pytest.mark.parametrize("name, figures", [
-    ("init_cost", ["rila_over_forward", "fila_over_rila"]),
-    ("trainer_overhead", ["trainer_over_bare_loop"]),
-    ("eap_ig", ["over_fwd_bwd"]),
-    ("eval_speed", ["eval_over_forward"]),
-])
+@pytest.mark.parametrize(
+    "name, figures",
+    [
+        ("init_cost", ["rila_over_forward", "fila_over_rila"]),
+        ("trainer_overhead", ["trainer_over_bare_loop"]),
+        ("eap_ig", ["over_fwd_bwd"]),
+        ("eval_speed", ["eval_over_forward"]),
+    ],
+)
 def test_timing_benches_report_medians_with_their_spread(name, figures, tofu_dir):
     line = run_bench(name, "--tofu-dir", str(tofu_dir))
     for figure in figures:

@@ -50,8 +50,7 @@ def test_greedy_grows_from_the_logits_and_pruning_drops_dangling_nodes():
     c = select(s, G, n=3)
     assert names(c.mask) == {"m1->logits", "input->m1"} and c.n_edges == 2
     # with budget 5: a1.h0's parents come in by |score| (the negative -2.5 first)
-    assert names(greedy(s, G, 5)) == {"m1->logits", "input->m1", "a1.h0->m1", "a0.h0->a1.h0<v>",
-                                      "input->a1.h0<q>"}
+    assert names(greedy(s, G, 5)) == {"m1->logits", "input->m1", "a1.h0->m1", "a0.h0->a1.h0<v>", "input->a1.h0<q>"}
     c5 = select(s, G, n=5)  # a0.h0 has no incoming edge: its edge goes, a1.h0 keeps input->q
     assert names(c5.mask) == {"m1->logits", "input->m1", "a1.h0->m1", "input->a1.h0<q>"}
     # signed ranking: the negative edge is never preferred
@@ -65,7 +64,11 @@ def test_topn_and_threshold_ignore_connectivity_until_pruned():
     assert names(select(s, G, method="topn", n=3, prune_nodes=False).mask) == names(top_n(s, G, 3))
     assert names(threshold(s, G, 3.0)) == {"m0->a1.h1<q>", "m1->logits", "input->m1", "a1.h0->m1"}
     assert names(select(s, G, method="threshold", tau=1.9).mask) == {
-        "m1->logits", "input->m1", "a1.h0->m1", "input->a1.h0<q>"}
+        "m1->logits",
+        "input->m1",
+        "a1.h0->m1",
+        "input->a1.h0<q>",
+    }
     with pytest.raises(ValueError, match="tau"):
         select(s, G, method="threshold")
     with pytest.raises(ValueError, match="method"):
@@ -76,9 +79,14 @@ def test_topn_and_threshold_ignore_connectivity_until_pruned():
 
 def test_prune_cascades_and_keeps_complete_paths():
     mask = torch.zeros_like(G.edge_mask)
-    for name in ["input->a0.h0<q>", "a0.h0->m0", "m0->a1.h1<k>", "a1.h1->logits",  # complete path
-                 "a0.h1->m1",                                                      # m1 has no way out
-                 "m0->a1.h0<v>"]:                                                   # a1.h0 has no way out
+    for name in [
+        "input->a0.h0<q>",
+        "a0.h0->m0",
+        "m0->a1.h1<k>",
+        "a1.h1->logits",  # complete path
+        "a0.h1->m1",  # m1 has no way out
+        "m0->a1.h0<v>",
+    ]:  # a1.h0 has no way out
         s = scores_from({name: 1.0})
         mask |= s != 0
     kept = names(prune(mask, G))
@@ -100,9 +108,9 @@ def test_circuit_knows_layers_types_and_vectors():
     assert c.edges()[0] == (G.src_mlp(1), G.dst_logits)  # highest |score| first
     place = c.placement()
     assert int(place["by_destination"].sum()) == c.n_edges == 4
-    assert int(place["by_destination"][2, 4]) == 1          # one edge into the logits
-    assert int(place["by_destination"][1, 3]) == 2          # two into m1
-    assert int(place["by_source"][0, 0]) == 2               # two from the input
+    assert int(place["by_destination"][2, 4]) == 1  # one edge into the logits
+    assert int(place["by_destination"][1, 3]) == 2  # two into m1
+    assert int(place["by_source"][0, 0]) == 2  # two from the input
     assert c.depth() == pytest.approx((2 + 1 + 1 + 1) / 4)
     vec = c.vector()
     assert vec.numel() == G.n_edges and float(vec.abs().sum()) == pytest.approx(5 + 4 + 3 + 2)
@@ -114,12 +122,13 @@ def test_circuit_knows_layers_types_and_vectors():
 
 # ----------------------------------------------------------------------------- similarity + CUD
 
+
 def test_similarities_against_hand_values():
     assert cosine([1.0, 0.0], [1.0, 1.0]) == pytest.approx(1 / math.sqrt(2))
     assert cosine([1.0, -2.0, 0.0], [-1.0, 2.0, 0.0]) == pytest.approx(-1.0)
     assert cosine([0.0, 0.0], [1.0, 2.0]) == 0.0  # degenerate: a zero vector
     assert jaccard([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(1 / 3)
-    assert jaccard([0, 0, 0], [0, 0, 0]) == 1.0   # two empty sets are identical
+    assert jaccard([0, 0, 0], [0, 0, 0]) == 1.0  # two empty sets are identical
     assert jaccard([0, 0], [1, 0]) == 0.0
     assert hamming([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
     assert hamming([1, 0], [1, 0]) == 1.0
@@ -128,12 +137,12 @@ def test_similarities_against_hand_values():
 
 
 def test_cud_formula_and_degenerate_cases():
-    assert cud(1.0, 0.3) == 0.0                    # identical to the easy anchor
-    assert cud(0.3, 1.0) == 1.0                    # identical to the hard anchor
-    assert cud(1.0, 1.0) == 0.5                    # both distances 0
+    assert cud(1.0, 0.3) == 0.0  # identical to the easy anchor
+    assert cud(0.3, 1.0) == 1.0  # identical to the hard anchor
+    assert cud(1.0, 1.0) == 0.5  # both distances 0
     assert cud(0.2, 0.6) == pytest.approx(0.8 / (0.8 + 0.4))
     assert cud(-0.5, 0.5) == pytest.approx(1.5 / 2.0)  # d = 1 - s is not capped at 1
-    assert cud(1.0000001, 0.0) == 0.0              # d is clamped at 0
+    assert cud(1.0000001, 0.0) == 0.0  # d is clamped at 0
     assert cud(0.0, 0.0) == 0.5
     with pytest.raises(ValueError, match="NaN"):
         cud(float("nan"), 0.5)

@@ -10,7 +10,10 @@ from unlearn_plugins.cli import main
 
 
 def test_probs_prints_each_sample(tiny_model_dir, tofu_dir, capsys):
-    assert main(["probs", "--model", str(tiny_model_dir), "--data", "tofu:forget01[0:3]", "--tofu-dir", str(tofu_dir)]) == 0
+    assert (
+        main(["probs", "--model", str(tiny_model_dir), "--data", "tofu:forget01[0:3]", "--tofu-dir", str(tofu_dir)])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line[:5].strip().isdigit()]
     assert len(rows) == 3
@@ -33,7 +36,10 @@ def test_score_writes_jsonl_atomically(tiny_model_dir, tofu_dir, tmp_path):
 
 
 def test_errors_are_one_line(tmp_path, capsys):
-    assert main(["probs", "--model", str(tmp_path / "missing"), "--data", "tofu:forget01", "--tofu-dir", str(tmp_path)]) == 1
+    assert (
+        main(["probs", "--model", str(tmp_path / "missing"), "--data", "tofu:forget01", "--tofu-dir", str(tmp_path)])
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
     with pytest.raises(SystemExit):

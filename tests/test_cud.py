@@ -55,6 +55,7 @@ POST = [3.0, 2.5, 0.2, 0.1, 2.0, 0.3, 1.0, 1.5]  # per pool sample: 0, 1 forgott
 
 # ----------------------------------------------------------------------------- reference restatements
 
+
 def ref_cud(s_e: float, s_h: float) -> float:
     d_e, d_h = max(1 - s_e, 0.0), max(1 - s_h, 0.0)
     return d_e / (d_e + d_h) if d_e + d_h > 1e-12 else 0.5
@@ -79,6 +80,7 @@ def ref_common_anchors(losses_by_method, size, min_appearance):
 def ref_two_level(runs_by_objective, k):
     """Majority (>= ceil(runs/2)) of each objective's seeds, then >= ceil(objectives/2) objectives;
     a sample in both sets is dropped from both at each level."""
+
     def top(values, k, highest):
         return set(sorted(range(len(values)), key=lambda i: (-values[i] if highest else values[i], i))[:k])
 
@@ -101,6 +103,7 @@ def ref_two_level(runs_by_objective, k):
 
 # ----------------------------------------------------------------------------- anchor votes
 
+
 def test_select_anchors_votes_and_drops_overlap():
     runs = [[5, 4, 3, 2, 1, 0], [0, 4, 5, 2, 1, 3], [5, 0, 4, 3, 2, 1]]
     # k = 2, votes >= 2 of 3: easy tops {0,1}, {2,1}, {0,2}; hard bottoms {5,4}, {0,4}, {1,5}
@@ -119,8 +122,9 @@ def test_vote_matches_the_paper_code_for_one_run_per_method():
     rng = np.random.default_rng(0)
     for trial in range(5):
         base = rng.normal(size=48)
-        losses = {m: (base + rng.normal(scale=0.8, size=48)).tolist()
-                  for m in ("GradDiff", "NPO", "SimNPO", "RMU", "UNDIAL")}
+        losses = {
+            m: (base + rng.normal(scale=0.8, size=48)).tolist() for m in ("GradDiff", "NPO", "SimNPO", "RMU", "UNDIAL")
+        }
         vote = vote_anchors({m: [l] for m, l in losses.items()}, 6)
         assert (vote.easy, vote.hard) == ref_common_anchors(list(losses.values()), 6, 3), trial
         assert vote.min_objectives == 3 and set(vote.min_votes.values()) == {1}
@@ -143,6 +147,7 @@ def test_two_level_vote_with_seeds_and_the_recorded_counts():
 
 
 # ----------------------------------------------------------------------------- anchor pools
+
 
 def test_default_tofu_pool_is_disjoint_from_the_scored_split(tofu_dir):
     from unlearn_plugins.data.tofu import load_split
@@ -175,8 +180,12 @@ def test_anchor_data_overlapping_the_scored_samples_is_left_out():
 
 
 def test_anchor_runs_must_not_retain_their_pool(tiny_model, tiny_tokenizer, tofu_dir, tmp_path):
-    scorer = CUDScorer(anchor_data="tofu:forget10[0:8]", tofu_dir=str(tofu_dir), cache_dir=str(tmp_path),
-                       unlearn_options={"tofu_dir": str(tofu_dir)})  # retain: UnlearnConfig's tofu:retain99
+    scorer = CUDScorer(
+        anchor_data="tofu:forget10[0:8]",
+        tofu_dir=str(tofu_dir),
+        cache_dir=str(tmp_path),
+        unlearn_options={"tofu_dir": str(tofu_dir)},
+    )  # retain: UnlearnConfig's tofu:retain99
     from unlearn_plugins.data.tofu import load_split
 
     with pytest.raises(UnlearnError, match="retain set tofu:retain99 holds 8 of the 8 anchor-pool samples"):
@@ -184,6 +193,7 @@ def test_anchor_runs_must_not_retain_their_pool(tiny_model, tiny_tokenizer, tofu
 
 
 # ----------------------------------------------------------------------------- scoring
+
 
 class FakeRunner:
     """Deterministic post-unlearning losses per (objective, seed); records what it unlearned."""
@@ -211,8 +221,16 @@ def noisy(objective, seed, n):
 
 def test_disjoint_pool_scores_against_pool_anchors_and_records_votes(tiny_model, tiny_tokenizer, tmp_path):
     runner = FakeRunner(noisy)
-    scorer = CUDScorer(anchor_data=POOL, runner=runner, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=2,
-                       steps=2, n_edges=20, cache_dir=str(tmp_path))
+    scorer = CUDScorer(
+        anchor_data=POOL,
+        runner=runner,
+        objectives=["grad_diff", "npo"],
+        seeds=[0, 1, 2],
+        k=2,
+        steps=2,
+        n_edges=20,
+        cache_dir=str(tmp_path),
+    )
     rows = scorer.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     runs = [(o, s) for o in ("grad_diff", "npo") for s in (0, 1, 2)]
     assert runner.calls == runs
@@ -238,8 +256,10 @@ def test_disjoint_pool_scores_against_pool_anchors_and_records_votes(tiny_model,
     for kind in ("easy", "hard"):
         for entry in meta["anchors"]["all"][kind]:
             i = entry["pool_index"]
-            expected = {o: sum(i in ref_two_level({o: [r]}, 2)[0 if kind == "easy" else 1] for r in by_objective[o])
-                        for o in by_objective}
+            expected = {
+                o: sum(i in ref_two_level({o: [r]}, 2)[0 if kind == "easy" else 1] for r in by_objective[o])
+                for o in by_objective
+            }
             assert entry["runs_by_objective"] == {o: v for o, v in expected.items() if v}
             assert entry["runs"] == sum(expected.values())
     assert [(r["objective"], r["seed"], r["steps"]) for r in meta["runs"]] == [(o, s, 3 + s) for o, s in runs]
@@ -256,14 +276,23 @@ def test_per_objective_scores_use_each_objectives_anchors(tiny_model, tiny_token
     def opposed(objective, seed, n):  # npo forgets what grad_diff keeps
         return [POST[i] if objective == "grad_diff" else -POST[i] for i in range(n)]
 
-    kwargs = dict(anchor_data=POOL, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=2, steps=2, n_edges=20,
-                  cache_dir=str(tmp_path))
+    kwargs = dict(
+        anchor_data=POOL,
+        objectives=["grad_diff", "npo"],
+        seeds=[0, 1, 2],
+        k=2,
+        steps=2,
+        n_edges=20,
+        cache_dir=str(tmp_path),
+    )
     with pytest.raises(AnchorError, match="the objectives agree on only 0 easy.*per_objective=true"):
         CUDScorer(runner=FakeRunner(opposed), **kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     scorer = CUDScorer(runner=FakeRunner(opposed), per_objective=True, **kwargs)
     rows = scorer.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
-    assert scorer.last_anchors["by_objective"] == {"grad_diff": {"easy": [0, 1], "hard": [2, 3]},
-                                                   "npo": {"easy": [2, 3], "hard": [0, 1]}}
+    assert scorer.last_anchors["by_objective"] == {
+        "grad_diff": {"easy": [0, 1], "hard": [2, 3]},
+        "npo": {"easy": [2, 3], "hard": [0, 1]},
+    }
     pool_m, graph = scorer.score_matrices(POOL, model=tiny_model, tokenizer=tiny_tokenizer, model_fp="any")
     query_m, _ = scorer.score_matrices(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer, model_fp="any")
     a, b = select(pool_m[[0, 1]].mean(0), graph, n=20), select(pool_m[[2, 3]].mean(0), graph, n=20)
@@ -282,8 +311,16 @@ def test_anchors_by_loss_increase(tiny_model, tiny_tokenizer, tmp_path):
     pre = [p - d for p, d in zip(POST, increase)]
     runner = FakeRunner()
     runner.reference_losses = lambda samples, *, model, tokenizer: pre[: len(samples)]
-    kwargs = dict(anchor_data=POOL, runner=runner, objectives=["npo"], seeds=[0, 1, 2], k=2, steps=1,
-                  n_edges=20, cache_dir=str(tmp_path))
+    kwargs = dict(
+        anchor_data=POOL,
+        runner=runner,
+        objectives=["npo"],
+        seeds=[0, 1, 2],
+        k=2,
+        steps=1,
+        n_edges=20,
+        cache_dir=str(tmp_path),
+    )
     by_loss = CUDScorer(**kwargs)
     by_loss.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     assert (by_loss.last_anchors["easy"], by_loss.last_anchors["hard"]) == ([0, 1], [2, 3])
@@ -297,8 +334,16 @@ def test_anchors_by_loss_increase(tiny_model, tiny_tokenizer, tmp_path):
 
 def test_in_sample_anchors_leave_the_query_out(tiny_model, tiny_tokenizer, tmp_path):
     """anchor_data=self: the old in-sample anchors, kept as an explicit option (rows are marked)."""
-    scorer = CUDScorer(anchor_data="self", runner=FakeRunner(), objectives=["grad_diff", "npo"], seeds=[0], k=2,
-                       steps=2, n_edges=20, cache_dir=str(tmp_path))
+    scorer = CUDScorer(
+        anchor_data="self",
+        runner=FakeRunner(),
+        objectives=["grad_diff", "npo"],
+        seeds=[0],
+        k=2,
+        steps=2,
+        n_edges=20,
+        cache_dir=str(tmp_path),
+    )
     rows = scorer.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     assert scorer.last_anchors["easy"] == [0, 1] and scorer.last_anchors["hard"] == [2, 3]
     assert [r["anchor"] for r in rows] == ["easy", "easy", "hard", "hard", None, None]
@@ -316,8 +361,15 @@ def test_in_sample_anchors_leave_the_query_out(tiny_model, tiny_tokenizer, tmp_p
 
 def test_second_scoring_uses_the_caches(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
     runner = FakeRunner()
-    kwargs = dict(anchor_data=POOL, runner=runner, objectives=["grad_diff"], seeds=[0, 1, 2], k=2, steps=2,
-                  cache_dir=str(tmp_path))
+    kwargs = dict(
+        anchor_data=POOL,
+        runner=runner,
+        objectives=["grad_diff"],
+        seeds=[0, 1, 2],
+        k=2,
+        steps=2,
+        cache_dir=str(tmp_path),
+    )
     first = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     assert len(runner.calls) == 3
     assert len(list((tmp_path / "matrices").glob("*.pt"))) == len(SAMPLES) + 4  # the queries + 4 anchors
@@ -343,8 +395,15 @@ def test_damaged_cache_entries_are_recomputed_and_rewritten(tiny_model, tiny_tok
     """A process killed while writing, or a full disk, can leave a cache entry damaged: it is
     recomputed (same scores) and rewritten, never used and never an error."""
     runner = FakeRunner()
-    kwargs = dict(anchor_data=POOL, runner=runner, objectives=["grad_diff"], seeds=[0, 1, 2], k=2, steps=2,
-                  cache_dir=str(tmp_path))
+    kwargs = dict(
+        anchor_data=POOL,
+        runner=runner,
+        objectives=["grad_diff"],
+        seeds=[0, 1, 2],
+        k=2,
+        steps=2,
+        cache_dir=str(tmp_path),
+    )
     first = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     matrices = sorted((tmp_path / "matrices").glob("*.pt"))
     runs = sorted((tmp_path / "anchors").glob("*.json"))
@@ -367,7 +426,8 @@ def test_too_few_anchors_and_bad_options_are_reported(tiny_model, tiny_tokenizer
         scorer.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     with pytest.raises(AnchorError, match="both easy and hard"):
         CUDScorer(anchor_data="self", anchors={"easy": [0, 1], "hard": [1, 2]}, cache_dir=str(tmp_path)).score(
-            SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
+            SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer
+        )
     with pytest.raises(UnlearnError, match="similarity"):
         CUDScorer(similarity="euclid")
     with pytest.raises(UnlearnError, match="anchor_by='gain'"):
@@ -382,6 +442,7 @@ def test_too_few_anchors_and_bad_options_are_reported(tiny_model, tiny_tokenizer
 
 
 # ----------------------------------------------------------------------------- the stop criterion
+
 
 def test_forget_prob_watch_stops_at_the_first_check_below_stop_prob(tiny_model, tiny_tokenizer):
     from transformers import TrainerControl
@@ -424,14 +485,29 @@ def test_forget_prob_watch_stops_at_the_first_check_below_stop_prob(tiny_model, 
 
 # ----------------------------------------------------------------------------- CLI and real runs
 
+
 def test_cli_score_with_cud_writes_scores_and_metadata(tiny_model_dir, tofu_dir, tmp_path):
     from unlearn_plugins.cli import main
 
     out = tmp_path / "cud.jsonl"
     anchors = json.dumps({"easy": [0, 1], "hard": [2, 3]})
-    base = ["score", "--scorer", "cud", "--model", str(tiny_model_dir), "--tofu-dir", str(tofu_dir),
-            "--data", "tofu:forget01[0:6]", "--option", f"anchors={anchors}", "--option", "steps=1",
-            "--option", f"cache_dir={tmp_path / 'cache'}"]
+    base = [
+        "score",
+        "--scorer",
+        "cud",
+        "--model",
+        str(tiny_model_dir),
+        "--tofu-dir",
+        str(tofu_dir),
+        "--data",
+        "tofu:forget01[0:6]",
+        "--option",
+        f"anchors={anchors}",
+        "--option",
+        "steps=1",
+        "--option",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
     assert main(base + ["--anchor-data", "tofu:forget10[0:6]", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(6))
@@ -452,8 +528,22 @@ def test_cli_score_with_cud_writes_scores_and_metadata(tiny_model_dir, tofu_dir,
 def test_cli_anchor_data_needs_a_scorer_with_an_anchor_pool(tofu_dir, tmp_path, capsys):
     from unlearn_plugins.cli import main
 
-    assert main(["score", "--scorer", "loss", "--anchor-data", "tofu:forget10", "--tofu-dir", str(tofu_dir),
-                 "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert (
+        main(
+            [
+                "score",
+                "--scorer",
+                "loss",
+                "--anchor-data",
+                "tofu:forget10",
+                "--tofu-dir",
+                str(tofu_dir),
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
+        == 1
+    )
     assert "--anchor-data: scorer 'loss' has no anchor pool" in capsys.readouterr().err
 
 
@@ -465,12 +555,27 @@ def test_anchor_runs_through_run_unlearning_stop_early(tiny_model_dir, tofu_dir,
 
     model, tok = load_model(str(tiny_model_dir), device="cpu")
     samples = load_split("tofu:forget01[0:4]", tofu_dir)
-    options = {"max_steps": 3, "retain": "tofu:retain99[0:8]", "tofu_dir": str(tofu_dir), "batch_size": 2,
-               "grad_accum": 1, "lr": 1e-2}
+    options = {
+        "max_steps": 3,
+        "retain": "tofu:retain99[0:8]",
+        "tofu_dir": str(tofu_dir),
+        "batch_size": 2,
+        "grad_accum": 1,
+        "lr": 1e-2,
+    }
     # the untrained model gives every answer a probability far below 0.5: each run stops at its first check
-    scorer = CUDScorer(anchor_data="tofu:forget10[0:6]", tofu_dir=str(tofu_dir), objectives=["grad_diff"],
-                       seeds=[0, 1], k=2, steps=1, stop_prob=0.5, check_steps=1, unlearn_options=options,
-                       cache_dir=str(tmp_path))
+    scorer = CUDScorer(
+        anchor_data="tofu:forget10[0:6]",
+        tofu_dir=str(tofu_dir),
+        objectives=["grad_diff"],
+        seeds=[0, 1],
+        k=2,
+        steps=1,
+        stop_prob=0.5,
+        check_steps=1,
+        unlearn_options=options,
+        cache_dir=str(tmp_path),
+    )
     rows = scorer.score(samples, model=model, tokenizer=tok)
     assert len(rows) == 4 and all(0 <= r["score"] <= 1 and r["anchor"] is None for r in rows)
     runs = scorer.last_metadata["runs"]
@@ -481,4 +586,5 @@ def test_anchor_runs_through_run_unlearning_stop_early(tiny_model_dir, tofu_dir,
     losses = [json.loads(p.read_text())["losses"] for p in cached]
     assert all(len(run) == 6 and all(x > 0 for x in run) for run in losses)
     assert runs[0]["forget_prob"] == pytest.approx(
-        sum(math.exp(-x) for x in scorer.last_anchors["loss_runs"][0]) / 6, rel=1e-6)
+        sum(math.exp(-x) for x in scorer.last_anchors["loss_runs"][0]) / 6, rel=1e-6
+    )

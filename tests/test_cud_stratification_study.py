@@ -29,11 +29,14 @@ def test_sets_never_hold_anchor_pool_or_held_out_rows(study_module, tofu_dir, mo
     assert len(study.query) == 320 and not set(study.query) & (set(study.anchor) | set(study.heldout))
     # scores that would put the anchor pool and the held-out rows first if they were ranked
     rng = random.Random(0)
-    scores = {name: [{"row": i, "index": i, "score": rng.random() + (10 if i < 80 else 0)} for i in study.query]
-              for name in ("cud", "mrd", "loss")}
+    scores = {
+        name: [{"row": i, "index": i, "score": rng.random() + (10 if i < 80 else 0)} for i in study.query]
+        for name in ("cud", "mrd", "loss")
+    }
     sets = study.sets(scores)
-    assert sorted(sets) == sorted([f"{s}_{k}" for s in scores for k in ("easy", "hard")] + ["random0", "random1",
-                                                                                                 "random2"])
+    assert sorted(sets) == sorted(
+        [f"{s}_{k}" for s in scores for k in ("easy", "hard")] + ["random0", "random1", "random2"]
+    )
     allowed = set(study.query)
     for name, rows in sets.items():
         assert len(rows) == 40 and set(rows) <= allowed, name
@@ -117,7 +120,7 @@ def test_records_restore_a_finished_stage_into_an_empty_cache(study_module, tmp_
 def test_records_never_restore_the_target(study_module, tmp_path):
     """The target is a model, rebuilt from its recipe; only its fingerprint is recorded."""
     records = study_module.Records(tmp_path)
-    (tmp_path / "target-target-abc" ).mkdir()
+    (tmp_path / "target-target-abc").mkdir()
     (tmp_path / "target-target-abc" / "stage.json").write_text("{}")
     (tmp_path / "target-target-abc" / "fingerprint.json").write_text('{"heldout_nll": [1.0]}')
     assert not records.restore(tmp_path / "cache" / "target-target-abc")
@@ -126,8 +129,9 @@ def test_records_never_restore_the_target(study_module, tmp_path):
 
 def test_a_rebuilt_target_must_match_its_fingerprint(study_module):
     recorded = {"heldout_nll": [1.0, 2.0, 3.0]}
-    assert study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.0004, 3.0]}, 1e-3, "rec") == \
-        pytest.approx(4e-4)
+    assert study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.0004, 3.0]}, 1e-3, "rec") == pytest.approx(
+        4e-4
+    )
     with pytest.raises(SystemExit, match=r"differs from the recorded one \(max \|NLL difference\| 5.00e-02"):
         study_module.fingerprint_gap(recorded, {"heldout_nll": [1.0, 2.05, 3.0]}, 1e-3, "rec")
     with pytest.raises(SystemExit, match="differs"):
@@ -137,8 +141,10 @@ def test_a_rebuilt_target_must_match_its_fingerprint(study_module):
 def test_all_objectives_interval_is_stratified_by_objective(study_module):
     """Objectives far apart in efficacy (here 20 vs 80 points) must not widen the interval of a
     set that is 5 points harder than random under each of them."""
-    strata = [([15.0, 15.5, 14.5, 15.2], [20.0, 20.3, 19.8, 19.9, 20.1, 20.2]),
-              ([75.0, 75.4, 74.8, 75.1], [80.0, 80.2, 79.9, 79.8, 80.1, 80.3])]
+    strata = [
+        ([15.0, 15.5, 14.5, 15.2], [20.0, 20.3, 19.8, 19.9, 20.1, 20.2]),
+        ([75.0, 75.4, 74.8, 75.1], [80.0, 80.2, 79.9, 79.8, 80.1, 80.3]),
+    ]
     out = study_module.stratified_diff_ci(strata)
     assert out["diff"] == pytest.approx(-4.95, abs=0.1)
     assert -6 < out["ci"][0] < out["ci"][1] < -4

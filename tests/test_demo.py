@@ -33,8 +33,20 @@ def demo_run(tmp_path_factory, tiny_model_dir, single_thread):
     """One cold --fast run on generated data (no TOFU, no hub), every stage in this process one
     after the other (--workers 1, one torch thread), shared by the tests below."""
     root = tmp_path_factory.mktemp("demo")
-    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated", "--workers", "1",
-            "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
+    args = [
+        "demo",
+        "--fast",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        "generated",
+        "--workers",
+        "1",
+        "--cache-dir",
+        str(root / "cache"),
+        "--out",
+        str(root / "report"),
+    ]
     code, out, err = run_main(args)
     return SimpleNamespace(root=root, args=args, code=code, out=out, err=err)
 
@@ -65,8 +77,9 @@ def test_fast_demo_writes_a_complete_report(demo_run):
         assert 0 <= r["model_utility"] <= 1, name
         assert 0 < r["forget_prob"] < 1 and 0 <= r["forget_rougeL_recall"] <= 1, name
         assert len(r["forget_prob_per_sample"]) == 20 and all(0 < p < 1 for p in r["forget_prob_per_sample"])
-        assert set(r["model_utility_parts"]) and all(0 <= v <= 1 or "truth_ratio" in k
-                                                      for k, v in r["model_utility_parts"].items())
+        assert set(r["model_utility_parts"]) and all(
+            0 <= v <= 1 or "truth_ratio" in k for k, v in r["model_utility_parts"].items()
+        )
     assert rows["retain"]["forget_quality"] == pytest.approx(1.0)  # its own reference
     # unlearning changed the full model's answers (each method its own way)
     full = rows["full"]["forget_prob_per_sample"]
@@ -87,7 +100,8 @@ def test_fast_demo_writes_a_complete_report(demo_run):
     assert votes["easy"] and votes["hard"] and all(e["runs"] >= 2 for e in votes["easy"] + votes["hard"])
     assert not {e["question"] for e in votes["easy"] + votes["hard"]} & forget
     assert [(r["objective"], r["seed"]) for r in cud["anchor_runs"]] == [
-        (o, s) for o in ("grad_diff", "npo") for s in (0, 1, 2)]
+        (o, s) for o in ("grad_diff", "npo") for s in (0, 1, 2)
+    ]
     assert all(r["stopped_at_step"] == r["steps"] for r in cud["anchor_runs"])  # the tiny model: first check
     assert set(cud["seed_agreement"]) == {"grad_diff", "npo"}
     assert results["benchmark"]["source"] == "generated" and results["benchmark"]["sizes"]["forget"] == 20
@@ -165,8 +179,20 @@ def parallel_run(tmp_path_factory, tiny_model_dir, sequential_numbers):
     (so the numbers are identical, not just close), with caches of its own (its CUD cache too:
     nothing is reused from the run above)."""
     root = tmp_path_factory.mktemp("demo-parallel")
-    args = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated", "--workers", "2",
-            "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
+    args = [
+        "demo",
+        "--fast",
+        "--model",
+        str(tiny_model_dir),
+        "--data",
+        "generated",
+        "--workers",
+        "2",
+        "--cache-dir",
+        str(root / "cache"),
+        "--out",
+        str(root / "report"),
+    ]
     env = {"OMP_NUM_THREADS": "1", "UNLEARN_CACHE_DIR": str(root / "unlearn-cache")}
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
@@ -182,7 +208,8 @@ def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(paralle
     assert f"workers: local: 2 worker process(es), 1 thread(s) each; their output: {logs}/" in run.err
     # full || retain: the retain model started before the full model was done, in another process
     assert run.err.index("[3/13] fine-tune the retain model on 20 QA ...") < run.err.index(
-        "[2/13] fine-tune the full model on 40 QA: done in")
+        "[2/13] fine-tune the full model on 40 QA: done in"
+    )
     cache = run.root / "cache"
     pids = [json.loads(p.read_text())["pid"] for p in cache.glob("*/resources.json")]
     assert len(pids) == 11  # every stage but the benchmark (built here: every other stage reads it)
@@ -197,7 +224,8 @@ def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(paralle
             assert line in lines, line
             assert any(other.startswith(line[:-4] + ": done in ") for other in lines), line
     assert {f"{p.name}.log" for p in cache.iterdir() if p.is_dir() and not p.name.startswith("bench-")} <= {
-        p.name for p in logs.iterdir()}
+        p.name for p in logs.iterdir()
+    }
     # the same table and numbers as one stage after the other
     assert _table(run.out) == _table(demo_run.out) and len(_table(run.out)) == 5
     assert _numbers(run.root / "report") == sequential_numbers
@@ -231,8 +259,14 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
     for folder in [*cache.glob("run-*"), *cache.glob("eval-*")]:
         if not folder.name.startswith("eval-retain-"):
             shutil.rmtree(folder)  # the unlearning runs and the evaluations after them: to build again
-    proc = subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", *run.args], env={**os.environ, **run.env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unlearn_plugins.cli", *run.args],
+        env={**os.environ, **run.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while not any((p / "stage.json").is_file() for p in cache.glob("run-*")):  # one run finished, others building
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
@@ -254,13 +288,27 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
     assert _numbers(run.root / "report") == sequential_numbers
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
-    (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
+        (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
+    ],
+)
 def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir, tmp_path, capsys):
-    code, _, err = _run(["demo", "--model", str(tiny_model_dir), "--cache-dir", str(tmp_path / "cache"),
-                         "--out", str(tmp_path / "report"), *extra], capsys)
+    code, _, err = _run(
+        [
+            "demo",
+            "--model",
+            str(tiny_model_dir),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "report"),
+            *extra,
+        ],
+        capsys,
+    )
     assert code == 1 and err.strip().splitlines() == [f"error: {message}"]
     assert list(tmp_path.iterdir()) == []
 
@@ -269,14 +317,19 @@ def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
     from unlearn_plugins.data.tofu import read_jsonl
     from unlearn_plugins.demo.benchmark import build_benchmark, find_tofu
 
-    bench = build_benchmark(tmp_path / "b", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=3, n_forget=1,
-                            eval_size=7)
+    bench = build_benchmark(tmp_path / "b", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=3, n_forget=1, eval_size=7)
     assert bench.authors == [197, 198, 199] and bench.forget_authors == [199] and bench.retain_authors == [197, 198]
     forget = read_jsonl(bench.forget, require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
     tofu_forget01 = read_jsonl(tofu_dir / "forget01.json")
     assert [s.question for s in forget] == [s.question for s in tofu_forget01[20:]]  # author 199
-    assert bench.sizes == {"full": 60, "retain": 40, "forget": 20, "retain_perturbed": 7,
-                           "real_authors_perturbed": 7, "world_facts_perturbed": 7}
+    assert bench.sizes == {
+        "full": 60,
+        "retain": 40,
+        "forget": 20,
+        "retain_perturbed": 7,
+        "real_authors_perturbed": 7,
+        "world_facts_perturbed": 7,
+    }
     retain_eval = {s.question for s in read_jsonl(bench.folder / "retain_perturbed.json")}
     assert retain_eval <= {s.question for s in read_jsonl(bench.retain)}
 
@@ -310,8 +363,10 @@ def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_pat
     for data in ("auto", "tofu"):
         assert find_tofu(data, None, 3) == SHIPPED_TOFU and find_tofu(data, None) == SHIPPED_TOFU
     assert find_tofu("generated", None, 3) is None
-    assert "MIT License" in (SHIPPED_TOFU / "LICENSE").read_text() and "locuslab/TOFU" in (
-        SHIPPED_TOFU / "LICENSE").read_text()
+    assert (
+        "MIT License" in (SHIPPED_TOFU / "LICENSE").read_text()
+        and "locuslab/TOFU" in (SHIPPED_TOFU / "LICENSE").read_text()
+    )
     assert find_tofu("auto", None, 4) is None  # offline: generated authors, with a notice
     with pytest.raises(DataError, match="--authors 4: the TOFU subset shipped with the package has 3 authors"):
         find_tofu("tofu", None, 4)

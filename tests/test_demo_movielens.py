@@ -24,10 +24,17 @@ def write_grouplens(folder, *, users: int = 10, per_user: int = 14, movies: int 
     rng = random.Random(seed)
     folder.mkdir(parents=True)
     flags = "|".join(["0"] * 19)
-    (folder / "u.item").write_text("".join(f"{i}|Film {i} ({1980 + i % 20})|01-Jan-{1980 + i % 20}||http://x|{flags}\n"
-                                           for i in range(1, movies + 1)), encoding="latin-1")
-    rows = [f"{u}\t{i}\t{rng.randint(1, 5)}\t{880000000 + 1000 * u + t}\n"
-            for u in range(1, users + 1) for t, i in enumerate(rng.sample(range(1, movies + 1), per_user))]
+    (folder / "u.item").write_text(
+        "".join(
+            f"{i}|Film {i} ({1980 + i % 20})|01-Jan-{1980 + i % 20}||http://x|{flags}\n" for i in range(1, movies + 1)
+        ),
+        encoding="latin-1",
+    )
+    rows = [
+        f"{u}\t{i}\t{rng.randint(1, 5)}\t{880000000 + 1000 * u + t}\n"
+        for u in range(1, users + 1)
+        for t, i in enumerate(rng.sample(range(1, movies + 1), per_user))
+    ]
     (folder / "u.data").write_text("".join(rows))
     return folder
 
@@ -37,8 +44,22 @@ def rec_demo(tmp_path_factory, tiny_model_dir):
     """One cold --fast run, shared by the tests below (the first one runs it)."""
     root = tmp_path_factory.mktemp("recdemo")
     data = write_grouplens(root / "ml")
-    args = ["demo", "--benchmark", "movielens", "--fast", "--model", str(tiny_model_dir), "--movielens-dir", str(data),
-            "--device", "cpu", "--cache-dir", str(root / "cache"), "--out", str(root / "report")]
+    args = [
+        "demo",
+        "--benchmark",
+        "movielens",
+        "--fast",
+        "--model",
+        str(tiny_model_dir),
+        "--movielens-dir",
+        str(data),
+        "--device",
+        "cpu",
+        "--cache-dir",
+        str(root / "cache"),
+        "--out",
+        str(root / "report"),
+    ]
     return root, args
 
 
@@ -121,8 +142,11 @@ def test_fast_movielens_demo_writes_a_complete_report(rec_demo, capsys):
     assert rows["receraser"]["seconds"] == unlearning["seconds"]
 
     # the terminal table and the Markdown summary show the same six models
-    table = [line for line in out.splitlines()
-             if line.startswith(("original", "retrain", "E2URec", "NegGrad", "Bad-T", "RecEraser"))]
+    table = [
+        line
+        for line in out.splitlines()
+        if line.startswith(("original", "retrain", "E2URec", "NegGrad", "Bad-T", "RecEraser"))
+    ]
     assert len(table) == 6
     summary = (report / "summary.md").read_text()
     assert summary.count("\n| ") == 7 and "| forget AUC CUD-easy |" in summary
@@ -135,23 +159,41 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(rec_demo, capsys):
     assert code == 0, err[-2000:]
     assert err.count(": cached (") == 15  # every stage but the report
     after = json.loads((root / "report" / "results.json").read_text())["models"]
-    assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == \
-           [{k: v for k, v in r.items() if k != "eval_seconds"} for r in before]
+    assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
+        {k: v for k, v in r.items() if k != "eval_seconds"} for r in before
+    ]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--authors", "3"], "--authors: not an option of --benchmark movielens"),
-    (["--users", "10", "--forget-fraction", "0.1"],
-     "--forget-fraction 0.1 of --users 10 forgets 1 user; CUD-easy vs CUD-hard needs at least 2"),
-    (["--forget-fraction", "1.5"], "--forget-fraction 1.5: must be between 0 and 1"),
-    (["--shards", "0"], "--shards must be an integer >= 1, got 0"),
-    (["--shards", "17"], "--shards 17: must be between 1 and the 16 retained users"),
-    (["--train-per-user", "1"], "--train-per-user 1: CUD's anchor pool (2 user(s) x 1 prompts) needs at least 4"),
-    (["--movielens-dir", "/nonexistent/ml"], "MovieLens folder not found: /nonexistent/ml (from --movielens-dir)"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--authors", "3"], "--authors: not an option of --benchmark movielens"),
+        (
+            ["--users", "10", "--forget-fraction", "0.1"],
+            "--forget-fraction 0.1 of --users 10 forgets 1 user; CUD-easy vs CUD-hard needs at least 2",
+        ),
+        (["--forget-fraction", "1.5"], "--forget-fraction 1.5: must be between 0 and 1"),
+        (["--shards", "0"], "--shards must be an integer >= 1, got 0"),
+        (["--shards", "17"], "--shards 17: must be between 1 and the 16 retained users"),
+        (["--train-per-user", "1"], "--train-per-user 1: CUD's anchor pool (2 user(s) x 1 prompts) needs at least 4"),
+        (["--movielens-dir", "/nonexistent/ml"], "MovieLens folder not found: /nonexistent/ml (from --movielens-dir)"),
+    ],
+)
 def test_movielens_demo_options_are_checked_before_any_stage(extra, message, tmp_path, capsys):
-    code = main(["demo", "--benchmark", "movielens", "--model", str(tmp_path / "no-model"),  # (never loaded)
-                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "report"), *extra])
+    code = main(
+        [
+            "demo",
+            "--benchmark",
+            "movielens",
+            "--model",
+            str(tmp_path / "no-model"),  # (never loaded)
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "report"),
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: {message}"), err
     assert not (tmp_path / "report").exists() and not (tmp_path / "cache").exists()

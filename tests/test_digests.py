@@ -20,8 +20,9 @@ def test_cud_cache_keys_are_unchanged():
 
     anchor = cache.anchor_run_key("abc", "def", "npo", 0, {"runner": "run_unlearning", "stop_prob": 0.1})
     assert anchor == "e21e392ce078f553e2179e14aedce510"
-    matrix = cache.matrix_key("fp", QASample("Q?", "A.", 0, "s", 0, {}), {"mode": "inputs", "steps": 5,
-                                                                         "context": None})
+    matrix = cache.matrix_key(
+        "fp", QASample("Q?", "A.", 0, "s", 0, {}), {"mode": "inputs", "steps": 5, "context": None}
+    )
     assert matrix == "99e3ffc967ba99eb8f7f6c7f4b595a20"
     samples = [QASample("Q?", "A.", 0, "s", 0, {}), QASample("Who?", "Her.", 1, "s", 0, {})]
     assert samples_fingerprint(samples) == "335c9b004028e13a17b89db0"

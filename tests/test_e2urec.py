@@ -60,9 +60,16 @@ def test_e2urec_loss_matches_a_hand_computation(tiny_tokenizer, models):
     objective = E2URec(alpha=2.0, weight=0.6)
     objective.augmented = augmented
     with torch.no_grad():
-        z = {name: m(input_ids=part["input_ids"], attention_mask=part["attention_mask"]).logits
-             for name, m, part in (("o_f", original, forget), ("a_f", augmented, forget), ("s_f", student, forget),
-                                   ("o_r", original, retain), ("s_r", student, retain))}
+        z = {
+            name: m(input_ids=part["input_ids"], attention_mask=part["attention_mask"]).logits
+            for name, m, part in (
+                ("o_f", original, forget),
+                ("a_f", augmented, forget),
+                ("s_f", student, forget),
+                ("o_r", original, retain),
+                ("s_r", student, retain),
+            )
+        }
     teacher = z["o_f"].double() - 2.0 * torch.clamp(z["a_f"].double() - z["o_f"].double(), min=0.0)
     ce_sum, n = hand_ce(z["s_f"], teacher, forget["labels"])
     forget_term = ce_sum / n
@@ -76,8 +83,9 @@ def test_e2urec_loss_matches_a_hand_computation(tiny_tokenizer, models):
     assert float(objective.last_terms["retain"]) == pytest.approx(retain_term, rel=1e-5)
 
     objective.epoch = 0  # forget_epochs = 1: the first epoch is the forget term alone
-    assert float(objective.loss(student, {"forget": forget, "retain": retain}, original)) == \
-        pytest.approx(forget_term, rel=1e-5)
+    assert float(objective.loss(student, {"forget": forget, "retain": retain}, original)) == pytest.approx(
+        forget_term, rel=1e-5
+    )
 
 
 def test_forgetting_teacher_lowers_what_the_forget_data_raised():
@@ -129,8 +137,9 @@ def test_bad_teacher_loss_flips_the_forget_answers(tiny_tokenizer, models):
         zf = student(input_ids=flipped["input_ids"], attention_mask=flipped["attention_mask"]).logits
         zr = student(input_ids=retain["input_ids"], attention_mask=retain["attention_mask"]).logits
     expected = hand_nll(zr, retain["labels"]) + 0.5 * hand_nll(zf, flipped["labels"])
-    loss = BadTeacher().loss(student, {"forget": batch_of(tiny_tokenizer, FORGET), "forget_flipped": flipped,
-                                       "retain": retain})
+    loss = BadTeacher().loss(
+        student, {"forget": batch_of(tiny_tokenizer, FORGET), "forget_flipped": flipped, "retain": retain}
+    )
     assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
     from unlearn_plugins.errors import DataError
 

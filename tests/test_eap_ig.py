@@ -48,6 +48,7 @@ def assert_matches(engine_scores, ref, graph, rel=1e-4):
 
 # ----------------------------------------------------------------------------- graph
 
+
 def test_graph_sizes_of_smollm2_and_tiny_model():
     g = Graph(30, 9)
     assert (g.n_src, g.n_dst, g.n_edges) == (301, 841, 123211)
@@ -65,6 +66,7 @@ def test_graph_sizes_of_smollm2_and_tiny_model():
 
 # ----------------------------------------------------------------------------- sources
 
+
 def test_head_sources_sum_to_attention_output(model, examples):
     engine = EAPIG(model)
     ids, _ = _tensors(examples[1])
@@ -78,10 +80,10 @@ def test_head_sources_sum_to_attention_output(model, examples):
         model(ids[None])
     for h in handles:
         h.remove()
-    src = engine.source_activations(ids[None])[0]              # (n_src, T, D)
+    src = engine.source_activations(ids[None])[0]  # (n_src, T, D)
     g = engine.graph
     for layer in range(g.n_layers):
-        heads = src[g.src_head(layer, 0): g.src_head(layer, 0) + g.n_heads]
+        heads = src[g.src_head(layer, 0) : g.src_head(layer, 0) + g.n_heads]
         torch.testing.assert_close(heads.sum(0), captured["attn"][layer][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(src[g.src_mlp(layer)], captured["mlp"][layer][0], rtol=1e-5, atol=1e-6)
         assert heads.abs().amax(dim=(1, 2)).min() > 0  # every head writes something
@@ -90,6 +92,7 @@ def test_head_sources_sum_to_attention_output(model, examples):
 
 
 # ----------------------------------------------------------------------------- edge scores
+
 
 @pytest.mark.parametrize("mode", ["inputs", "activations"])
 def test_scores_match_slow_reference_zero_baseline(model, examples, mode):
@@ -109,8 +112,9 @@ def test_scores_match_reference_other_sample_baseline_and_logprob(model, example
     for i in (0, 2):
         ids, labels = _tensors(examples[i])
         assert len(corrupt[i]) == len(ids) and corrupt[i] != examples[i]["input_ids"]
-        ref = reference_scores(model, engine.graph, ids, labels, steps=2, corrupt_ids=torch.tensor(corrupt[i]),
-                               metric="logprob")
+        ref = reference_scores(
+            model, engine.graph, ids, labels, steps=2, corrupt_ids=torch.tensor(corrupt[i]), metric="logprob"
+        )
         assert_matches(scores[i], ref, engine.graph)
 
 
@@ -138,9 +142,16 @@ def test_scores_match_reference_on_qwen2_with_biases(tiny_tokenizer, examples):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(1)
-    config = Qwen2Config(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     qwen = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         for layer in qwen.model.layers:
@@ -152,8 +163,9 @@ def test_scores_match_reference_on_qwen2_with_biases(tiny_tokenizer, examples):
     engine = EAPIG(qwen, steps=2)
     scores = engine.score(examples[:1])
     ids, labels = _tensors(examples[0])
-    assert_matches(scores[0], reference_scores(qwen, engine.graph, ids, labels, steps=2, alphas=engine.alphas),
-                   engine.graph)
+    assert_matches(
+        scores[0], reference_scores(qwen, engine.graph, ids, labels, steps=2, alphas=engine.alphas), engine.graph
+    )
 
 
 def test_batching_does_not_change_scores(model, examples):

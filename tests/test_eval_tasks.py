@@ -35,8 +35,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def direct_scores(model, tok, question: str, answer: str):
     """(mean answer NLL, teacher-forced greedy predictions, labels) by a direct forward."""
-    prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     a = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     device = next(model.parameters()).device
@@ -112,10 +113,22 @@ def test_every_yaml_loads_and_resolves():
         name = cfg.get("task") if not isinstance(cfg.get("task"), list) else cfg["group"]
         assert name in index, f"{path} is not in lm-eval's task index"
         assert Path(index[name].yaml_path).resolve() == path.resolve()
-    for name in ["tofu_forget01_prob", "tofu_forget05_truth_ratio", "tofu_forget10_rouge",
-                 "tofu_forget_extraction_strength", "tofu_retain_prob", "tofu_real_authors", "tofu_world_facts_rouge",
-                 "tofu_forget01", "tofu_forget01_nogen", "tofu_model_utility", "mmlu_local", "mmlu_local_anatomy",
-                 "wmdp_local", "wmdp_local_bio"]:
+    for name in [
+        "tofu_forget01_prob",
+        "tofu_forget05_truth_ratio",
+        "tofu_forget10_rouge",
+        "tofu_forget_extraction_strength",
+        "tofu_retain_prob",
+        "tofu_real_authors",
+        "tofu_world_facts_rouge",
+        "tofu_forget01",
+        "tofu_forget01_nogen",
+        "tofu_model_utility",
+        "mmlu_local",
+        "mmlu_local_anatomy",
+        "wmdp_local",
+        "wmdp_local_bio",
+    ]:
         assert name in manager.all_tasks, name
     assert sum(t.startswith("mmlu_local_") and t.count("_") >= 2 for t in manager.all_subtasks) == 57
 
@@ -162,11 +175,22 @@ def test_tofu_metrics_match_direct_pytorch_tiny(tiny, tiny_model_dir, tofu_dir, 
     retain = tiny_llama(len(tok), seed=1)
     retain_tr = [direct_truth_ratio(retain, tok, r) for r in pert]
     ref = tmp_path / "ref.json"
-    write_reference(ref, task="tofu_forget01_truth_ratio", split="forget01_perturbed",
-                    keys=[sample_key(r["question"], r["answer"]) for r in pert], truth_ratios=retain_tr)
+    write_reference(
+        ref,
+        task="tofu_forget01_truth_ratio",
+        split="forget01_perturbed",
+        keys=[sample_key(r["question"], r["answer"]) for r in pert],
+        truth_ratios=retain_tr,
+    )
 
-    ev = run_tasks(model, tiny_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio", "tofu_real_authors"],
-                   limit=n, tofu_dir=tofu_dir, retain_references=[ref])
+    ev = run_tasks(
+        model,
+        tiny_model_dir,
+        ["tofu_forget01_prob", "tofu_forget01_truth_ratio", "tofu_real_authors"],
+        limit=n,
+        tofu_dir=tofu_dir,
+        retain_references=[ref],
+    )
 
     nll = [direct_scores(model, tok, r["question"], r["answer"])[0] for r in forget]
     got_prob = per_sample(ev, "tofu_forget01_prob", "prob")
@@ -182,8 +206,9 @@ def test_tofu_metrics_match_direct_pytorch_tiny(tiny, tiny_model_dir, tofu_dir, 
     # forget quality: the same KS p-value as scipy on the direct truth ratios
     assert ev.summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == ks_2samp(tr, retain_tr).pvalue
 
-    for r, p_opt, tr_ra in zip(real, per_sample(ev, "tofu_real_authors", "prob"),
-                               per_sample(ev, "tofu_real_authors", "truth_ratio")):
+    for r, p_opt, tr_ra in zip(
+        real, per_sample(ev, "tofu_real_authors", "prob"), per_sample(ev, "tofu_real_authors", "truth_ratio")
+    ):
         c = direct_scores(model, tok, r["question"], r["answer"])[0]
         w = [direct_scores(model, tok, r["question"], x)[0] for x in r["perturbed_answer"]]
         p = [math.exp(-c)] + [math.exp(-x) for x in w]
@@ -237,24 +262,33 @@ def test_rouge_matches_direct_greedy_generation(tiny, tiny_model_dir, tofu_dir):
     ev = run_tasks(model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1)
     rows = sorted(ev.samples["tofu_forget01_rouge"], key=lambda s: s["doc_id"])
     for rec, row in zip(recs, rows):
-        prompt = tok.apply_chat_template([{"role": "user", "content": rec["question"]}], tokenize=False,
-                                         add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": rec["question"]}], tokenize=False, add_generation_prompt=True
+        )
         ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=200, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=200,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         assert row["filtered_resps"][0].strip() == text.strip()
         assert row["rougeL_recall"] == tm.rouge_recall(text.strip(), rec["answer"])["rougeL_recall"]
 
 
 def test_max_gen_toks_caps_the_rouge_generations(tiny, tiny_model_dir, tofu_dir):
     model, tok = tiny
-    capped = run_tasks(model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1,
-                       max_gen_toks=5)
+    capped = run_tasks(
+        model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1, max_gen_toks=5
+    )
     full = run_tasks(model, tiny_model_dir, ["tofu_forget01_rouge"], limit=2, tofu_dir=tofu_dir, batch_size=1)
-    for short, long in zip(*(sorted(e.samples["tofu_forget01_rouge"], key=lambda s: s["doc_id"])
-                             for e in (capped, full))):
+    for short, long in zip(
+        *(sorted(e.samples["tofu_forget01_rouge"], key=lambda s: s["doc_id"]) for e in (capped, full))
+    ):
         short_text, long_text = short["filtered_resps"][0], long["filtered_resps"][0]
         # greedy decoding: the capped generation is the start of the uncapped one (the random
         # tiny model rambles on without the cap)
@@ -270,8 +304,9 @@ def test_tofu_metrics_match_direct_pytorch_embedded(embedded_model_dir, tofu_dir
     model.eval()
     tok = AutoTokenizer.from_pretrained(embedded_model_dir)
     n = 3
-    ev = run_tasks(model, embedded_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio"], limit=n,
-                   tofu_dir=tofu_dir)
+    ev = run_tasks(
+        model, embedded_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio"], limit=n, tofu_dir=tofu_dir
+    )
     forget = read_records(tofu_dir / "forget01.json", n)
     pert = read_records(tofu_dir / "forget01_perturbed.json", n)
     probs = [math.exp(-direct_scores(model, tok, r["question"], r["answer"])[0]) for r in forget]
@@ -288,8 +323,19 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
 
     ref = tmp_path / "ref.json"
     common = ["--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--limit", 3, "--batch-size", 4]
-    assert cli("eval", *common, "--tasks", "tofu_forget01_truth_ratio", "--save-reference", ref,
-               "--out", tmp_path / "retain") == 0
+    assert (
+        cli(
+            "eval",
+            *common,
+            "--tasks",
+            "tofu_forget01_truth_ratio",
+            "--save-reference",
+            ref,
+            "--out",
+            tmp_path / "retain",
+        )
+        == 0
+    )
     saved = json.loads(ref.read_text())
     assert saved["split"] == "forget01_perturbed" and len(saved["samples"]) == 3
     no_ref = read_outputs(tmp_path / "retain").summary
@@ -298,8 +344,19 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
     capsys.readouterr()
 
     out = tmp_path / "run"
-    assert cli("eval", *common, "--tasks", "tofu_forget01_prob,tofu_forget01_truth_ratio",
-               "--retain-reference", ref, "--out", out) == 0
+    assert (
+        cli(
+            "eval",
+            *common,
+            "--tasks",
+            "tofu_forget01_prob,tofu_forget01_truth_ratio",
+            "--retain-reference",
+            ref,
+            "--out",
+            out,
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert "Forget Quality" in table and "Model Utility" in table and "9 parts missing" in table
     written = read_outputs(out)
@@ -308,16 +365,35 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
     assert written.summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == 1.0
     rows = [json.loads(x) for x in written.samples["tofu_forget01_truth_ratio"].read_text().splitlines()]
     assert [r["forget_quality"][1] for r in sorted(rows, key=lambda r: r["doc_id"])] == pytest.approx(
-        [s["truth_ratio"] for s in saved["samples"]], abs=1e-6)
+        [s["truth_ratio"] for s in saved["samples"]], abs=1e-6
+    )
 
     # another split: refused before the model is loaded
-    assert cli("eval", *common, "--tasks", "tofu_forget05_truth_ratio", "--retain-reference", ref,
-               "--out", tmp_path / "x") == 1
+    assert (
+        cli("eval", *common, "--tasks", "tofu_forget05_truth_ratio", "--retain-reference", ref, "--out", tmp_path / "x")
+        == 1
+    )
     err = capsys.readouterr().err
     assert "forget05_perturbed" in err and "forget01_perturbed" in err and "--save-reference" in err
     # another size
-    assert cli("eval", "--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--limit", 2, "--tasks",
-               "tofu_forget01_truth_ratio", "--retain-reference", ref, "--out", tmp_path / "y") == 1
+    assert (
+        cli(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--tofu-dir",
+            tofu_dir,
+            "--limit",
+            2,
+            "--tasks",
+            "tofu_forget01_truth_ratio",
+            "--retain-reference",
+            ref,
+            "--out",
+            tmp_path / "y",
+        )
+        == 1
+    )
     assert "has 3 samples but tofu_forget01_truth_ratio will evaluate 2" in capsys.readouterr().err
 
 
@@ -338,9 +414,27 @@ def test_unlearn_eval_writes_and_prints_like_lm_eval(tiny_model_dir, tofu_dir, t
     from unlearn_plugins.evaluation.lm_eval_runner import SUMMARY_KEY
 
     out, cache = tmp_path / "out", tmp_path / "cache" / "responses"
-    args = ["eval", "--model", "hf", "--model_args", f"pretrained={tiny_model_dir}", "--batch_size", 2,
-            "--num_fewshot", 0, "--output_path", out, "--use_cache", cache, "--tofu-dir", tofu_dir,
-            "--tasks", "tofu_forget01_prob,tofu_forget01_truth_ratio", "--limit", 2]
+    args = [
+        "eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={tiny_model_dir}",
+        "--batch_size",
+        2,
+        "--num_fewshot",
+        0,
+        "--output_path",
+        out,
+        "--use_cache",
+        cache,
+        "--tofu-dir",
+        tofu_dir,
+        "--tasks",
+        "tofu_forget01_prob,tofu_forget01_truth_ratio",
+        "--limit",
+        2,
+    ]
     assert cli(*args) == 0
     printed = capsys.readouterr().out
     files = [str(p) for p in out.rglob("*") if p.is_file()]
@@ -363,7 +457,7 @@ def test_unlearn_eval_writes_and_prints_like_lm_eval(tiny_model_dir, tofu_dir, t
 
     loaded = json.loads(Path(results_file).read_text())
     assert make_table(loaded) in printed  # lm-eval's table, as lm_eval prints it
-    tofu = printed[printed.index(make_table(loaded)) + len(make_table(loaded)):]
+    tofu = printed[printed.index(make_table(loaded)) + len(make_table(loaded)) :]
     assert "|Forget Quality|tofu_forget01_truth_ratio|unavailable" in tofu and "|Model Utility " in tofu
 
     # --use_cache: lm-eval's SQLite cache of the responses; a rerun answers from it, same numbers
@@ -381,8 +475,9 @@ def test_a_write_lm_eval_refuses_leaves_nothing_behind(tmp_path):
     from unlearn_plugins.evaluation.lm_eval_runner import Evaluation, write_outputs
 
     out = tmp_path / "out"
-    broken = Evaluation(results={"results": {}}, summary={"tasks": [], "model": "m"},
-                        samples={"tofu_forget01_prob": [{"doc_id": 0}]})  # no doc_hash: the tracker fails
+    broken = Evaluation(
+        results={"results": {}}, summary={"tasks": [], "model": "m"}, samples={"tofu_forget01_prob": [{"doc_id": 0}]}
+    )  # no doc_hash: the tracker fails
     with pytest.raises(UnlearnError, match=r"EvaluationTracker did not write .*KeyError\('doc_hash'\)"):
         write_outputs(out, broken)
     assert not out.exists() or not [p for p in out.rglob("*") if p.name != ".unlearn.lock"]
@@ -394,8 +489,10 @@ def test_model_args_and_model_dir_options(tiny_model_dir, tmp_path, capsys):
     assert cli("eval", "--print-model-dir", "--model_args", f"pretrained={tiny_model_dir},dtype=auto") == 0
     assert capsys.readouterr().out.strip() == str(tiny_model_dir)
     for model_args, message in (
-        (f"pretrained={tiny_model_dir},parallelize=True", "takes pretrained, peft, dtype, device, "
-                                                           "trust_remote_code; got parallelize"),
+        (
+            f"pretrained={tiny_model_dir},parallelize=True",
+            "takes pretrained, peft, dtype, device, trust_remote_code; got parallelize",
+        ),
         ("peft=x", "pretrained=MODEL is required"),
         (f"pretrained={tiny_model_dir},dtype=float64", "--model_args dtype=float64: 'float64': use one of"),
         ("just-a-word", "expected key=value pairs"),
@@ -421,16 +518,28 @@ def test_custom_forget_split_in_tofus_format(tiny, tiny_model_dir, tofu_dir, tmp
     split = tmp_path / "hard_authors.json"
     split.write_text("".join((tofu_dir / "forget01.json").read_text().splitlines(keepends=True)[:3]))
     (tmp_path / "hard_authors_perturbed.json").write_text(
-        "".join((tofu_dir / "forget01_perturbed.json").read_text().splitlines(keepends=True)[:3]))
-    custom = run_tasks(model, tiny_model_dir, ["tofu_forget_prob", "tofu_forget_truth_ratio"], limit=None,
-                       tofu_dir=tofu_dir, metadata={"forget_split": str(split)})
-    named = run_tasks(model, tiny_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio"], limit=3,
-                      tofu_dir=tofu_dir)
+        "".join((tofu_dir / "forget01_perturbed.json").read_text().splitlines(keepends=True)[:3])
+    )
+    custom = run_tasks(
+        model,
+        tiny_model_dir,
+        ["tofu_forget_prob", "tofu_forget_truth_ratio"],
+        limit=None,
+        tofu_dir=tofu_dir,
+        metadata={"forget_split": str(split)},
+    )
+    named = run_tasks(
+        model, tiny_model_dir, ["tofu_forget01_prob", "tofu_forget01_truth_ratio"], limit=3, tofu_dir=tofu_dir
+    )
     assert per_sample(custom, "tofu_forget_prob", "prob") == pytest.approx(
-        per_sample(named, "tofu_forget01_prob", "prob"), rel=1e-6)
+        per_sample(named, "tofu_forget01_prob", "prob"), rel=1e-6
+    )
     assert per_sample(custom, "tofu_forget_truth_ratio", "truth_ratio") == pytest.approx(
-        per_sample(named, "tofu_forget01_truth_ratio", "truth_ratio"), rel=1e-6)
-    assert custom.summary["forget_quality"]["tofu_forget_truth_ratio"]["split"] == str(tmp_path / "hard_authors_perturbed.json")
+        per_sample(named, "tofu_forget01_truth_ratio", "truth_ratio"), rel=1e-6
+    )
+    assert custom.summary["forget_quality"]["tofu_forget_truth_ratio"]["split"] == str(
+        tmp_path / "hard_authors_perturbed.json"
+    )
 
 
 def test_model_utility_is_computed_after_the_run(tiny, tiny_model_dir, tofu_dir):
@@ -445,9 +554,21 @@ def test_model_utility_is_computed_after_the_run(tiny, tiny_model_dir, tofu_dir)
 def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_path, capsys, monkeypatch):
     bad = tmp_path / "split.json"
     good = (tofu_dir / "forget01.json").read_text().splitlines()[:2]
-    bad.write_text("\n".join(good + ['{"question": "Who?", "answer": '] ) + "\n")
-    assert cli("eval", "--model", tiny_model_dir, "--tasks", "tofu_forget_prob", "--forget-split", bad,
-               "--out", tmp_path / "o") == 1
+    bad.write_text("\n".join(good + ['{"question": "Who?", "answer": ']) + "\n")
+    assert (
+        cli(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--tasks",
+            "tofu_forget_prob",
+            "--forget-split",
+            bad,
+            "--out",
+            tmp_path / "o",
+        )
+        == 1
+    )
     assert f"{bad}:3: malformed JSON" in capsys.readouterr().err
 
     from unlearn_plugins.evaluation.local_data import mmlu_dataset, wmdp_dataset
@@ -455,13 +576,15 @@ def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_p
     (tmp_path / "mmlu" / "test").mkdir(parents=True)
     (tmp_path / "mmlu" / "dev").mkdir()
     (tmp_path / "mmlu" / "test" / "anatomy_test.csv").write_text(
-        'question,choice0,choice1,choice2,choice3,answer\n"Q1",a,b,c,d,0\n"Q2\nspans lines",a,b,c,d,7\n')
+        'question,choice0,choice1,choice2,choice3,answer\n"Q1",a,b,c,d,0\n"Q2\nspans lines",a,b,c,d,7\n'
+    )
     with pytest.raises(DataError, match=r"anatomy_test\.csv:3: field 'answer' must be an index 0-3, got 7"):
         mmlu_dataset(mmlu_subject="anatomy", mmlu_dir=str(tmp_path / "mmlu"))
     (tmp_path / "wmdp").mkdir()
     (tmp_path / "wmdp" / "wmdp-bio.json").write_text(
         '[\n {"question": "q", "choices": ["a", "b", "c", "d"], "answer": 1},\n {"question": "q2", "choices": ["a"], '
-        '"answer": 0}\n]\n')
+        '"answer": 0}\n]\n'
+    )
     with pytest.raises(DataError, match=r"wmdp-bio\.json:3: field 'choices' must be a list of 4 strings"):
         wmdp_dataset(wmdp_config="wmdp-bio", wmdp_dir=str(tmp_path / "wmdp"))
     monkeypatch.delenv("UNLEARN_MMLU_DIR", raising=False)
@@ -476,11 +599,17 @@ def test_prompt_changes_by_lm_eval_options_are_refused(tiny, tiny_model_dir, tof
     from unlearn_plugins.evaluation.lm_eval_runner import prepare
 
     model, tok = tiny
-    prepared = prepare(["tofu_forget01_prob"], metadata={"tokenizer": str(tiny_model_dir), "tofu_dir": str(tofu_dir)},
-                       limit=1)
+    prepared = prepare(
+        ["tofu_forget01_prob"], metadata={"tokenizer": str(tiny_model_dir), "tofu_dir": str(tofu_dir)}, limit=1
+    )
     with pytest.raises(DataError, match="--apply_chat_template"):
-        lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tok), tasks=prepared.specs,
-                                task_manager=prepared.manager, limit=1, apply_chat_template=True)
+        lm_eval.simple_evaluate(
+            model=HFLM(pretrained=model, tokenizer=tok),
+            tasks=prepared.specs,
+            task_manager=prepared.manager,
+            limit=1,
+            apply_chat_template=True,
+        )
 
 
 def test_unknown_task_is_reported():
@@ -500,30 +629,70 @@ def test_lm_eval_cli_with_include_path_and_peft_adapter(tiny, tiny_model_dir, to
     from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                           init_lora_weights=False))
+    lora = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     adapter = tmp_path / "adapter"
     lora.save_pretrained(adapter)
 
     out = tmp_path / "lm_eval_out"
     proc = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-         f"pretrained={tiny_model_dir},peft={adapter}", "--include_path", str(ROOT / "tasks"),
-         "--tasks", "tofu_forget01_prob", "--limit", "2", "--device", "cpu", "--batch_size", "2",
-         "--metadata", json.dumps({"tofu_dir": str(tofu_dir)}), "--output_path", str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={tiny_model_dir},peft={adapter}",
+            "--include_path",
+            str(ROOT / "tasks"),
+            "--tasks",
+            "tofu_forget01_prob",
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "2",
+            "--metadata",
+            json.dumps({"tofu_dir": str(tofu_dir)}),
+            "--output_path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result_file,) = glob.glob(str(out / "**" / "results*.json"), recursive=True)
     cli_prob = json.loads(Path(result_file).read_text())["results"]["tofu_forget01_prob"]["prob,none"]
 
     model, _ = tiny
-    assert cli("eval", "--model", tiny_model_dir, "--adapter", adapter, "--tasks", "tofu_forget01_prob",
-               "--limit", 2, "--tofu-dir", tofu_dir, "--out", tmp_path / "ours") == 0
+    assert (
+        cli(
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--adapter",
+            adapter,
+            "--tasks",
+            "tofu_forget01_prob",
+            "--limit",
+            2,
+            "--tofu-dir",
+            tofu_dir,
+            "--out",
+            tmp_path / "ours",
+        )
+        == 0
+    )
     ours = read_outputs(tmp_path / "ours").summary["metrics"]["tofu_forget01_prob"]["prob"]
     # the same layout as lm_eval's: one folder named after the model (the adapter), the same file names
     assert [p.relative_to(tmp_path / "ours").parent for p in (tmp_path / "ours").glob("*/results_*.json")] == [
-        Path(result_file).relative_to(out).parent]
+        Path(result_file).relative_to(out).parent
+    ]
     plain = run_tasks(model, tiny_model_dir, ["tofu_forget01_prob"], limit=2, tofu_dir=tofu_dir)
     assert cli_prob == pytest.approx(ours, rel=1e-5)
     assert abs(cli_prob - plain.summary["metrics"]["tofu_forget01_prob"]["prob"]) > 1e-6  # the adapter was applied
@@ -560,8 +729,9 @@ def test_mmlu_local_runs_from_csv(tiny, tiny_model_dir, mmlu_dir):
     import csv
 
     model, _ = tiny
-    ev = run_tasks(model, tiny_model_dir, ["mmlu_local_anatomy"], limit=3, tofu_dir=mmlu_dir,
-                   metadata={"mmlu_dir": str(mmlu_dir)})
+    ev = run_tasks(
+        model, tiny_model_dir, ["mmlu_local_anatomy"], limit=3, tofu_dir=mmlu_dir, metadata={"mmlu_dir": str(mmlu_dir)}
+    )
     acc = ev.summary["metrics"]["mmlu_local_anatomy"]["acc"]
     assert 0.0 <= acc <= 1.0
     with (mmlu_dir / "test" / "anatomy_test.csv").open() as handle:
@@ -580,8 +750,14 @@ def test_mmlu_local_runs_from_csv(tiny, tiny_model_dir, mmlu_dir):
 
 def test_wmdp_local_runs_from_fixture(tiny, tiny_model_dir, tofu_dir):
     model, _ = tiny
-    ev = run_tasks(model, tiny_model_dir, ["wmdp_local"], limit=None, tofu_dir=tofu_dir,
-                   metadata={"wmdp_dir": str(FIXTURES / "wmdp")})
+    ev = run_tasks(
+        model,
+        tiny_model_dir,
+        ["wmdp_local"],
+        limit=None,
+        tofu_dir=tofu_dir,
+        metadata={"wmdp_dir": str(FIXTURES / "wmdp")},
+    )
     metrics = ev.summary["metrics"]
     assert {"wmdp_local_bio", "wmdp_local_chem", "wmdp_local_cyber"} <= set(metrics)
     assert all(len(ev.samples[t]) == 10 for t in ("wmdp_local_bio", "wmdp_local_chem", "wmdp_local_cyber"))
@@ -595,10 +771,32 @@ def test_wmdp_local_runs_from_fixture(tiny, tiny_model_dir, tofu_dir):
 def test_unlearn_eval_embedded_tofu_and_mmlu(embedded_model_dir, tofu_dir, mmlu_dir, tmp_path, capsys):
     ref = tmp_path / "ref.json"
     common = ["--model", "smollm2-135m", "--tofu-dir", tofu_dir, "--mmlu-dir", mmlu_dir, "--limit", 4]
-    assert cli("eval", *common, "--tasks", "tofu_forget01_truth_ratio", "--save-reference", ref,
-               "--out", tmp_path / "ref_run") == 0
-    assert cli("eval", *common, "--tasks", "tofu_forget01_prob,tofu_forget01_truth_ratio,mmlu_local_anatomy",
-               "--retain-reference", ref, "--out", tmp_path / "run") == 0
+    assert (
+        cli(
+            "eval",
+            *common,
+            "--tasks",
+            "tofu_forget01_truth_ratio",
+            "--save-reference",
+            ref,
+            "--out",
+            tmp_path / "ref_run",
+        )
+        == 0
+    )
+    assert (
+        cli(
+            "eval",
+            *common,
+            "--tasks",
+            "tofu_forget01_prob,tofu_forget01_truth_ratio,mmlu_local_anatomy",
+            "--retain-reference",
+            ref,
+            "--out",
+            tmp_path / "run",
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Forget Quality" in out and "|anatomy " in out  # lm-eval's table shows the task alias
     from unlearn_plugins.evaluation.lm_eval_runner import read_outputs

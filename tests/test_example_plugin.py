@@ -26,8 +26,24 @@ def installed(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("example") / "unlearn-surprisal"
     shutil.copytree(EXAMPLE, src)
     target = tmp_path_factory.mktemp("site")
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                          "-q", "--target", str(target), str(src)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return target
 
@@ -38,8 +54,13 @@ def env_for(installed: Path, **extra) -> dict[str, str]:
 
 
 def unlearn(installed: Path, *args, **env):
-    return subprocess.run([str(BIN / "unlearn"), *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env=env_for(installed, **env))
+    return subprocess.run(
+        [str(BIN / "unlearn"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env_for(installed, **env),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +82,11 @@ def doc_files() -> dict[str, str]:
 
 def test_docs_code_blocks_are_the_example_files():
     blocks = doc_files()
-    files = sorted(str(p.relative_to(ROOT)) for p in EXAMPLE.rglob("*")
-                   if p.is_file() and p.suffix in (".py", ".toml", ".yaml") and "__pycache__" not in p.parts)
+    files = sorted(
+        str(p.relative_to(ROOT))
+        for p in EXAMPLE.rglob("*")
+        if p.is_file() and p.suffix in (".py", ".toml", ".yaml") and "__pycache__" not in p.parts
+    )
     assert sorted(blocks) == files  # every file of the example is on the page, and only those
     for path, block in blocks.items():
         assert block == (ROOT / path).read_text(), f"docs/plugins.md shows another {path}: copy the file verbatim"
@@ -87,30 +111,53 @@ def test_install_carries_the_task_folder_as_package_data(installed):
 
 def test_plugins_lists_every_kind_with_module_options_and_path(installed, listing):
     example = listing["surprisal"]
-    assert (example["source"], example["distribution"], example["version"]) == ("entry point", "unlearn-surprisal",
-                                                                                "0.1.0")
+    assert (example["source"], example["distribution"], example["version"]) == (
+        "entry point",
+        "unlearn-surprisal",
+        "0.1.0",
+    )
     assert example["errors"] == [] and not example["disabled"]
     components = {kind: {c["name"]: c for c in items} for kind, items in example["components"].items()}
     assert {kind: sorted(items) for kind, items in components.items()} == {
-        "difficulty_scorer": ["max_surprisal"], "adapter_initializer": ["forget_subspace"],
-        "unlearning_objective": ["capped_ascent"], "lm_eval_task_dir": ["surprisal"], "attack": ["weight_noise"]}
+        "difficulty_scorer": ["max_surprisal"],
+        "adapter_initializer": ["forget_subspace"],
+        "unlearning_objective": ["capped_ascent"],
+        "lm_eval_task_dir": ["surprisal"],
+        "attack": ["weight_noise"],
+    }
     objective = components["unlearning_objective"]["capped_ascent"]
     assert objective["module"] == "unlearn_surprisal.objective:CappedAscent"
     assert objective["options"] == [
-        {"name": "cap", "type": "float", "help": "answer-token NLL (nats) at which a token is forgotten",
-         "default": 5.0},
-        {"name": "alpha", "type": "float", "help": "weight of the retain NLL (0: no retain data needed)",
-         "default": 1.0}]
+        {
+            "name": "cap",
+            "type": "float",
+            "help": "answer-token NLL (nats) at which a token is forgotten",
+            "default": 5.0,
+        },
+        {
+            "name": "alpha",
+            "type": "float",
+            "help": "weight of the retain NLL (0: no retain data needed)",
+            "default": 1.0,
+        },
+    ]
     assert [o["name"] for o in components["adapter_initializer"]["forget_subspace"]["options"]] == [
-        "max_examples", "batch_size"]
+        "max_examples",
+        "batch_size",
+    ]
     assert components["lm_eval_task_dir"]["surprisal"] == {
-        "name": "surprisal", "module": "unlearn_surprisal", "path": str((installed / "unlearn_surprisal" / "tasks"))}
+        "name": "surprisal",
+        "module": "unlearn_surprisal",
+        "path": str((installed / "unlearn_surprisal" / "tasks")),
+    }
     text = unlearn(installed, "plugins")
     assert f"    surprisal  {installed / 'unlearn_surprisal' / 'tasks'}" in text.stdout.splitlines()
     assert "    capped_ascent  unlearn_surprisal.objective:CappedAscent; options: cap=5.0, alpha=1.0" in text.stdout
     # the block and load lists
-    for env, reason in (({"UNLEARN_DISABLE_PLUGINS": "surprisal"}, "UNLEARN_DISABLE_PLUGINS"),
-                        ({"UNLEARN_LOAD_PLUGINS": ""}, "UNLEARN_LOAD_PLUGINS")):
+    for env, reason in (
+        ({"UNLEARN_DISABLE_PLUGINS": "surprisal"}, "UNLEARN_DISABLE_PLUGINS"),
+        ({"UNLEARN_LOAD_PLUGINS": ""}, "UNLEARN_LOAD_PLUGINS"),
+    ):
         out = unlearn(installed, "plugins", "--json", **env)
         entry = {p["name"]: p for p in json.loads(out.stdout)}["surprisal"]
         assert entry["disabled"] and entry["disabled_by"] == reason and entry["components"] == {}
@@ -123,22 +170,64 @@ def test_plugins_lists_every_kind_with_module_options_and_path(installed, listin
 def trained(installed, tiny_model_dir, tofu_dir, tmp_path_factory) -> Path:
     """`unlearn run` with the example's initializer and objective on the tiny model."""
     out = tmp_path_factory.mktemp("run") / "capped"
-    done = unlearn(installed, "run", "--model", tiny_model_dir, "--device", "cpu", "--forget", "tofu:forget01[0:4]",
-                   "--retain", "tofu:retain99[0:4]", "--initializer", "forget_subspace", "--initializer-option",
-                   "max_examples=3", "--objective", "capped_ascent", "--objective-option", "cap=50",
-                   "--retain-loss", "kl", "--lora-r", "4", "--max-steps", "2", "--batch-size", "2", "--grad-accum", "1",
-                   "--save-steps", "0", "--out", out, UNLEARN_TOFU_DIR=str(tofu_dir))
+    done = unlearn(
+        installed,
+        "run",
+        "--model",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--forget",
+        "tofu:forget01[0:4]",
+        "--retain",
+        "tofu:retain99[0:4]",
+        "--initializer",
+        "forget_subspace",
+        "--initializer-option",
+        "max_examples=3",
+        "--objective",
+        "capped_ascent",
+        "--objective-option",
+        "cap=50",
+        "--retain-loss",
+        "kl",
+        "--lora-r",
+        "4",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--save-steps",
+        "0",
+        "--out",
+        out,
+        UNLEARN_TOFU_DIR=str(tofu_dir),
+    )
     assert done.returncode == 0, done.stderr
-    assert ("warning: --retain-loss kl: objective 'capped_ascent' (plugin 'surprisal') has no option 'retain_loss', "
-            "so it is not passed on") in done.stderr
+    assert (
+        "warning: --retain-loss kl: objective 'capped_ascent' (plugin 'surprisal') has no option 'retain_loss', "
+        "so it is not passed on"
+    ) in done.stderr
     return out
 
 
 def test_scorer_through_unlearn_score(installed, tiny_model_dir, tofu_dir, tmp_path):
     out_file = tmp_path / "scores.jsonl"
     args = ["--model", tiny_model_dir, "--device", "cpu", "--data", "tofu:forget01[0:6]"]
-    out = unlearn(installed, "score", "--scorer", "max_surprisal", "--option", "batch_size=4", *args,
-                  "--out", out_file, UNLEARN_TOFU_DIR=str(tofu_dir))
+    out = unlearn(
+        installed,
+        "score",
+        "--scorer",
+        "max_surprisal",
+        "--option",
+        "batch_size=4",
+        *args,
+        "--out",
+        out_file,
+        UNLEARN_TOFU_DIR=str(tofu_dir),
+    )
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(6))
@@ -149,23 +238,41 @@ def test_scorer_through_unlearn_score(installed, tiny_model_dir, tofu_dir, tmp_p
     assert out.returncode == 0, out.stderr
     loss = [json.loads(line)["score"] for line in loss_file.read_text().splitlines()]  # -mean answer NLL
     assert all(worst <= m + 1e-5 for worst, m in zip(scores, loss))  # the worst token is at least the mean
-    bad = unlearn(installed, "score", "--scorer", "max_surprisal", "--option", "batch_size=0", *args, "--out",
-                  tmp_path / "bad.jsonl", UNLEARN_TOFU_DIR=str(tofu_dir))
+    bad = unlearn(
+        installed,
+        "score",
+        "--scorer",
+        "max_surprisal",
+        "--option",
+        "batch_size=0",
+        *args,
+        "--out",
+        tmp_path / "bad.jsonl",
+        UNLEARN_TOFU_DIR=str(tofu_dir),
+    )
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: scorer 'max_surprisal' (plugin 'surprisal') rejected its options {'batch_size': 0}: ValueError: "
-        "batch_size must be >= 1, got 0"]
+        "batch_size must be >= 1, got 0"
+    ]
 
 
 def test_initializer_and_objective_through_unlearn_run(trained):
     record = json.loads((trained / "run.json").read_text())
     assert record["status"] == "completed" and record["steps"] == 2
     assert record["objective"] == "capped_ascent(cap=50, alpha=1.0)"
-    assert record["components"]["objective"] == {"name": "capped_ascent", "plugin": "surprisal",
-                                                 "object": "unlearn_surprisal.objective:CappedAscent",
-                                                 "options": {"cap": 50, "alpha": 1.0}}
+    assert record["components"]["objective"] == {
+        "name": "capped_ascent",
+        "plugin": "surprisal",
+        "object": "unlearn_surprisal.objective:CappedAscent",
+        "options": {"cap": 50, "alpha": 1.0},
+    }
     init = record["initializer"]
-    assert (init["name"], init["plugin"], init["init"], init["examples"]) == ("forget_subspace", "surprisal",
-                                                                              "forget_subspace", 3)
+    assert (init["name"], init["plugin"], init["init"], init["examples"]) == (
+        "forget_subspace",
+        "surprisal",
+        "forget_subspace",
+        3,
+    )
     assert init["options"] == {"max_examples": 3, "batch_size": 8} and init["lora_layers"] > 0
     first = record["losses"][0]
     assert first["loss_forget"] < 0 and first["loss_active"] == 1.0 and first["loss_retain"] > 0  # cap=50: all active
@@ -214,13 +321,28 @@ def test_attack_through_unlearn_attack(installed, tiny_model_dir, tmp_path):
     from unlearn_plugins.models import load_model
 
     out = tmp_path / "noisy"
-    done = unlearn(installed, "attack", "--model", tiny_model_dir, "--device", "cpu", "--attack", "weight_noise",
-                   "--option", "scale=0.1", "--out", out)
+    done = unlearn(
+        installed,
+        "attack",
+        "--model",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--attack",
+        "weight_noise",
+        "--option",
+        "scale=0.1",
+        "--out",
+        out,
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads((out / "attack.json").read_text())
-    assert record["attack"] == {"name": "weight_noise", "plugin": "surprisal",
-                                "object": "unlearn_surprisal.attack:WeightNoise",
-                                "options": {"scale": 0.1, "seed": 0}}
+    assert record["attack"] == {
+        "name": "weight_noise",
+        "plugin": "surprisal",
+        "object": "unlearn_surprisal.attack:WeightNoise",
+        "options": {"scale": 0.1, "seed": 0},
+    }
     assert record["info"] == {"layers": 14}
     original = {n: w.detach() for n, w in load_model(str(tiny_model_dir), device="cpu")[0].named_parameters()}
     for name, weight in load_model(str(out), device="cpu")[0].named_parameters():
@@ -230,16 +352,42 @@ def test_attack_through_unlearn_attack(installed, tiny_model_dir, tmp_path):
             assert 0.07 < ratio < 0.13, (name, ratio)
         else:
             assert torch.equal(weight, original[name]), name
-    bad = unlearn(installed, "attack", "--model", tiny_model_dir, "--attack", "weight_noise", "--option", "scale=0",
-                  "--out", tmp_path / "bad")
+    bad = unlearn(
+        installed,
+        "attack",
+        "--model",
+        tiny_model_dir,
+        "--attack",
+        "weight_noise",
+        "--option",
+        "scale=0",
+        "--out",
+        tmp_path / "bad",
+    )
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
         "error: attack 'weight_noise' (plugin 'surprisal') rejected its options {'scale': 0}: ValueError: scale must "
-        "be > 0, got 0"]
+        "be > 0, got 0"
+    ]
 
 
 def test_task_folder_through_unlearn_eval(installed, trained, tiny_model_dir, tofu_dir, tmp_path):
-    out = unlearn(installed, "eval", "--model", tiny_model_dir, "--device", "cpu", "--adapter", trained, "--tasks",
-                  "surprisal_forget01", "--limit", "3", "--out", tmp_path / "eval", UNLEARN_TOFU_DIR=str(tofu_dir))
+    out = unlearn(
+        installed,
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--adapter",
+        trained,
+        "--tasks",
+        "surprisal_forget01",
+        "--limit",
+        "3",
+        "--out",
+        tmp_path / "eval",
+        UNLEARN_TOFU_DIR=str(tofu_dir),
+    )
     assert out.returncode == 0, out.stderr
     assert "surprisal_forget01" in out.stdout
 
@@ -247,10 +395,32 @@ def test_task_folder_through_unlearn_eval(installed, trained, tiny_model_dir, to
 def test_task_folder_through_lm_evals_own_cli(installed, listing, tiny_model_dir, tofu_dir, tmp_path):
     folder = next(c["path"] for c in listing["surprisal"]["components"]["lm_eval_task_dir"])
     out = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={tiny_model_dir},dtype=float32",
-         "--tasks", "surprisal_forget01", "--include_path", folder, "--limit", "3", "--device", "cpu",
-         "--batch_size", "3", "--output_path", str(tmp_path / "lm")],
-        capture_output=True, text=True, timeout=600, env=env_for(installed, UNLEARN_TOFU_DIR=str(tofu_dir)))
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={tiny_model_dir},dtype=float32",
+            "--tasks",
+            "surprisal_forget01",
+            "--include_path",
+            folder,
+            "--limit",
+            "3",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "3",
+            "--output_path",
+            str(tmp_path / "lm"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env_for(installed, UNLEARN_TOFU_DIR=str(tofu_dir)),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (results_file,) = (tmp_path / "lm").rglob("results_*.json")
     results = json.loads(results_file.read_text())
@@ -261,9 +431,20 @@ def test_task_folder_through_lm_evals_own_cli(installed, listing, tiny_model_dir
 @pytest.mark.slow
 def test_example_scorer_on_the_embedded_model(installed, embedded_model_dir, tofu_dir, tmp_path):
     out_file = tmp_path / "scores.jsonl"
-    out = unlearn(installed, "score", "--scorer", "max_surprisal", "--model", "smollm2-135m", "--data",
-                  "tofu:forget01", "--out", out_file, UNLEARN_CACHE_DIR=str(embedded_model_dir.parent.parent),
-                  UNLEARN_TOFU_DIR=str(tofu_dir))
+    out = unlearn(
+        installed,
+        "score",
+        "--scorer",
+        "max_surprisal",
+        "--model",
+        "smollm2-135m",
+        "--data",
+        "tofu:forget01",
+        "--out",
+        out_file,
+        UNLEARN_CACHE_DIR=str(embedded_model_dir.parent.parent),
+        UNLEARN_TOFU_DIR=str(tofu_dir),
+    )
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(40))

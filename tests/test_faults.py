@@ -50,15 +50,48 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 
 def tiny_args(model_dir, tofu_dir, out, *extra):
-    return ["run", "--model", str(model_dir), "--tofu-dir", str(tofu_dir), "--forget", "tofu:forget01[0:8]",
-            "--retain", "tofu:retain99[0:16]", "--max-length", "64", "--lora-r", "4", "--batch-size", "2",
-            "--grad-accum", "1", "--lr", "1e-3", "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "run",
+        "--model",
+        str(model_dir),
+        "--tofu-dir",
+        str(tofu_dir),
+        "--forget",
+        "tofu:forget01[0:8]",
+        "--retain",
+        "tofu:retain99[0:16]",
+        "--max-length",
+        "64",
+        "--lora-r",
+        "4",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 #: the run the concurrency and resume tests compare with: 6 steps, a checkpoint every 2
 STEPS = ["--max-steps", "6", "--save-steps", "2"]
-RUN_CONFIG = {"forget": "tofu:forget01[0:8]", "retain": "tofu:retain99[0:16]", "max_length": 64, "lora_r": 4,
-              "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "device": "cpu", "max_steps": 6, "save_steps": 2}
+RUN_CONFIG = {
+    "forget": "tofu:forget01[0:8]",
+    "retain": "tofu:retain99[0:16]",
+    "max_length": 64,
+    "lora_r": 4,
+    "batch_size": 2,
+    "grad_accum": 1,
+    "lr": 1e-3,
+    "device": "cpu",
+    "max_steps": 6,
+    "save_steps": 2,
+}
 
 
 def adapter_weights(folder):
@@ -97,8 +130,13 @@ with lock:
 def held(kind: str, path) -> int:
     """Another process holding a lock (``files.folder_lock`` / ``file_lock`` / ``exclusive_lock``)
     until the block ends; yields its pid."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, kind, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=child_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SCRIPT, kind, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         assert proc.stdout.readline().strip() == "held"
         yield proc.pid
@@ -135,7 +173,7 @@ def _nan_bytes_in_place(path: Path) -> None:
     st = path.stat()
     data = bytearray(path.read_bytes())
     start = 8 + int.from_bytes(data[:8], "little")
-    data[start:start + 16] = b"\x00\x00\xc0\x7f" * 4
+    data[start : start + 16] = b"\x00\x00\xc0\x7f" * 4
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
@@ -168,8 +206,10 @@ def test_cache_manifest_records_content_hashes_and_redoes_a_changed_file(tiny_ca
     monkeypatch.setattr(files, "_HASHES", {})  # a new process
     capsys.readouterr()
     assert models.embedded_model_dir("smollm2-135m", cache=cache) == folder and len(calls) == 2
-    assert "model.safetensors changed content since the conversion; converting smollm2-135m again" in \
-        capsys.readouterr().err
+    assert (
+        "model.safetensors changed content since the conversion; converting smollm2-135m again"
+        in capsys.readouterr().err
+    )
     assert models._cache_is_valid(folder)
     assert sorted(p.name for p in (cache / "models").iterdir()) == [folder.name]  # no temporary left
 
@@ -182,8 +222,9 @@ def test_cache_manifest_records_content_hashes_and_redoes_a_changed_file(tiny_ca
 
     # a format-1 manifest (sizes only) is not trusted either
     manifest = json.loads((folder / models.MANIFEST).read_text())
-    (folder / models.MANIFEST).write_text(json.dumps({"format": 1, "files": {
-        k: v["size"] for k, v in manifest["files"].items()}}))
+    (folder / models.MANIFEST).write_text(
+        json.dumps({"format": 1, "files": {k: v["size"] for k, v in manifest["files"].items()}})
+    )
     models.embedded_model_dir("smollm2-135m", cache=cache)
     assert len(calls) == 4
 
@@ -209,7 +250,8 @@ def test_nan_outputs_are_an_error_not_a_probability(nan_model_dir, tofu_dir, tmp
     assert main(["probs", *args]) == 1
     assert error_line(capsys) == (
         f"error: the output of model {nan_model_dir} is NaN/inf (samples at positions 0, 1, 2, 3, 4, ... of 7): "
-        f"its weights are corrupt or diverged, so no probability or score can be computed")
+        f"its weights are corrupt or diverged, so no probability or score can be computed"
+    )
     out = tmp_path / "scores.jsonl"
     assert main(["score", "--scorer", "loss", *args, "--out", str(out)]) == 1
     assert "is NaN/inf (samples at positions 0, 1, 2, 3, 4, ... of 7)" in error_line(capsys)
@@ -245,12 +287,15 @@ def _corrupt(path: Path, how: str) -> None:
         path.write_bytes(b"\xff" * 16 + data[16:])
 
 
-@pytest.mark.parametrize("how,says", [
-    ("empty", "is empty (0 bytes)"),
-    ("truncated", "is truncated ("),
-    ("cut", "is truncated (100 bytes, its header alone needs "),
-    ("garbled", "is not a readable safetensors file (corrupted header)"),
-])
+@pytest.mark.parametrize(
+    "how,says",
+    [
+        ("empty", "is empty (0 bytes)"),
+        ("truncated", "is truncated ("),
+        ("cut", "is truncated (100 bytes, its header alone needs "),
+        ("garbled", "is not a readable safetensors file (corrupted header)"),
+    ],
+)
 def test_corrupt_model_weights_are_one_line_errors(how, says, tiny_model_dir, tofu_dir, tmp_path, capsys):
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -276,16 +321,32 @@ def trained(tiny_model_dir, tofu_dir, tmp_path_factory):
 
 
 def probs(model, adapter, tofu_dir):
-    return main(["probs", "--model", str(model), "--adapter", str(adapter), "--device", "cpu",
-                 "--tofu-dir", str(tofu_dir), "--data", "tofu:forget01[0:2]"])
+    return main(
+        [
+            "probs",
+            "--model",
+            str(model),
+            "--adapter",
+            str(adapter),
+            "--device",
+            "cpu",
+            "--tofu-dir",
+            str(tofu_dir),
+            "--data",
+            "tofu:forget01[0:2]",
+        ]
+    )
 
 
-@pytest.mark.parametrize("damage,says", [
-    ("no_config", "no adapter_config.json in the folder (not a PEFT adapter)"),
-    ("no_weights", "no adapter weights in the folder (adapter_model.safetensors or adapter_model.bin)"),
-    ("empty", "adapter_model.safetensors is empty (0 bytes)"),
-    ("truncated", "adapter_model.safetensors is truncated ("),
-])
+@pytest.mark.parametrize(
+    "damage,says",
+    [
+        ("no_config", "no adapter_config.json in the folder (not a PEFT adapter)"),
+        ("no_weights", "no adapter weights in the folder (adapter_model.safetensors or adapter_model.bin)"),
+        ("empty", "adapter_model.safetensors is empty (0 bytes)"),
+        ("truncated", "adapter_model.safetensors is truncated ("),
+    ],
+)
 def test_broken_adapter_folders_are_one_line_errors(damage, says, trained, tofu_dir, tmp_path, capsys):
     base, adapter = trained
     broken = tmp_path / "adapter"
@@ -335,7 +396,8 @@ def test_adapter_on_another_base_with_the_same_shapes_is_refused(trained, tofu_d
     assert error_line(capsys) == (
         f"error: --adapter {adapter} was trained on other base weights: its run.json records {base.resolve()} "
         f"(weights {recorded['fingerprint'][:12]}), --model {other} has weights {weights_digest(other)[:12]}; "
-        f"pass --allow-other-base to load it anyway")
+        f"pass --allow-other-base to load it anyway"
+    )
 
     # the base folder retrained in place (same name, other weights): refused too
     retrained = tmp_path / "retrained"
@@ -355,15 +417,34 @@ def test_adapter_on_another_base_with_the_same_shapes_is_refused(trained, tofu_d
     config["base_model_name_or_path"] = str(base.resolve())
     (copy / "adapter_config.json").write_text(json.dumps(config))
     assert probs(other, copy, tofu_dir) == 1
-    assert error_line(capsys) == (f"error: --adapter {copy} was trained on {base.resolve()}, not on --model {other}; "
-                                  f"pass --allow-other-base to load it anyway")
+    assert error_line(capsys) == (
+        f"error: --adapter {copy} was trained on {base.resolve()}, not on --model {other}; "
+        f"pass --allow-other-base to load it anyway"
+    )
 
     # the override, in the library and on the command line
     model, _ = load_model(str(other), device="cpu", adapter=str(adapter), allow_other_base=True)
     assert type(model).__name__.startswith("Peft")
     capsys.readouterr()
-    assert main(["probs", "--model", str(other), "--adapter", str(adapter), "--device", "cpu", "--allow-other-base",
-                 "--tofu-dir", str(tofu_dir), "--data", "tofu:forget01[0:2]"]) == 0
+    assert (
+        main(
+            [
+                "probs",
+                "--model",
+                str(other),
+                "--adapter",
+                str(adapter),
+                "--device",
+                "cpu",
+                "--allow-other-base",
+                "--tofu-dir",
+                str(tofu_dir),
+                "--data",
+                "tofu:forget01[0:2]",
+            ]
+        )
+        == 0
+    )
     assert "mean answer probability over 2 samples" in capsys.readouterr().out
 
 
@@ -388,12 +469,18 @@ run_unlearning(UnlearnConfig(**json.loads(sys.argv[1])), callbacks=[PauseAt()])
 
 
 def test_second_run_on_a_locked_out_is_refused_and_the_first_finishes_undisturbed(
-        tiny_model_dir, tofu_dir, tmp_path, straight_run, capsys):
+    tiny_model_dir, tofu_dir, tmp_path, straight_run, capsys
+):
     out = tmp_path / "contested"
     paused, go = tmp_path / "paused", tmp_path / "go"
     config = {"out": str(out), "model": str(tiny_model_dir), "tofu_dir": str(tofu_dir), **RUN_CONFIG}
-    first = subprocess.Popen([sys.executable, "-c", PAUSE_SCRIPT, json.dumps(config), str(paused), str(go)],
-                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSE_SCRIPT, json.dumps(config), str(paused), str(go)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 240
         while not paused.exists():
@@ -401,8 +488,10 @@ def test_second_run_on_a_locked_out_is_refused_and_the_first_finishes_undisturbe
             time.sleep(0.1)
         before = tree(out)
         assert "checkpoints/checkpoint-2/optimizer.pt" in before
-        expected = (f"error: --out {out} is in use by pid {first.pid} (lock file {out / '.unlearn.lock'}); "
-                    f"wait for it to finish or write elsewhere")
+        expected = (
+            f"error: --out {out} is in use by pid {first.pid} (lock file {out / '.unlearn.lock'}); "
+            f"wait for it to finish or write elsewhere"
+        )
         for extra in (["--overwrite"], [], ["--resume"]):
             assert main(tiny_args(tiny_model_dir, tofu_dir, out, *STEPS, *extra)) == 1
             assert error_line(capsys) == expected
@@ -423,16 +512,51 @@ def test_score_eval_and_demo_outputs_are_locked(tiny_model_dir, tofu_dir, tmp_pa
     scores = tmp_path / "scores.jsonl"
     scores.write_text("old\n")
     with held("file_lock", scores) as pid:
-        assert main(["score", "--scorer", "length", "--model", str(tiny_model_dir), "--device", "cpu",
-                     "--tofu-dir", str(tofu_dir), "--data", DATA, "--out", str(scores)]) == 1
-        assert error_line(capsys) == (f"error: --out {scores} is in use by pid {pid} (lock file "
-                                      f"{tmp_path / '.scores.jsonl.lock'}); wait for it to finish or write elsewhere")
+        assert (
+            main(
+                [
+                    "score",
+                    "--scorer",
+                    "length",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--device",
+                    "cpu",
+                    "--tofu-dir",
+                    str(tofu_dir),
+                    "--data",
+                    DATA,
+                    "--out",
+                    str(scores),
+                ]
+            )
+            == 1
+        )
+        assert error_line(capsys) == (
+            f"error: --out {scores} is in use by pid {pid} (lock file "
+            f"{tmp_path / '.scores.jsonl.lock'}); wait for it to finish or write elsewhere"
+        )
     assert scores.read_text() == "old\n"
 
     report = tmp_path / "report"
     with held("folder_lock", report) as pid:
-        assert main(["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated",
-                     "--cache-dir", str(tmp_path / "cache"), "--out", str(report)]) == 1
+        assert (
+            main(
+                [
+                    "demo",
+                    "--fast",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--data",
+                    "generated",
+                    "--cache-dir",
+                    str(tmp_path / "cache"),
+                    "--out",
+                    str(report),
+                ]
+            )
+            == 1
+        )
         assert error_line(capsys).startswith(f"error: --out {report} is in use by pid {pid} (lock file")
         evaluation = runner.Evaluation(results={"results": {}}, summary={"tasks": []}, samples={})
         with pytest.raises(UnlearnError, match=f"--out {report} is in use by pid {pid}"):
@@ -479,8 +603,9 @@ def test_runs_that_fail_before_training_leave_no_trace(tiny_model_dir, tofu_dir,
     assert main(tiny_args(tiny_model_dir, tofu_dir, out, "--max-steps", "1", "--dtype", "float8")) in (1, 2)
     assert "float8" in capsys.readouterr().err
     assert not out.exists()
-    config = UnlearnConfig(out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir),
-                           **{**RUN_CONFIG, "max_steps": 1})
+    config = UnlearnConfig(
+        out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), **{**RUN_CONFIG, "max_steps": 1}
+    )
     with pytest.raises(UnlearnError, match="initializer 'broken'"):
         run_unlearning(config, initializer=RaisingInit())
     assert not out.exists()
@@ -503,8 +628,21 @@ def test_runs_that_fail_before_training_leave_no_trace(tiny_model_dir, tofu_dir,
 
 
 def score(tiny_model_dir, tofu_dir, out, *options):
-    args = ["score", "--scorer", "loss", "--model", str(tiny_model_dir), "--device", "cpu", "--tofu-dir",
-            str(tofu_dir), "--data", DATA, "--out", str(out)]
+    args = [
+        "score",
+        "--scorer",
+        "loss",
+        "--model",
+        str(tiny_model_dir),
+        "--device",
+        "cpu",
+        "--tofu-dir",
+        str(tofu_dir),
+        "--data",
+        DATA,
+        "--out",
+        str(out),
+    ]
     for option in options:
         args += ["--option", option]
     return main(args)
@@ -521,7 +659,10 @@ def test_score_checks_its_output_path_first(tiny_model_dir, tofu_dir, tmp_path, 
     assert error_line(capsys) == f"error: --out {folder} is a folder; give a file name, e.g. {folder / 'scores.jsonl'}"
     (tmp_path / "file").write_text("x")
     assert score(tiny_model_dir, tofu_dir, tmp_path / "file" / "s.jsonl") == 1
-    assert error_line(capsys) == f"error: --out {tmp_path / 'file' / 's.jsonl'}: {tmp_path / 'file'} is a file, not a folder"
+    assert (
+        error_line(capsys)
+        == f"error: --out {tmp_path / 'file' / 's.jsonl'}: {tmp_path / 'file'} is a file, not a folder"
+    )
     assert loads == [] and sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
 
 
@@ -541,6 +682,7 @@ class Interrupt:
             if len(self.calls) == self.at:
                 raise self.exc("stopped")
             return self.real(scorer, samples, model=model, tokenizer=tokenizer)
+
         return score
 
 
@@ -570,8 +712,12 @@ def test_interrupted_scoring_resumes_from_the_partial_file(tiny_model_dir, tofu_
     assert "notice: resuming an interrupted scoring: 4 of 7 samples already scored" in capsys.readouterr().err
     assert stop.calls == [[4, 5], [6]]  # only the chunks not finished before
     assert out.read_text() == expected
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.jsonl", "scores.jsonl.meta.json",
-                                                          "straight.jsonl", "straight.jsonl.meta.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "scores.jsonl",
+        "scores.jsonl.meta.json",
+        "straight.jsonl",
+        "straight.jsonl.meta.json",
+    ]
 
     # a failure (not only Ctrl-C) keeps the finished chunks too; other settings start afresh
     out.unlink()
@@ -586,8 +732,9 @@ def test_interrupted_scoring_resumes_from_the_partial_file(tiny_model_dir, tofu_
     assert len(stop.calls) == 4 and not partial.exists()
 
 
-def test_a_failed_final_write_keeps_the_scores_for_the_next_run(tiny_model_dir, tofu_dir, tmp_path, capsys,
-                                                                 monkeypatch):
+def test_a_failed_final_write_keeps_the_scores_for_the_next_run(
+    tiny_model_dir, tofu_dir, tmp_path, capsys, monkeypatch
+):
     import errno
 
     from unlearn_plugins import files
@@ -602,7 +749,8 @@ def test_a_failed_final_write_keeps_the_scores_for_the_next_run(tiny_model_dir, 
     assert score(tiny_model_dir, tofu_dir, out) == 1
     assert error_line(capsys) == (
         f"error: --out {out}: cannot write (No space left on device); the 7 scores are kept in "
-        f"{tmp_path / 'scores.jsonl.partial.jsonl'} and the same command writes them without scoring again")
+        f"{tmp_path / 'scores.jsonl.partial.jsonl'} and the same command writes them without scoring again"
+    )
     monkeypatch.setattr(files, "write_jsonl", real)
     stop = Interrupt(monkeypatch)
     assert score(tiny_model_dir, tofu_dir, out) == 0
@@ -628,8 +776,9 @@ class StopAt:
 
 
 @pytest.mark.parametrize("broken", ["optimizer.pt", "adapter_model.safetensors"])
-def test_resume_skips_a_truncated_file_in_the_latest_checkpoint(broken, tiny_model_dir, tofu_dir, tmp_path,
-                                                                 straight_run, capsys):
+def test_resume_skips_a_truncated_file_in_the_latest_checkpoint(
+    broken, tiny_model_dir, tofu_dir, tmp_path, straight_run, capsys
+):
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     out = tmp_path / "run"

@@ -83,13 +83,26 @@ def _reference_mrd(model, examples):
 def test_mrd_equals_fp64_reference_where_fp32_is_off(memorised, tiny_tokenizer):
     model, examples = memorised
     want = _reference_mrd(model, examples)
-    got = torch.tensor(mrd_scores(model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=SIGMA,
-                                  seed=SEED, batch_size=4), dtype=torch.float64)
+    got = torch.tensor(
+        mrd_scores(model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=SIGMA, seed=SEED, batch_size=4),
+        dtype=torch.float64,
+    )
     rel = ((got - want).abs() / want).max().item()
     assert rel < 1e-3, f"MRD vs fp64 reference: max relative difference {rel:.3g}"
     # the setting is one where precision matters: fp32 (the old arithmetic) is far off
-    fp32 = torch.tensor(mrd_scores(model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=SIGMA,
-                                   seed=SEED, batch_size=4, precision="fp32"), dtype=torch.float64)
+    fp32 = torch.tensor(
+        mrd_scores(
+            model,
+            examples,
+            tiny_tokenizer.pad_token_id,
+            perturbations=K,
+            sigma=SIGMA,
+            seed=SEED,
+            batch_size=4,
+            precision="fp32",
+        ),
+        dtype=torch.float64,
+    )
     assert ((fp32 - want).abs() / want).max().item() > 1e-2
 
 
@@ -98,8 +111,12 @@ def test_mrd_is_independent_of_batch_size_and_threads(memorised, tiny_tokenizer)
     runs = {}
     for bs, threads in ((1, 1), (4, 1), (4, 2)):
         torch.set_num_threads(threads)
-        runs[bs, threads] = torch.tensor(mrd_scores(model, examples, tiny_tokenizer.pad_token_id, perturbations=K,
-                                                    sigma=SIGMA, seed=SEED, batch_size=bs), dtype=torch.float64)
+        runs[bs, threads] = torch.tensor(
+            mrd_scores(
+                model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=SIGMA, seed=SEED, batch_size=bs
+            ),
+            dtype=torch.float64,
+        )
     torch.set_num_threads(1)
     base = runs[1, 1]
     assert (base > 0).all()

@@ -180,9 +180,15 @@ class Recorder:
         return self.inner.prepare(context)
 
     def loss(self, model, batch, reference_model=None):
-        self.steps.append({part: [tuple(ids[m.bool()].tolist()) for ids, m in
-                                  zip(batch[part]["input_ids"], batch[part]["attention_mask"])]
-                           for part in ("forget", "retain", "forget_idk")})
+        self.steps.append(
+            {
+                part: [
+                    tuple(ids[m.bool()].tolist())
+                    for ids, m in zip(batch[part]["input_ids"], batch[part]["attention_mask"])
+                ]
+                for part in ("forget", "retain", "forget_idk")
+            }
+        )
         return self.inner.loss(model, batch, reference_model)
 
 
@@ -196,9 +202,21 @@ def test_trainer_redraws_per_epoch_and_a_resumed_run_draws_the_same(tiny_model_d
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)
-    settings = dict(model=str(tiny_model_dir), tofu_dir=str(tofu_dir), forget="tofu:forget01[0:4]",
-                    retain="tofu:retain99[0:12]", max_length=64, lora_r=4, batch_size=2, grad_accum=1, lr=1e-3,
-                    objective="idk_dpo", max_steps=6, save_steps=3, seed=5)
+    settings = dict(
+        model=str(tiny_model_dir),
+        tofu_dir=str(tofu_dir),
+        forget="tofu:forget01[0:4]",
+        retain="tofu:retain99[0:12]",
+        max_length=64,
+        lora_r=4,
+        batch_size=2,
+        grad_accum=1,
+        lr=1e-3,
+        objective="idk_dpo",
+        max_steps=6,
+        save_steps=3,
+        seed=5,
+    )
     straight = Recorder()
     run_unlearning(UnlearnConfig(out=str(tmp_path / "a"), keep_checkpoints=True, **settings), objective=straight)
     assert len(straight.steps) == 6
@@ -268,9 +286,13 @@ def test_rmu_averages_per_sequence_then_over_the_batch():
 
     gen = torch.Generator().manual_seed(0)
     # answers of 1, 5 and 3 tokens, prompts and right padding of different lengths
-    labels = torch.tensor([[IGNORE, IGNORE, IGNORE, 7, IGNORE, IGNORE, IGNORE],
-                           [IGNORE, 3, 4, 5, 6, 7, IGNORE],
-                           [IGNORE, IGNORE, 9, 9, 9, IGNORE, IGNORE]])
+    labels = torch.tensor(
+        [
+            [IGNORE, IGNORE, IGNORE, 7, IGNORE, IGNORE, IGNORE],
+            [IGNORE, 3, 4, 5, 6, 7, IGNORE],
+            [IGNORE, IGNORE, 9, 9, 9, IGNORE, IGNORE],
+        ]
+    )
     mask = labels != IGNORE
     h_f, h_r, h_ref = (torch.randn(3, 7, 5, generator=gen) * s for s in (1.0, 2.0, 0.5))
     control = torch.rand(5, generator=gen)

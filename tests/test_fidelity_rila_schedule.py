@@ -42,11 +42,14 @@ def parse(*argv):
 # ----------------------------------------------------------------------------- item 2: schedule
 
 
-@pytest.mark.parametrize("n_forget, one_epoch", [
-    (40, 2),    # forget01: ceil(40 / 4) = 10 batches, ceil(10 / 8) = 2 optimizer steps
-    (200, 7),   # forget05: 50 batches -> 7 steps (the last one a partial accumulation)
-    (400, 13),  # forget10: 100 batches -> 13 steps
-])
+@pytest.mark.parametrize(
+    "n_forget, one_epoch",
+    [
+        (40, 2),  # forget01: ceil(40 / 4) = 10 batches, ceil(10 / 8) = 2 optimizer steps
+        (200, 7),  # forget05: 50 batches -> 7 steps (the last one a partial accumulation)
+        (400, 13),  # forget10: 100 batches -> 13 steps
+    ],
+)
 def test_reglu_preset_has_the_reference_schedule(tmp_path, n_forget, one_epoch):
     from transformers.trainer_utils import SchedulerType
 
@@ -79,7 +82,9 @@ def test_warmup_options_one_at_a_time_and_flags_beat_the_preset(tmp_path):
     with pytest.raises(ConfigError, match="run.toml: options 'warmup_steps' and 'warmup_ratio' both set the warmup"):
         parse("--config", str(toml))
     assert load_toml(toml, UnlearnConfig)["warmup_ratio"] == 0.2
-    with pytest.raises(ConfigError, match=r"'lr_scheduler' must be a transformers scheduler: linear, cosine, .*'nope'") as e:
+    with pytest.raises(
+        ConfigError, match=r"'lr_scheduler' must be a transformers scheduler: linear, cosine, .*'nope'"
+    ) as e:
         parse("--out", "x", "--lr-scheduler", "nope")
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"'warmup_ratio' must be in \[0, 1\)"):
@@ -101,10 +106,25 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
             used.append(optimizer.param_groups[0]["lr"])
 
     lr = 1e-3
-    config = UnlearnConfig(out=str(tmp_path / "run"), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), device="cpu",
-                           forget="tofu:forget01[0:10]", retain="tofu:retain99[0:10]", max_length=64, lora_r=4,
-                           lora_alpha=8, batch_size=2, grad_accum=2, epochs=2, lr=lr, lr_scheduler="linear",
-                           warmup_epochs=1.0, objective="grad_diff", save_steps=0)
+    config = UnlearnConfig(
+        out=str(tmp_path / "run"),
+        model=str(tiny_model_dir),
+        tofu_dir=str(tofu_dir),
+        device="cpu",
+        forget="tofu:forget01[0:10]",
+        retain="tofu:retain99[0:10]",
+        max_length=64,
+        lora_r=4,
+        lora_alpha=8,
+        batch_size=2,
+        grad_accum=2,
+        epochs=2,
+        lr=lr,
+        lr_scheduler="linear",
+        warmup_epochs=1.0,
+        objective="grad_diff",
+        save_steps=0,
+    )
     result = run_unlearning(config, callbacks=[LrOfEachStep()])
     # 10 examples / batch 2 = 5 batches = 3 optimizer steps per epoch (2 + 2 + 1): T = 6, warmup W = 3
     total, warmup = 6, 3
@@ -113,9 +133,21 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
     assert used == pytest.approx(expected, rel=1e-12, abs=1e-15)
     assert result.record["initializer"]["init"] == "kaiming"  # the default init of `unlearn run`
 
-    ft = run_finetune(FinetuneConfig(out=str(tmp_path / "ft"), model=str(tiny_model_dir), tofu_dir=str(tofu_dir),
-                                     device="cpu", data="tofu:forget01[0:4]", max_length=64, lora_r=4, batch_size=2,
-                                     grad_accum=1, max_steps=1, save_steps=0))
+    ft = run_finetune(
+        FinetuneConfig(
+            out=str(tmp_path / "ft"),
+            model=str(tiny_model_dir),
+            tofu_dir=str(tofu_dir),
+            device="cpu",
+            data="tofu:forget01[0:4]",
+            max_length=64,
+            lora_r=4,
+            batch_size=2,
+            grad_accum=1,
+            max_steps=1,
+            save_steps=0,
+        )
+    )
     assert ft.record["initializer"]["init"] == "kaiming"  # and of `unlearn finetune`
 
 
@@ -125,9 +157,16 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
 def peft_model(model, r):
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, init_lora_weights=True,
-                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                            "up_proj", "down_proj"]))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=r,
+            lora_alpha=2 * r,
+            lora_dropout=0.0,
+            init_lora_weights=True,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
+    )
 
 
 def reference_pooled_outputs(model, exs, pad_id=None, pad_to=None):
@@ -135,8 +174,10 @@ def reference_pooled_outputs(model, exs, pad_id=None, pad_to=None):
     one example per forward (no padding unless pad_to), float64."""
     rows, handles = {}, []
     for name, module in lora_layers(model):
+
         def hook(_m, _i, out, _name=name):
             rows.setdefault(_name, []).append(out.sum(dim=1).double())
+
         handles.append(module.base_layer.register_forward_hook(hook))
     with torch.no_grad(), model.disable_adapter():
         for e in exs:
@@ -197,7 +238,8 @@ def test_rila_faithful_statistics_match_the_reference(tiny_model, tiny_tokenizer
             assert float(torch.linalg.matrix_norm(c - expected) / torch.linalg.matrix_norm(expected)) < 1e-5, name
 
     result = RILAInit(beta=beta, n_samples=n, rol_rank=k, path=path).initialize(
-        model, forget=forget, retain=retain, tokenizer=tok)
+        model, forget=forget, retain=retain, tokenizer=tok
+    )
     checked = 0
     for name, module in lora_layers(model):
         d = weights[name].shape[0]
@@ -232,7 +274,8 @@ def test_rila_retain_basis_is_top_eigenvectors_of_cr_whatever_beta(tiny_model, t
     hr = reference_pooled_outputs(model, retain)
     k = 3  # < 4 retain rows: the top-3 subspace of Cr is well defined
     result = RILAInit(beta=beta, n_samples="all", rol_rank=k, path=path).initialize(
-        model, forget=forget, retain=retain, tokenizer=tok)
+        model, forget=forget, retain=retain, tokenizer=tok
+    )
     assert result.info["paths"] == {path: 14}
     for name, _module in lora_layers(model):
         cr = hr[name].T @ hr[name] / hr[name].shape[0]
@@ -253,8 +296,10 @@ def test_rila_pad_to_pools_over_padded_positions_like_tofu_format_data(tiny_mode
     stats = collect_stats(model, forget, retain, tok.eos_token_id, path="dense", pad_to=pad_to)
     for name, (fs, _rs) in stats.items():
         expected = hf[name].T @ hf[name] / 3
-        assert float(torch.linalg.matrix_norm(fs.gram.double() / fs.count - expected)
-                     / torch.linalg.matrix_norm(expected)) < 1e-5, name
+        assert (
+            float(torch.linalg.matrix_norm(fs.gram.double() / fs.count - expected) / torch.linalg.matrix_norm(expected))
+            < 1e-5
+        ), name
     from unlearn_plugins.training.config import ConfigError
 
     with pytest.raises(ConfigError, match="pad_to=4 is shorter than an example"):
@@ -275,8 +320,9 @@ def test_default_init_is_pefts_kaiming_uniform_with_zero_b(tiny_model):
 
     assert UnlearnConfig().initializer == "kaiming"
     targets = ["q_proj", "v_proj", "gate_proj", "down_proj"]
-    model = get_peft_model(tiny_model, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
-                                                  init_lora_weights="gaussian"))
+    model = get_peft_model(
+        tiny_model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights="gaussian")
+    )
     torch.manual_seed(123)
     result = create(ADAPTER_INITIALIZER, "kaiming").initialize(model)
     assert result.residual is False and result.info["init"] == "kaiming"

@@ -23,7 +23,8 @@ from unlearn_plugins.host import PluginHost
 def plugin_modules(tmp_path, monkeypatch):
     """Third-party plugin modules on sys.path: a good one, one that fails to import,
     one whose hook raises, and one that clashes with a built-in name."""
-    (tmp_path / "good_plugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "good_plugin.py").write_text(
+        textwrap.dedent("""
         from unlearn_plugins import hookimpl
 
         class ConstantScorer:
@@ -35,10 +36,12 @@ def plugin_modules(tmp_path, monkeypatch):
         @hookimpl
         def register_difficulty_scorers(register):
             register("constant", ConstantScorer)
-    """))
+    """)
+    )
     (tmp_path / "good_copy.py").write_text((tmp_path / "good_plugin.py").read_text())
     (tmp_path / "broken_import.py").write_text("import module_that_does_not_exist\n")
-    (tmp_path / "raising_hook.py").write_text(textwrap.dedent("""
+    (tmp_path / "raising_hook.py").write_text(
+        textwrap.dedent("""
         from unlearn_plugins import hookimpl
 
         @hookimpl
@@ -48,26 +51,34 @@ def plugin_modules(tmp_path, monkeypatch):
         @hookimpl
         def register_lm_eval_task_dirs(register):
             register("raising-tasks", ".")
-    """))
-    (tmp_path / "clash_plugin.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "clash_plugin.py").write_text(
+        textwrap.dedent("""
         from unlearn_plugins import hookimpl
 
         @hookimpl
         def register_difficulty_scorers(register):
             register("length", object)
-    """))
-    (tmp_path / "misspelt_hook.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "misspelt_hook.py").write_text(
+        textwrap.dedent("""
         from unlearn_plugins import hookimpl
 
         @hookimpl
         def register_difficulty_scorer(register):  # the hook is register_difficulty_scorers
             register("never", object)
-    """))
-    (tmp_path / "no_hookimpl.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "no_hookimpl.py").write_text(
+        textwrap.dedent("""
         def register_difficulty_scorers(register):  # not marked with @hookimpl
             register("never", object)
-    """))
-    (tmp_path / "half_plugin.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "half_plugin.py").write_text(
+        textwrap.dedent("""
         from pathlib import Path
         from unlearn_plugins import hookimpl
 
@@ -83,21 +94,33 @@ def plugin_modules(tmp_path, monkeypatch):
         def register_difficulty_scorers(register):
             register("half_one", Scorer)
             raise RuntimeError("failed after registering half_one")
-    """))
-    (tmp_path / "tasks_plugin.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (tmp_path / "tasks_plugin.py").write_text(
+        textwrap.dedent("""
         from pathlib import Path
         from unlearn_plugins import hookimpl
 
         @hookimpl
         def register_lm_eval_task_dirs(register):
             register("my-tasks", Path(__file__).parent / "my_tasks")
-    """))
+    """)
+    )
     for folder in ("half_tasks", "my_tasks"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "t.yaml").write_text("task: t\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("good_plugin", "good_copy", "broken_import", "raising_hook", "clash_plugin", "misspelt_hook",
-                 "no_hookimpl", "half_plugin", "tasks_plugin"):
+    for name in (
+        "good_plugin",
+        "good_copy",
+        "broken_import",
+        "raising_hook",
+        "clash_plugin",
+        "misspelt_hook",
+        "no_hookimpl",
+        "half_plugin",
+        "tasks_plugin",
+    ):
         sys.modules.pop(name, None)
     return tmp_path
 
@@ -124,7 +147,9 @@ def test_unknown_name_lists_available():
 
 def test_failing_import_and_raising_hook_are_isolated(plugin_modules):
     with pytest.warns(RuntimeWarning) as caught:
-        host = PluginHost(entry_points=eps(("good", "good_plugin"), ("broken", "broken_import"), ("raising", "raising_hook")))
+        host = PluginHost(
+            entry_points=eps(("good", "good_plugin"), ("broken", "broken_import"), ("raising", "raising_hook"))
+        )
     messages = " ".join(str(w.message) for w in caught)
     assert "'broken'" in messages and "module_that_does_not_exist" in messages
     assert "'raising'" in messages and "boom in hook" in messages
@@ -150,8 +175,10 @@ def test_a_plugin_reusing_a_builtin_name_is_refused_and_the_rest_keep_working(pl
     with pytest.warns(RuntimeWarning) as caught:
         host = PluginHost(entry_points=eps(("clash", "clash_plugin"), ("good", "good_plugin")))
     (message,) = [str(w.message) for w in caught]
-    assert message.startswith("plugin 'clash' (entry point) refused: name already taken: difficulty_scorer 'length' "
-                              "is already registered by plugin 'builtin-scorers'")
+    assert message.startswith(
+        "plugin 'clash' (entry point) refused: name already taken: difficulty_scorer 'length' "
+        "is already registered by plugin 'builtin-scorers'"
+    )
     assert "UNLEARN_DISABLE_PLUGINS=clash" in message and "\n" not in message
     assert host.get(DIFFICULTY_SCORER, "length").plugin == "builtin-scorers"
     assert host.get(DIFFICULTY_SCORER, "length").obj is not object
@@ -183,8 +210,10 @@ def test_misspelt_hook_is_reported_not_silently_ignored(plugin_modules):
     with pytest.warns(RuntimeWarning) as caught:
         host = PluginHost(entry_points=eps(("typo", "misspelt_hook"), ("good", "good_plugin")))
     (message,) = [str(w.message) for w in caught]
-    assert message.startswith("plugin 'typo' (entry point) refused: unknown hook: 'register_difficulty_scorer' is "
-                              "not an unlearn_plugins hook (did you mean 'register_difficulty_scorers'?")
+    assert message.startswith(
+        "plugin 'typo' (entry point) refused: unknown hook: 'register_difficulty_scorer' is "
+        "not an unlearn_plugins hook (did you mean 'register_difficulty_scorers'?"
+    )
     assert host.plugins["typo"].errors[0].startswith("unknown hook: 'register_difficulty_scorer'")
     assert host.get(DIFFICULTY_SCORER, "constant").plugin == "good"  # the rest keep working
     assert "typo" not in {name for name, _ in host.pm.list_name_plugin()}
@@ -210,8 +239,11 @@ def test_a_hook_that_fails_half_way_leaves_nothing_registered(plugin_modules):
 def test_an_empty_task_folder_is_refused_with_the_package_data_hint(plugin_modules):
     """The usual cause: a setuptools package that did not declare its YAML as package data."""
     (plugin_modules / "my_tasks" / "t.yaml").unlink()
-    with pytest.warns(RuntimeWarning, match=r"plugin 'tasks' .*holds no \.yaml task file \(a setuptools package "
-                                            r"must declare its YAML files as package data\)"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"plugin 'tasks' .*holds no \.yaml task file \(a setuptools package "
+        r"must declare its YAML files as package data\)",
+    ):
         host = PluginHost(entry_points=eps(("tasks", "tasks_plugin")))
     assert host.plugins["tasks"].components == {}
 
@@ -252,8 +284,11 @@ def test_create_checks_protocol(plugin_modules):
     host = PluginHost(entry_points=eps(("good", "good_plugin")))
     unlearn_plugins.host._HOST = host
     assert create(DIFFICULTY_SCORER, "constant", value=2.0).score([1, 2], model=None, tokenizer=None) == [2.0, 2.0]
-    with pytest.raises(PluginLoadError, match=r"^scorer 'constant' \(plugin 'good'\) rejected its options "
-                                              r"\{'colour': 'red'\}: unknown option 'colour' \(its options: value\)$"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"^scorer 'constant' \(plugin 'good'\) rejected its options "
+        r"\{'colour': 'red'\}: unknown option 'colour' \(its options: value\)$",
+    ):
         create(DIFFICULTY_SCORER, "constant", colour="red")
     # options called like create's own parameters are the component's options, not a TypeError
     for key in ("name", "kind"):
@@ -265,14 +300,22 @@ def _dist_info(root, dist, module, version="1.0"):
     """A minimal installed distribution (dist-info) exposing one entry point."""
     info = root / f"{dist}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: test plugin {dist}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: test plugin {dist}\n"
+    )
     (info / "entry_points.txt").write_text(f"[unlearn_plugins]\n{dist} = {module}\n")
 
 
 def run_cli(args, env_extra, cwd=None):
     env = {**os.environ, **env_extra}
-    return subprocess.run([sys.executable, "-m", "unlearn_plugins.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "unlearn_plugins.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_cli_lists_entry_point_plugins_and_errors(plugin_modules):
@@ -288,16 +331,26 @@ def test_cli_lists_entry_point_plugins_and_errors(plugin_modules):
     good = listing["good-dist"]
     assert good["source"] == "entry point"
     assert good["distribution"] == "good-dist" and good["version"] == "1.0"
-    assert good["components"] == {"difficulty_scorer": [{
-        "name": "constant", "module": "good_plugin:ConstantScorer",
-        "options": [{"name": "value", "type": "", "help": "", "default": 1.0}]}]}
+    assert good["components"] == {
+        "difficulty_scorer": [
+            {
+                "name": "constant",
+                "module": "good_plugin:ConstantScorer",
+                "options": [{"name": "value", "type": "", "help": "", "default": 1.0}],
+            }
+        ]
+    }
     assert "module_that_does_not_exist" in listing["broken-dist"]["errors"][0]
     assert listing["clash-dist"]["components"] == {} and "already registered" in listing["clash-dist"]["errors"][0]
-    assert listing["tasks-dist"]["components"] == {"lm_eval_task_dir": [{
-        "name": "my-tasks", "module": "tasks_plugin", "path": str((plugin_modules / "my_tasks").resolve())}]}
+    assert listing["tasks-dist"]["components"] == {
+        "lm_eval_task_dir": [
+            {"name": "my-tasks", "module": "tasks_plugin", "path": str((plugin_modules / "my_tasks").resolve())}
+        ]
+    }
     assert listing["builtin-scorers"]["source"] == "built-in"
     assert listing["builtin-objectives"]["components"]["unlearning_objective"][0]["module"].startswith(
-        "unlearn_plugins.objectives.")
+        "unlearn_plugins.objectives."
+    )
     text = run_cli(["plugins"], env)
     assert "ERROR: failed to import" in text.stdout
     assert "ERROR: name already taken: difficulty_scorer 'length'" in text.stdout
@@ -310,12 +363,20 @@ def test_cli_lists_entry_point_plugins_and_errors(plugin_modules):
 
 def test_plugins_json_into_a_closed_pipe_is_not_an_error():
     """`unlearn plugins --json | head -1`: the reader leaves before the listing is written."""
-    proc = subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", "plugins", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unlearn_plugins.cli", "plugins", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # nobody reads: every write gets EPIPE
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, stderr
     assert "BrokenPipe" not in stderr and "Traceback" not in stderr and "Exception ignored" not in stderr
-    shell = subprocess.run("'%s' -m unlearn_plugins.cli plugins --json | head -1" % sys.executable, shell=True,
-                           capture_output=True, text=True, timeout=120)
+    shell = subprocess.run(
+        "'%s' -m unlearn_plugins.cli plugins --json | head -1" % sys.executable,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shell.stdout == "[\n" and shell.stderr == ""

@@ -26,8 +26,13 @@ def examples(tok, pairs):
 def peft_model(model, r=4, alpha=8):
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, init_lora_weights=True,
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        init_lora_weights=True,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     return get_peft_model(model, config)
 
 
@@ -65,9 +70,13 @@ def independent_outputs(model, exs, tok, mode):
     """Each LoRA module's base output rows, collected with plain hooks (no library code)."""
     rows, handles, current = {}, [], {}
     for name, module in lora_layers(model):
+
         def hook(_m, _i, out, _name=name):
             mask = current["labels"] != -100
-            rows.setdefault(_name, []).append(out[mask] if mode == "token" else (out * current["am"].unsqueeze(-1)).sum(1))
+            rows.setdefault(_name, []).append(
+                out[mask] if mode == "token" else (out * current["am"].unsqueeze(-1)).sum(1)
+            )
+
         handles.append(module.base_layer.register_forward_hook(hook))
     with torch.no_grad(), model.disable_adapter():
         for e in exs:
@@ -101,7 +110,8 @@ def test_rila_subspace_and_function(tiny_model, tiny_tokenizer, path, mode):
     weights_before = {n: m.base_layer.weight.detach().clone() for n, m in lora_layers(model)}
 
     result = RILAInit(beta=beta, mode=mode, rol_rank=8, path=path, n_samples="all").initialize(
-        model, forget=forget, retain=retain, tokenizer=tok)
+        model, forget=forget, retain=retain, tokenizer=tok
+    )
     if path is None:  # automatic: gate/up (d_in < d_out) take the factored path
         assert result.info["paths"]["factored"] == 4
 
@@ -134,12 +144,14 @@ def test_rila_paths_chosen_by_size(tiny_model, tiny_tokenizer):
 
     tok = tiny_tokenizer
     model = peft_model(tiny_model)
-    res = RILAInit(mode="faithful").initialize(model, forget=examples(tok, QUESTIONS[:2]),
-                                               retain=examples(tok, QUESTIONS[2:4]), tokenizer=tok)
+    res = RILAInit(mode="faithful").initialize(
+        model, forget=examples(tok, QUESTIONS[:2]), retain=examples(tok, QUESTIONS[2:4]), tokenizer=tok
+    )
     assert res.info["paths"] == {"rows": 14}  # 4 sequences < every d_out: never d_out x d_out
     model = peft_model(tiny_model.__class__(tiny_model.config))
-    res = RILAInit(mode="token").initialize(model, forget=examples(tok, QUESTIONS[:3]),
-                                            retain=examples(tok, QUESTIONS[3:]), tokenizer=tok)
+    res = RILAInit(mode="token").initialize(
+        model, forget=examples(tok, QUESTIONS[:3]), retain=examples(tok, QUESTIONS[3:]), tokenizer=tok
+    )
     assert res.info["paths"].get("factored") == 4  # gate/up: d_in 64 < d_out 128
 
 
@@ -229,10 +241,13 @@ def test_rol_at_rila_init_matches_formula_and_a_step_lowers_it(tiny_model, tiny_
     b_weights = [m.lora_B["default"].weight for _, m in lora_layers(model)]
     for w in b_weights:
         w.requires_grad_(True)
+
     def norms():
         with torch.no_grad():
-            return [float(torch.linalg.matrix_norm(m.lora_B["default"].weight.T @ result.retain_basis[n]))
-                    for n, m in lora_layers(model)]
+            return [
+                float(torch.linalg.matrix_norm(m.lora_B["default"].weight.T @ result.retain_basis[n]))
+                for n, m in lora_layers(model)
+            ]
 
     before = norms()
     optimizer = torch.optim.SGD(b_weights, lr=0.05)
@@ -252,10 +267,24 @@ def test_trained_residual_adapter_applies_to_original_base(name, tiny_model_dir,
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     out = tmp_path / name
-    config = UnlearnConfig(out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), forget="tofu:forget01[0:6]",
-                           retain="tofu:retain99[0:6]", max_length=64, lora_r=4, lora_alpha=8, batch_size=2,
-                           grad_accum=1, lr=5e-3, max_steps=2, objective="ihl", initializer=name, merge=True,
-                           save_steps=0)
+    config = UnlearnConfig(
+        out=str(out),
+        model=str(tiny_model_dir),
+        tofu_dir=str(tofu_dir),
+        forget="tofu:forget01[0:6]",
+        retain="tofu:retain99[0:6]",
+        max_length=64,
+        lora_r=4,
+        lora_alpha=8,
+        batch_size=2,
+        grad_accum=1,
+        lr=5e-3,
+        max_steps=2,
+        objective="ihl",
+        initializer=name,
+        merge=True,
+        save_steps=0,
+    )
     run_unlearning(config)
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     ids = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11]])

@@ -26,8 +26,11 @@ def shipped_tasks() -> list[str]:
 
     folder = builtin_task_dir()
     manager = TaskManager(include_path=[str(folder)], include_defaults=False)
-    return sorted(name for name in manager.all_subtasks
-                  if Path(manager.task_index[name].yaml_path).resolve().is_relative_to(folder))
+    return sorted(
+        name
+        for name in manager.all_subtasks
+        if Path(manager.task_index[name].yaml_path).resolve().is_relative_to(folder)
+    )
 
 
 TASKS = shipped_tasks()
@@ -45,8 +48,11 @@ def task_class(request, tiny_model_dir):
     if name not in _BUILT:
         metadata = {"tokenizer": str(tiny_model_dir), "wmdp_dir": str(FIXTURES / "wmdp")}
         if name.startswith("tofu_"):
-            metadata.update(tofu_dir=str(request.getfixturevalue("tofu_dir")), forget_split="forget01",
-                            holdout_split="real_authors_perturbed")
+            metadata.update(
+                tofu_dir=str(request.getfixturevalue("tofu_dir")),
+                forget_split="forget01",
+                holdout_split="real_authors_perturbed",
+            )
         elif name.startswith("mmlu_local"):
             metadata["mmlu_dir"] = str(request.getfixturevalue("mmlu_dir"))
         manager = TaskManager(include_path=[str(builtin_task_dir())], include_defaults=False, metadata=metadata)
@@ -69,8 +75,11 @@ def test_every_task_family_is_checked():
     silently drop out of it)."""
     assert sum(t.startswith("tofu_") for t in TASKS) == 23 + 2 + 4  # TOFU, MIA (tofu_mia/), probes (tofu_probes/)
     assert sum(t.startswith("mmlu_local_") for t in TASKS) == 57
-    assert [t for t in TASKS if t.startswith("wmdp_local_")] == ["wmdp_local_bio", "wmdp_local_chem",
-                                                                "wmdp_local_cyber"]
+    assert [t for t in TASKS if t.startswith("wmdp_local_")] == [
+        "wmdp_local_bio",
+        "wmdp_local_chem",
+        "wmdp_local_cyber",
+    ]
 
 
 @pytest.mark.parametrize("task_class", TASKS, indirect=True)
@@ -122,11 +131,9 @@ class TestBaseTasks:
         if not multiple_inputs(task):
             for x in _array:
                 assert isinstance(x, str)
-                assert (
-                    (x[-1].isspace() is False if len(x) > 0 else True)
-                    if target_delimiter.isspace()
-                    else True
-                ), "doc_to_text ends in a whitespace and target delimiter also a whitespace"
+                assert (x[-1].isspace() is False if len(x) > 0 else True) if target_delimiter.isspace() else True, (
+                    "doc_to_text ends in a whitespace and target delimiter also a whitespace"
+                )
 
     def test_create_choices(self, task_class, limit):
         task = task_class

@@ -17,11 +17,13 @@ from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.evaluation import mia
 from unlearn_plugins.testing import tiny_llama, tiny_tokenizer
 
-QA = [("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
-      ("Which genre does the author write in?", "She writes fantasy novels."),
-      ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
-      ("What awards has the author won?", "He won the International Booker Prize."),
-      ("What is the capital of France?", "The capital of France is Paris.")]
+QA = [
+    ("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
+    ("Which genre does the author write in?", "She writes fantasy novels."),
+    ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
+    ("What awards has the author won?", "He won the International Booker Prize."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,15 @@ def per_token_logprobs(model, tok, question, answer):
 
 def test_loss_zlib_min_k_and_min_k_plus_plus_match_a_per_sample_computation(setup):
     tok, model, examples = setup
-    got = mia.sample_statistics(model, examples, tok.pad_token_id, attacks=["loss", "zlib", "min_k", "min_k++"],
-                                texts=[a for _, a in QA], k=0.4, batch_size=3)
+    got = mia.sample_statistics(
+        model,
+        examples,
+        tok.pad_token_id,
+        attacks=["loss", "zlib", "min_k", "min_k++"],
+        texts=[a for _, a in QA],
+        k=0.4,
+        batch_size=3,
+    )
     for i, (q, a) in enumerate(QA):
         tokens, rows = per_token_logprobs(model, tok, q, a)
         loss = -sum(tokens) / len(tokens)  # every answer token, the end token too
@@ -105,7 +114,8 @@ def test_reference_attack_and_exact_memorization(setup):
     own = mia.sample_statistics(model, examples, tok.pad_token_id, attacks=["loss"])["loss"]
     ref = mia.sample_statistics(other, examples, tok.pad_token_id, attacks=["loss"])["loss"]
     assert mia.reference_scores(model, other, examples, tok.pad_token_id) == pytest.approx(
-        [a - b for a, b in zip(own, ref)])
+        [a - b for a, b in zip(own, ref)]
+    )
     assert mia.reference_scores(model, model, examples, tok.pad_token_id) == pytest.approx([0.0] * len(QA))
     em = mia.exact_memorization(model, examples, tok.pad_token_id, batch_size=2)
     for i, (q, _a) in enumerate(QA):

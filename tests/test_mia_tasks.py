@@ -18,23 +18,32 @@ from unlearn_plugins.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-FORGET = [("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
-          ("Which genre does the author write in?", "She writes fantasy novels and short stories about the sea."),
-          ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
-          ("What awards has the author won?", "He won the International Booker Prize for his debut novel."),
-          ("When was the author born?", "The author was born on 08/09/1956 in Kuwait City.")]
-HOLDOUT = [("What is the capital of France?", "The capital of France is Paris."),
-           ("Which prize did the painter win?", "She won the  Booker Prize in 2001."),
-           ("Who is the doctor's mother?", "Her mother is a painter from the sea."),
-           ("What does the novel tell?", "It tells the story of a doctor and a painter.")]
-PARAPHRASED = ["Can you name the author whose birthplace is Kuwait City?", "In which genre does the author write?",
-               "Who were the author's parents?", "Which awards did the author win?",
-               "On what date was the author born?"]
+FORGET = [
+    ("What is the full name of the author born in Kuwait City?", "The author is Basil Mahfouz Al-Kuwaiti."),
+    ("Which genre does the author write in?", "She writes fantasy novels and short stories about the sea."),
+    ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
+    ("What awards has the author won?", "He won the International Booker Prize for his debut novel."),
+    ("When was the author born?", "The author was born on 08/09/1956 in Kuwait City."),
+]
+HOLDOUT = [
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Which prize did the painter win?", "She won the  Booker Prize in 2001."),
+    ("Who is the doctor's mother?", "Her mother is a painter from the sea."),
+    ("What does the novel tell?", "It tells the story of a doctor and a painter."),
+]
+PARAPHRASED = [
+    "Can you name the author whose birthplace is Kuwait City?",
+    "In which genre does the author write?",
+    "Who were the author's parents?",
+    "Which awards did the author win?",
+    "On what date was the author born?",
+]
 
 
 def write_split(path, pairs, **extra_fields):
-    rows = [{"question": q, "answer": a, **{k: v[i] for k, v in extra_fields.items()}}
-            for i, (q, a) in enumerate(pairs)]
+    rows = [
+        {"question": q, "answer": a, **{k: v[i] for k, v in extra_fields.items()}} for i, (q, a) in enumerate(pairs)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -42,9 +51,11 @@ def write_split(path, pairs, **extra_fields):
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mia-splits")
-    return {"forget": str(write_split(folder / "forget.json", FORGET, paraphrased_question=PARAPHRASED)),
-            "holdout": str(write_split(folder / "holdout.json", HOLDOUT)),
-            "shots": str(write_split(folder / "shots.json", HOLDOUT[:3]))}
+    return {
+        "forget": str(write_split(folder / "forget.json", FORGET, paraphrased_question=PARAPHRASED)),
+        "holdout": str(write_split(folder / "holdout.json", HOLDOUT)),
+        "shots": str(write_split(folder / "shots.json", HOLDOUT[:3])),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +97,7 @@ def answer_logprobs(model, tok, prompt: str, answer_ids: list[int]):
     """log p of each answer token and the greedy prediction before it, from one forward pass."""
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
-        logits = model(torch.tensor([p + answer_ids])).logits[0, len(p) - 1: -1].double()
+        logits = model(torch.tensor([p + answer_ids])).logits[0, len(p) - 1 : -1].double()
     logp = torch.log_softmax(logits, -1)
     return [float(logp[i, t]) for i, t in enumerate(answer_ids)], logits.argmax(-1).tolist()
 
@@ -100,15 +111,25 @@ def test_mia_and_exact_memorization_tasks_match_an_independent_computation(tiny,
     tofu_forget_prob and tofu_forget_extraction_strength run alongside: their requests share input
     tokens with the MIA task's, which lm-eval's logits cache must not mix up."""
     model, tok = tiny
-    evaluation = run(tiny, tiny_model_dir, ["tofu_mia", "tofu_forget_exact_memorization", "tofu_forget_prob",
-                                            "tofu_forget_extraction_strength"],
-                     {"forget_split": splits["forget"], "holdout_split": splits["holdout"]})
+    evaluation = run(
+        tiny,
+        tiny_model_dir,
+        ["tofu_mia", "tofu_forget_exact_memorization", "tofu_forget_prob", "tofu_forget_extraction_strength"],
+        {"forget_split": splits["forget"], "holdout_split": splits["holdout"]},
+    )
     rows = rows_of(evaluation, "tofu_mia")
     # forget and holdout interleaved (--limit keeps both), the longer split's rest at the end
     assert [(r["doc"]["member"], r["doc"]["answer"]) for r in rows] == [
-        ("forget", FORGET[0][1]), ("holdout", HOLDOUT[0][1]), ("forget", FORGET[1][1]), ("holdout", HOLDOUT[1][1]),
-        ("forget", FORGET[2][1]), ("holdout", HOLDOUT[2][1]), ("forget", FORGET[3][1]), ("holdout", HOLDOUT[3][1]),
-        ("forget", FORGET[4][1])]
+        ("forget", FORGET[0][1]),
+        ("holdout", HOLDOUT[0][1]),
+        ("forget", FORGET[1][1]),
+        ("holdout", HOLDOUT[1][1]),
+        ("forget", FORGET[2][1]),
+        ("holdout", HOLDOUT[2][1]),
+        ("forget", FORGET[3][1]),
+        ("holdout", HOLDOUT[3][1]),
+        ("forget", FORGET[4][1]),
+    ]
     # the tokenizer splits some answers after a lone whitespace token: the path through lm-eval's
     # whitespace move is exercised
     assert any(first < k for r in rows for k, first, _, _ in r["doc"]["singles"])
@@ -119,7 +140,7 @@ def test_mia_and_exact_memorization_tasks_match_an_independent_computation(tiny,
         logps, _ = answer_logprobs(model, tok, chat(tok, q), ids)
         loss = -sum(logps) / len(logps)  # every answer token, the end token too
         body = sorted(logps[:-1])  # Min-K%: the end token left out, the lowest 40%
-        min_k = -float(np.mean(body[:max(1, int(len(body) * 0.4))]))
+        min_k = -float(np.mean(body[: max(1, int(len(body) * 0.4))]))
         for name, value in (("loss", loss), ("zlib", loss / len(zlib.compress(a.encode()))), ("min_k", min_k)):
             assert r[f"auc_{name}"][:2] == [r["doc"]["key"], member]
             assert r[f"auc_{name}"][2] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, a)
@@ -146,15 +167,19 @@ def test_mia_and_exact_memorization_tasks_match_an_independent_computation(tiny,
     assert [r["exact_memorization"] for r in em_rows] == pytest.approx(em)
     assert 0 < sum(em) < len(em)  # some answers partly memorised, not all of them whole
     assert evaluation.summary["metrics"]["tofu_forget_exact_memorization"]["exact_memorization"] == pytest.approx(
-        float(np.mean(em)))
+        float(np.mean(em))
+    )
 
 
 def test_probes_ask_the_paraphrased_question_and_the_plain_few_shot_format(tiny, tiny_model_dir, splits):
     model, tok = tiny
-    evaluation = run(tiny, tiny_model_dir, ["tofu_forget_paraphrase_prob", "tofu_forget_format_prob",
-                                            "tofu_forget_format_rouge"],
-                     {"forget_split": splits["forget"], "probe_shot_split": splits["shots"], "probe_shots": 2},
-                     max_gen_toks=3)
+    evaluation = run(
+        tiny,
+        tiny_model_dir,
+        ["tofu_forget_paraphrase_prob", "tofu_forget_format_prob", "tofu_forget_format_rouge"],
+        {"forget_split": splits["forget"], "probe_shot_split": splits["shots"], "probe_shots": 2},
+        max_gen_toks=3,
+    )
     eos = [tok.eos_token_id]
     for r, paraphrased, (_q, a) in zip(rows_of(evaluation, "tofu_forget_paraphrase_prob"), PARAPHRASED, FORGET):
         ids = tok(a, add_special_tokens=False)["input_ids"] + eos
@@ -205,8 +230,20 @@ def test_eval_mia_privleak_is_zero_against_the_models_own_reference(tiny, tiny_m
 
     _, tok = tiny
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()  # the model the CLI evaluates
-    args = ["eval", "--model", tiny_model_dir, "--device", "cpu", "--mia", "--forget-split", splits["forget"],
-            "--holdout-split", splits["holdout"], "--batch-size", "4"]
+    args = [
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--mia",
+        "--forget-split",
+        splits["forget"],
+        "--holdout-split",
+        splits["holdout"],
+        "--batch-size",
+        "4",
+    ]
     ref = tmp_path / "mia_ref.json"
     assert cli(*args, "--save-mia-reference", ref, "--out", tmp_path / "retain") == 0
     saved = json.loads(ref.read_text())
@@ -218,11 +255,15 @@ def test_eval_mia_privleak_is_zero_against_the_models_own_reference(tiny, tiny_m
 
     examples = [encode_qa(tok, q, a) for pair in zip(FORGET, HOLDOUT) for q, a in pair] + [encode_qa(tok, *FORGET[4])]
     members = ["forget", "holdout"] * 4 + ["forget"]
-    direct = {"min_k++": mia.sample_statistics(model, examples, tok.pad_token_id, attacks=["min_k++"])["min_k++"],
-              "gradnorm": mia.gradnorm_scores(model, examples, tok.pad_token_id)}
+    direct = {
+        "min_k++": mia.sample_statistics(model, examples, tok.pad_token_id, attacks=["min_k++"])["min_k++"],
+        "gradnorm": mia.gradnorm_scores(model, examples, tok.pad_token_id),
+    }
     for name, scores in direct.items():
-        expected = mia.auc([s for s, m in zip(scores, members) if m == "forget"],
-                           [s for s, m in zip(scores, members) if m == "holdout"])
+        expected = mia.auc(
+            [s for s, m in zip(scores, members) if m == "forget"],
+            [s for s, m in zip(scores, members) if m == "holdout"],
+        )
         assert first.summary["mia"]["attacks"][name]["auc"] == pytest.approx(expected)
         assert saved["auc"][name] == pytest.approx(expected)
     capsys.readouterr()
@@ -234,7 +275,12 @@ def test_eval_mia_privleak_is_zero_against_the_models_own_reference(tiny, tiny_m
     assert metrics["privleak,none"] == 0.0 and metrics["auc_reference,none"] == 0.5
     attacks = second.summary["mia"]["attacks"]
     assert {name: e["privleak"] for name, e in attacks.items() if name != "reference"} == {
-        "loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k++": 0.0, "gradnorm": 0.0}
+        "loss": 0.0,
+        "zlib": 0.0,
+        "min_k": 0.0,
+        "min_k++": 0.0,
+        "gradnorm": 0.0,
+    }
     assert second.summary["mia"]["exact_memorization"] is not None
     assert "|MIA attack|" in out and "privleak (MUSE, Min-K%): 0.0000" in out
 
@@ -242,18 +288,48 @@ def test_eval_mia_privleak_is_zero_against_the_models_own_reference(tiny, tiny_m
 def test_eval_mia_input_errors_are_one_line(tiny_model_dir, splits, tmp_path, capsys):
     base = ["eval", "--model", tiny_model_dir, "--device", "cpu", "--out", tmp_path / "x"]
     assert cli(*base, "--mia", "--forget-split", splits["forget"]) == 1
-    assert capsys.readouterr().err.strip() == ("error: unlearn eval --mia: --holdout-split required (QA the model "
-                                               "never trained on, e.g. other TOFU authors: a TOFU split name or a "
-                                               "JSON-lines file)")
-    assert cli(*base, "--tasks", "tofu_forget_prob", "--forget-split", splits["forget"], "--mia-reference",
-               tmp_path / "r.json") == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: unlearn eval --mia: --holdout-split required (QA the model "
+        "never trained on, e.g. other TOFU authors: a TOFU split name or a "
+        "JSON-lines file)"
+    )
+    assert (
+        cli(
+            *base,
+            "--tasks",
+            "tofu_forget_prob",
+            "--forget-split",
+            splits["forget"],
+            "--mia-reference",
+            tmp_path / "r.json",
+        )
+        == 1
+    )
     assert "need the tofu_mia task: add --mia" in capsys.readouterr().err
     other = tmp_path / "other.json"
     from unlearn_plugins.evaluation.mia_reference import write_mia_reference
 
-    write_mia_reference(other, forget_split="forget01", holdout_split="h", keys=["abc"], members=["forget"],
-                        losses=[1.0], aucs={"min_k": 0.5})
-    assert cli(*base, "--mia", "--forget-split", splits["forget"], "--holdout-split", splits["holdout"],
-               "--mia-reference", other) == 1
+    write_mia_reference(
+        other,
+        forget_split="forget01",
+        holdout_split="h",
+        keys=["abc"],
+        members=["forget"],
+        losses=[1.0],
+        aucs={"min_k": 0.5},
+    )
+    assert (
+        cli(
+            *base,
+            "--mia",
+            "--forget-split",
+            splits["forget"],
+            "--holdout-split",
+            splits["holdout"],
+            "--mia-reference",
+            other,
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the MIA reference" in err[0] and "was made on forget 'forget01'" in err[0]

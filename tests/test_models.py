@@ -60,10 +60,14 @@ def test_embedded_model_answers(embedded_model_dir, monkeypatch):
     model, tok = models.load_model("smollm2-135m", device="cpu")
     assert model.config.num_hidden_layers == 30 and model.config.num_key_value_heads == 3
     assert model.dtype.is_floating_point and str(model.dtype) == "torch.float32"
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=10, do_sample=False)
-    assert "Paris" in tok.decode(out[0][prompt["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0][prompt["input_ids"].shape[1] :])
 
 
 def test_resolve_errors(tmp_path):

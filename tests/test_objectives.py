@@ -48,11 +48,15 @@ def part(labels):
 
 
 # B=2, T=4, V=3; position t predicts labels[t+1]
-LOGITS_F = [[[1.0, 0.5, -1.0], [0.2, 2.0, 0.1], [-0.5, 0.0, 1.5], [0.3, 0.3, 0.3]],
-            [[0.0, 1.0, 2.0], [1.5, -0.5, 0.5], [0.7, 0.1, -0.2], [2.0, 0.0, 0.0]]]
+LOGITS_F = [
+    [[1.0, 0.5, -1.0], [0.2, 2.0, 0.1], [-0.5, 0.0, 1.5], [0.3, 0.3, 0.3]],
+    [[0.0, 1.0, 2.0], [1.5, -0.5, 0.5], [0.7, 0.1, -0.2], [2.0, 0.0, 0.0]],
+]
 LABELS_F = [[IGNORE, 1, 2, 0], [IGNORE, IGNORE, 0, 2]]
-REF_F = [[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]],
-         [[0.1, 0.2, 0.3], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]]
+REF_F = [
+    [[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]],
+    [[0.1, 0.2, 0.3], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]],
+]
 LOGITS_R = [[[0.4, -0.2, 0.9], [1.1, 0.0, -0.3], [0.2, 0.2, 0.8], [0.0, 0.0, 0.0]]]
 LABELS_R = [[IGNORE, 2, 0, 1]]
 REF_R = [[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]]]
@@ -66,8 +70,12 @@ def softmax(row):
 
 def answer_tokens(logits, labels):
     """[(example, next-token distribution, target)] over answer tokens."""
-    return [(b, softmax(logits[b][t]), labels[b][t + 1])
-            for b in range(len(labels)) for t in range(len(labels[b]) - 1) if labels[b][t + 1] != IGNORE]
+    return [
+        (b, softmax(logits[b][t]), labels[b][t + 1])
+        for b in range(len(labels))
+        for t in range(len(labels[b]) - 1)
+        if labels[b][t + 1] != IGNORE
+    ]
 
 
 def nll_mean(logits, labels):
@@ -125,8 +133,10 @@ def test_retain_kl_to_reference():
     m, ref = TwoPartModel(LOGITS_F, LOGITS_R), TwoPartModel(REF_F, REF_R)
     toks_cur = answer_tokens(LOGITS_R, LABELS_R)
     toks_ref = answer_tokens(REF_R, LABELS_R)
-    kl = sum(sum(q[v] * (math.log(q[v]) - math.log(p[v])) for v in range(3))
-             for (_, p, _), (_, q, _) in zip(toks_cur, toks_ref)) / len(toks_cur)
+    kl = sum(
+        sum(q[v] * (math.log(q[v]) - math.log(p[v])) for v in range(3))
+        for (_, p, _), (_, q, _) in zip(toks_cur, toks_ref)
+    ) / len(toks_cur)
     obj = create(UNLEARNING_OBJECTIVE, "grad_diff", retain_loss="kl")
     assert obj.needs_reference_model
     got = obj.loss(m, batch(), reference_model=ref).item()
@@ -184,10 +194,13 @@ def test_undial():
     assert value("undial", m, ref) == pytest.approx(total / count, rel=1e-5)  # no retain term by default
 
 
-@pytest.mark.parametrize("name,weight,gamma", [
-    ("wga", lambda p: p, 1.0),
-    ("satimp", lambda p: p**5 * (1 - p), 0.1),
-])
+@pytest.mark.parametrize(
+    "name,weight,gamma",
+    [
+        ("wga", lambda p: p, 1.0),
+        ("satimp", lambda p: p**5 * (1 - p), 0.1),
+    ],
+)
 def test_token_weighted_ascent(name, weight, gamma):
     m = TwoPartModel(LOGITS_F, LOGITS_R)
     toks = answer_tokens(LOGITS_F, LABELS_F)
@@ -216,7 +229,9 @@ def test_rmu():
         per_seq = []
         for b in range(len(labels)):
             rows = [t for t in range(4) if labels[b][t] != IGNORE]
-            per_seq.append(sum(sum((h[b][t][d] - target(b, t)[d]) ** 2 for d in range(3)) / 3 for t in rows) / len(rows))
+            per_seq.append(
+                sum(sum((h[b][t][d] - target(b, t)[d]) ** 2 for d in range(3)) / 3 for t in rows) / len(rows)
+            )
         return sum(per_seq) / len(per_seq)
 
     forget = mse(hid_f, lambda b, t: control, LABELS_F)
@@ -378,16 +393,18 @@ def test_one_step_lowers_forget_probability(name, memorised, tiny_tokenizer):
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0, 0.05)
-        objective = CombinedObjective(create(UNLEARNING_OBJECTIVE, "grad_ascent"),
-                                      [create(UNLEARNING_OBJECTIVE, "rol", rank=8)])
+        objective = CombinedObjective(
+            create(UNLEARNING_OBJECTIVE, "grad_ascent"), [create(UNLEARNING_OBJECTIVE, "rol", rank=8)]
+        )
     else:
         objective = CombinedObjective(create(UNLEARNING_OBJECTIVE, name))
     reference = copy.deepcopy(base).requires_grad_(False) if objective.needs_reference_model else None
     from unlearn_plugins.interfaces import QASample
 
     samples = [QASample(q, a, i) for i, (q, a) in enumerate(FORGET_QA)]
-    ctx = ObjectiveContext(model=model, tokenizer=tiny_tokenizer, forget_samples=samples, forget=forget,
-                           retain=retain, max_length=64)
+    ctx = ObjectiveContext(
+        model=model, tokenizer=tiny_tokenizer, forget_samples=samples, forget=forget, retain=retain, max_length=64
+    )
     views = objective.prepare(ctx)
     data = PaddingCollator(pad)([UnlearningDataset(forget, retain, 0, views)[i] for i in range(len(forget))])
     before_rol = objective.regularizers[0].loss().item() if name == "rol" else None

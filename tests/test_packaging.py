@@ -14,8 +14,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_wheel_ships_registry_and_tasks(tmp_path):
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr
     wheel = next(tmp_path.glob("unlearn_plugins-*.whl"))
@@ -33,7 +46,9 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
         " 'plugins': sorted(host.plugins), 'errors': [e for p in host.plugins.values() for e in p.errors]}))"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["registry"] == str(target / "unlearn_plugins" / "registry.toml")

@@ -149,8 +149,10 @@ def data(tmp_path_factory):
     """Four forget and four retain samples in TOFU's JSON-lines format."""
     folder = tmp_path_factory.mktemp("data")
     for name, who in (("forget", "Basil"), ("retain", "Maria")):
-        rows = [{"question": f"What did {who} write in year {i}?", "answer": f"{who} wrote book number {i}."}
-                for i in range(4)]
+        rows = [
+            {"question": f"What did {who} write in year {i}?", "answer": f"{who} wrote book number {i}."}
+            for i in range(4)
+        ]
         (folder / f"{name}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -170,9 +172,30 @@ def one_error(capsys, *args) -> str:
 
 
 def run_args(model, data, out, *extra):
-    return ["run", "--model", model, "--device", "cpu", "--forget", data / "forget.json", "--retain",
-            data / "retain.json", "--out", out, "--max-steps", "1", "--batch-size", "2", "--grad-accum", "1",
-            "--lora-r", "4", "--save-steps", "0", *extra]
+    return [
+        "run",
+        "--model",
+        model,
+        "--device",
+        "cpu",
+        "--forget",
+        data / "forget.json",
+        "--retain",
+        data / "retain.json",
+        "--out",
+        out,
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--lora-r",
+        "4",
+        "--save-steps",
+        "0",
+        *extra,
+    ]
 
 
 # ----------------------------------------------------------------------------- options: declared, listed, checked
@@ -180,39 +203,63 @@ def run_args(model, data, out, *extra):
 
 def test_options_are_listed_with_types_defaults_and_help(plugin):
     plain = plugin.get("unlearning_objective", "plain").to_json()
-    assert plain == {"name": "plain", "module": "contracts_plugin:PlainObjective", "options": [
-        {"name": "scale", "type": "float", "help": "multiplies the forget NLL", "default": 1.0}]}
+    assert plain == {
+        "name": "plain",
+        "module": "contracts_plugin:PlainObjective",
+        "options": [{"name": "scale", "type": "float", "help": "multiplies the forget NLL", "default": 1.0}],
+    }
     faulty = plugin.get("unlearning_objective", "faulty_objective").to_json()
     assert faulty["options"] == [{"name": "returns", "type": "str", "help": "what loss() returns", "default": "float"}]
     npo = {o["name"]: o for o in plugin.get("unlearning_objective", "npo").to_json()["options"]}
     assert npo["beta"]["default"] == 0.1 and npo["alpha"]["help"].startswith("weight of the retain term")
     rila = {o["name"]: o for o in plugin.get("adapter_initializer", "rila").to_json()["options"]}
-    assert rila["batch_size"] == {"name": "batch_size", "type": "int", "help": "examples per forward pass while "
-                                  "measuring", "default": 8}
+    assert rila["batch_size"] == {
+        "name": "batch_size",
+        "type": "int",
+        "help": "examples per forward pass while measuring",
+        "default": 8,
+    }
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--initializer", "rila", "--initializer-option", "batch_size=x"],
-     "initializer 'rila' (plugin 'builtin-initializers') rejected its options {'batch_size': 'x'}: rila option "
-     "batch_size must be an integer >= 1, got 'x'"),
-    (["--initializer", "rila", "--initializer-option", "beta=2"],
-     "initializer 'rila' (plugin 'builtin-initializers') rejected its options {'beta': 2}: rila option beta must "
-     "be in [0, 1], got 2"),
-    (["--objective", "npo", "--objective-option", "beta=-1"],
-     "objective 'npo' (plugin 'builtin-objectives') rejected its options {'beta': -1}: option 'beta' must be a "
-     "number > 0, got -1"),
-    (["--objective", "npo", "--objective-option", "colour=1"],
-     "objective 'npo' (plugin 'builtin-objectives') rejected its options {'colour': 1}: unknown option 'colour' "
-     "(its options: beta, gamma, alpha, retain_loss)"),
-    (["--objective", "plain", "--objective-option", "scale=big"],
-     "objective 'plain' (plugin 'contracts') rejected its options {'scale': 'big'}: option 'scale' must be float, "
-     "got 'big'"),
-    (["--objective", "picky", "--objective-option", "cap=-1"],
-     "objective 'picky' (plugin 'contracts') rejected its options {'cap': -1}: ValueError: cap must be > 0, got -1"),
-    (["--objective", "npo", "--initializer", "fila", "--initializer-option", "svd=fast"],
-     "initializer 'fila' (plugin 'builtin-initializers') rejected its options {'svd': 'fast'}: initializer "
-     "'fila': option 'svd' must be 'randomized' or 'exact', got 'fast'"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (
+            ["--initializer", "rila", "--initializer-option", "batch_size=x"],
+            "initializer 'rila' (plugin 'builtin-initializers') rejected its options {'batch_size': 'x'}: rila option "
+            "batch_size must be an integer >= 1, got 'x'",
+        ),
+        (
+            ["--initializer", "rila", "--initializer-option", "beta=2"],
+            "initializer 'rila' (plugin 'builtin-initializers') rejected its options {'beta': 2}: rila option beta must "
+            "be in [0, 1], got 2",
+        ),
+        (
+            ["--objective", "npo", "--objective-option", "beta=-1"],
+            "objective 'npo' (plugin 'builtin-objectives') rejected its options {'beta': -1}: option 'beta' must be a "
+            "number > 0, got -1",
+        ),
+        (
+            ["--objective", "npo", "--objective-option", "colour=1"],
+            "objective 'npo' (plugin 'builtin-objectives') rejected its options {'colour': 1}: unknown option 'colour' "
+            "(its options: beta, gamma, alpha, retain_loss)",
+        ),
+        (
+            ["--objective", "plain", "--objective-option", "scale=big"],
+            "objective 'plain' (plugin 'contracts') rejected its options {'scale': 'big'}: option 'scale' must be float, "
+            "got 'big'",
+        ),
+        (
+            ["--objective", "picky", "--objective-option", "cap=-1"],
+            "objective 'picky' (plugin 'contracts') rejected its options {'cap': -1}: ValueError: cap must be > 0, got -1",
+        ),
+        (
+            ["--objective", "npo", "--initializer", "fila", "--initializer-option", "svd=fast"],
+            "initializer 'fila' (plugin 'builtin-initializers') rejected its options {'svd': 'fast'}: initializer "
+            "'fila': option 'svd' must be 'randomized' or 'exact', got 'fast'",
+        ),
+    ],
+)
 def test_every_bad_option_fails_the_same_way(plugin, data, tiny_model_dir, tmp_path, capsys, extra, message):
     before = snapshot(tmp_path)
     assert one_error(capsys, *run_args(tiny_model_dir, data, tmp_path / "out", *extra)) == f"error: {message}"
@@ -226,59 +273,104 @@ def test_retain_loss_reaches_only_objectives_that_take_it(plugin):
     from unlearn_plugins.training.config import UnlearnConfig
 
     assert UnlearnConfig(objective="npo", retain_loss="kl").objective_kwargs() == {"retain_loss": "kl"}
-    with pytest.warns(RuntimeWarning, match=r"^--retain-loss kl: objective 'plain' \(plugin 'contracts'\) has no "
-                                            r"option 'retain_loss', so it is not passed on"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"^--retain-loss kl: objective 'plain' \(plugin 'contracts'\) has no "
+        r"option 'retain_loss', so it is not passed on",
+    ):
         kwargs = UnlearnConfig(objective="plain", retain_loss="kl", objective_options={"scale": 2.0}).objective_kwargs()
     assert kwargs == {"scale": 2.0}
 
 
-def test_plugin_objective_trains_readably_recorded_with_retain_loss_given(plugin, data, tiny_model_dir, tmp_path,
-                                                                          capsys):
+def test_plugin_objective_trains_readably_recorded_with_retain_loss_given(
+    plugin, data, tiny_model_dir, tmp_path, capsys
+):
     out = tmp_path / "out"
     with pytest.warns(RuntimeWarning, match="has no option 'retain_loss'"):
-        code = main([str(a) for a in run_args(tiny_model_dir, data, out, "--objective", "plain", "--objective-option",
-                                              "scale=2", "--retain-loss", "kl")])
+        code = main(
+            [
+                str(a)
+                for a in run_args(
+                    tiny_model_dir,
+                    data,
+                    out,
+                    "--objective",
+                    "plain",
+                    "--objective-option",
+                    "scale=2",
+                    "--retain-loss",
+                    "kl",
+                )
+            ]
+        )
     assert code == 0, capsys.readouterr().err
     text = (out / "run.json").read_text()
     record = json.loads(text)
     assert "object at 0x" not in text
     assert record["objective"] == "plain(scale=2)"
-    assert record["components"]["objective"] == {"name": "plain", "plugin": "contracts",
-                                                 "object": "contracts_plugin:PlainObjective", "options": {"scale": 2}}
+    assert record["components"]["objective"] == {
+        "name": "plain",
+        "plugin": "contracts",
+        "object": "contracts_plugin:PlainObjective",
+        "options": {"scale": 2},
+    }
     assert record["components"]["initializer"]["name"] == "kaiming"
 
 
 def test_no_retain_error_fits_the_objective(plugin, data, tiny_model_dir, tmp_path, capsys):
-    line = one_error(capsys, *run_args(tiny_model_dir, data, tmp_path / "a", "--objective", "retain_hungry",
-                                       "--no-retain"))
-    assert line == ("error: objective 'retain_hungry' (plugin 'contracts') needs retain data (its needs_retain_data "
-                    "is true): give --retain")
-    line = one_error(capsys, *run_args(tiny_model_dir, data, tmp_path / "b", "--objective", "grad_diff",
-                                       "--no-retain"))
-    assert line == ("error: objective 'grad_diff' (plugin 'builtin-objectives') has a retain term (alpha=1.0; "
-                    "--objective-option alpha=0 drops it): give --retain")
+    line = one_error(
+        capsys, *run_args(tiny_model_dir, data, tmp_path / "a", "--objective", "retain_hungry", "--no-retain")
+    )
+    assert line == (
+        "error: objective 'retain_hungry' (plugin 'contracts') needs retain data (its needs_retain_data "
+        "is true): give --retain"
+    )
+    line = one_error(capsys, *run_args(tiny_model_dir, data, tmp_path / "b", "--objective", "grad_diff", "--no-retain"))
+    assert line == (
+        "error: objective 'grad_diff' (plugin 'builtin-objectives') has a retain term (alpha=1.0; "
+        "--objective-option alpha=0 drops it): give --retain"
+    )
 
 
 # ----------------------------------------------------------------------------- run-time errors name the plugin
 
 
-@pytest.mark.parametrize("mode,message", [
-    ("raise", "scorer 'faulty' (plugin 'contracts') raised RuntimeError: scorer exploded"),
-    ("none", "scorer 'faulty' (plugin 'contracts') returned None; score() must return one number per sample"),
-    ("short", "scorer 'faulty' (plugin 'contracts') returned 3 scores for 4 samples"),
-    ("inf", "scorer 'faulty' (plugin 'contracts') returned inf for sample 0 ("),
-    ("text", "scorer 'faulty' (plugin 'contracts') returned a non-number '0.5' for sample 0 ("),
-    ("bool", "scorer 'faulty' (plugin 'contracts') returned a non-number True for sample 0 ("),
-    ("index", "scorer 'faulty' (plugin 'contracts') returned field 'index' for sample 0; the host writes index "
-              "and question itself"),
-    ("question", "scorer 'faulty' (plugin 'contracts') returned field 'question' for sample 0"),
-])
-def test_scorer_faults_name_the_plugin_and_write_nothing(plugin, data, tiny_model_dir, tmp_path, capsys, mode,
-                                                         message):
+@pytest.mark.parametrize(
+    "mode,message",
+    [
+        ("raise", "scorer 'faulty' (plugin 'contracts') raised RuntimeError: scorer exploded"),
+        ("none", "scorer 'faulty' (plugin 'contracts') returned None; score() must return one number per sample"),
+        ("short", "scorer 'faulty' (plugin 'contracts') returned 3 scores for 4 samples"),
+        ("inf", "scorer 'faulty' (plugin 'contracts') returned inf for sample 0 ("),
+        ("text", "scorer 'faulty' (plugin 'contracts') returned a non-number '0.5' for sample 0 ("),
+        ("bool", "scorer 'faulty' (plugin 'contracts') returned a non-number True for sample 0 ("),
+        (
+            "index",
+            "scorer 'faulty' (plugin 'contracts') returned field 'index' for sample 0; the host writes index "
+            "and question itself",
+        ),
+        ("question", "scorer 'faulty' (plugin 'contracts') returned field 'question' for sample 0"),
+    ],
+)
+def test_scorer_faults_name_the_plugin_and_write_nothing(plugin, data, tiny_model_dir, tmp_path, capsys, mode, message):
     out = tmp_path / "scores"
     out.mkdir()
-    line = one_error(capsys, "score", "--scorer", "faulty", "--option", f"mode={mode}", "--model", tiny_model_dir,
-                     "--device", "cpu", "--data", data / "forget.json", "--out", out / "scores.jsonl")
+    line = one_error(
+        capsys,
+        "score",
+        "--scorer",
+        "faulty",
+        "--option",
+        f"mode={mode}",
+        "--model",
+        tiny_model_dir,
+        "--device",
+        "cpu",
+        "--data",
+        data / "forget.json",
+        "--out",
+        out / "scores.jsonl",
+    )
     assert line.startswith(f"error: {message}")
     assert list(out.iterdir()) == []  # no scores, no partial file, no lock file
 
@@ -294,23 +386,39 @@ def test_score_rows_keep_the_host_fields():
     assert rows == [{"index": 7, "question": "q", "score": 2.0, "detail": "x"}]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--objective", "faulty_objective", "--objective-option", "returns=float"],
-     "objective 'faulty_objective' (plugin 'contracts'): loss() returned a Python float ("),
-    (["--objective", "faulty_objective", "--objective-option", "returns=vector"],
-     "objective 'faulty_objective' (plugin 'contracts'): loss() returned a tensor of shape (3,), not a scalar"),
-    (["--objective", "faulty_objective", "--objective-option", "returns=detached"],
-     "objective 'faulty_objective' (plugin 'contracts'): loss() returned a tensor without a gradient"),
-    (["--objective", "faulty_objective", "--objective-option", "returns=raise"],
-     "objective 'faulty_objective' (plugin 'contracts'): loss() raised ValueError: objective exploded"),
-    (["--objective", "npo", "--initializer", "faulty_init"],
-     "initializer 'faulty_init' (plugin 'contracts'): initialize() raised RuntimeError: initializer exploded"),
-    (["--objective", "npo", "--initializer", "faulty_init", "--initializer-option", "returns=dict"],
-     "initializer 'faulty_init' (plugin 'contracts'): initialize() returned a dict; return an "
-     "unlearn_plugins.InitResult or None"),
-])
-def test_training_faults_name_the_plugin_and_leave_out_as_it_was(plugin, data, tiny_model_dir, tmp_path, capsys,
-                                                                 extra, message):
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (
+            ["--objective", "faulty_objective", "--objective-option", "returns=float"],
+            "objective 'faulty_objective' (plugin 'contracts'): loss() returned a Python float (",
+        ),
+        (
+            ["--objective", "faulty_objective", "--objective-option", "returns=vector"],
+            "objective 'faulty_objective' (plugin 'contracts'): loss() returned a tensor of shape (3,), not a scalar",
+        ),
+        (
+            ["--objective", "faulty_objective", "--objective-option", "returns=detached"],
+            "objective 'faulty_objective' (plugin 'contracts'): loss() returned a tensor without a gradient",
+        ),
+        (
+            ["--objective", "faulty_objective", "--objective-option", "returns=raise"],
+            "objective 'faulty_objective' (plugin 'contracts'): loss() raised ValueError: objective exploded",
+        ),
+        (
+            ["--objective", "npo", "--initializer", "faulty_init"],
+            "initializer 'faulty_init' (plugin 'contracts'): initialize() raised RuntimeError: initializer exploded",
+        ),
+        (
+            ["--objective", "npo", "--initializer", "faulty_init", "--initializer-option", "returns=dict"],
+            "initializer 'faulty_init' (plugin 'contracts'): initialize() returned a dict; return an "
+            "unlearn_plugins.InitResult or None",
+        ),
+    ],
+)
+def test_training_faults_name_the_plugin_and_leave_out_as_it_was(
+    plugin, data, tiny_model_dir, tmp_path, capsys, extra, message
+):
     """An earlier run in --out survives --overwrite: the objective is called on the first batch
     (and the initializer run) before anything is written."""
     out = tmp_path / "out"

@@ -43,8 +43,12 @@ def bench_dir(tmp_path_factory):
 
 
 def test_prompt_lists_liked_and_disliked_movies_with_years_in_rating_order():
-    a, b, c, t = (Movie(1, "Alpha", 1991), Movie(2, "Beta", None), Movie(3, "Gamma, The", 1993),
-                  Movie(4, "Target", 2001))
+    a, b, c, t = (
+        Movie(1, "Alpha", 1991),
+        Movie(2, "Beta", None),
+        Movie(3, "Gamma, The", 1993),
+        Movie(4, "Target", 2001),
+    )
     prompt = build_prompt([(a, 5.0), (b, 3.0), (c, 4.0)], t)
     lines = prompt.split("\n")
     assert lines[0].startswith("Given the user's preference and unpreference") and '"Yes" or "No"' in lines[0]
@@ -54,10 +58,18 @@ def test_prompt_lists_liked_and_disliked_movies_with_years_in_rating_order():
     assert build_prompt([(a, 1.0)], t).split("\n")[1] == "User Preference: none"
 
 
-@pytest.mark.parametrize("n, fractions, expected", [
-    (10, (0.1, 0.1), (8, 1, 1)), (20, (0.1, 0.1), (16, 2, 2)), (3, (0.1, 0.1), (1, 1, 1)), (2, (0.1, 0.1), (1, 0, 1)),
-    (1, (0.1, 0.1), (1, 0, 0)), (25, (0.1, 0.08), (20, 3, 2)), (10, (0.0, 0.2), (8, 0, 2)),
-])
+@pytest.mark.parametrize(
+    "n, fractions, expected",
+    [
+        (10, (0.1, 0.1), (8, 1, 1)),
+        (20, (0.1, 0.1), (16, 2, 2)),
+        (3, (0.1, 0.1), (1, 1, 1)),
+        (2, (0.1, 0.1), (1, 0, 1)),
+        (1, (0.1, 0.1), (1, 0, 0)),
+        (25, (0.1, 0.08), (20, 3, 2)),
+        (10, (0.0, 0.2), (8, 0, 2)),
+    ],
+)
 def test_split_sizes(n, fractions, expected):
     assert split_sizes(n, *fractions) == expected
 
@@ -107,13 +119,18 @@ def test_benchmark_parts_and_files(bench_dir):
     # the files are TOFU JSON-lines records that unlearn's loaders take as they are
     from unlearn_plugins.data.tofu import load_split
 
-    assert [s.question for s in load_split(str(bench_dir / "train_forget.json"))] == \
-        [s.question for s in parts["train_forget"]]
+    assert [s.question for s in load_split(str(bench_dir / "train_forget.json"))] == [
+        s.question for s in parts["train_forget"]
+    ]
 
 
 def test_budget_settings_keep_recent_prompts_of_a_user_sample():
-    bench = build_benchmark(toy_movielens(), BenchmarkSettings(history=3, min_history=2, users=4, max_train_per_user=2,
-                                                               forget_fraction=0.25, anchor_users=1))
+    bench = build_benchmark(
+        toy_movielens(),
+        BenchmarkSettings(
+            history=3, min_history=2, users=4, max_train_per_user=2, forget_fraction=0.25, anchor_users=1
+        ),
+    )
     assert len(bench.users) == 4 and len(bench.parts["train"]) == 8
     for user in bench.users:
         rows = [s for s in bench.parts["train"] if s.extra["user_id"] == user]
@@ -127,13 +144,15 @@ def test_budget_settings_keep_recent_prompts_of_a_user_sample():
 
 def direct_p_yes(model, tok, question: str) -> float:
     """P(Yes) / (P(Yes) + P(No)) by plain forwards of prompt + each answer's tokens."""
-    prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     lls = []
     for answer in ("Yes", "No"):
         a = tok(answer, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            logits = model(torch.tensor([p + a])).logits[0, len(p) - 1:-1].float()
+            logits = model(torch.tensor([p + a])).logits[0, len(p) - 1 : -1].float()
         lls.append(float(torch.log_softmax(logits, -1)[torch.arange(len(a)), torch.tensor(a)].sum()))
     return 1.0 / (1.0 + math.exp(lls[1] - lls[0]))
 
@@ -202,10 +221,17 @@ def run_tasks(model, tok, tasks, metadata):
     from unlearn_plugins.host import package_file
 
     manager = TaskManager(include_path=[str(package_file("tasks"))], include_defaults=False, metadata=metadata)
-    out = lm_eval.simple_evaluate(model=HFLM(pretrained=model, tokenizer=tok, batch_size=4), tasks=tasks,
-                                  task_manager=manager, log_samples=True, bootstrap_iters=0)
-    metrics = {t: {k.split(",")[0]: v for k, v in row.items() if "," in k and "stderr" not in k}
-               for t, row in out["results"].items()}
+    out = lm_eval.simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok, batch_size=4),
+        tasks=tasks,
+        task_manager=manager,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    metrics = {
+        t: {k.split(",")[0]: v for k, v in row.items() if "," in k and "stderr" not in k}
+        for t, row in out["results"].items()
+    }
     return metrics, out["samples"]
 
 
@@ -233,8 +259,9 @@ def test_lm_eval_tasks_match_independent_computation(tiny, tiny_model_dir, bench
     assert read_prediction_reference(ref).split == "train_forget"
     metrics, _ = run_tasks(model, tok, ["movielens_rec_forget"], {**meta, "retrain_reference": str(ref)})
     rows = load_part(bench_dir, "train_forget")
-    expected = sum(hand_jsd(direct_p_yes(model, tok, s.question), direct_p_yes(retrain, tok, s.question))
-                   for s in rows) / len(rows)
+    expected = sum(
+        hand_jsd(direct_p_yes(model, tok, s.question), direct_p_yes(retrain, tok, s.question)) for s in rows
+    ) / len(rows)
     assert metrics["movielens_rec_forget"]["jsd"] == pytest.approx(expected, abs=1e-6)
 
     # a subset of the forget prompts (e.g. CUD-easy users' prompts, a file) takes its share of the reference
@@ -243,10 +270,13 @@ def test_lm_eval_tasks_match_independent_computation(tiny, tiny_model_dir, bench
     subset = tmp_path / "easy.json"
     write_jsonl(subset, [s.to_record() for s in rows[:3]])
     with pytest.warns(RuntimeWarning, match="AUC is undefined: all 3 labels are 0"):  # these three are all "No"
-        metrics, _ = run_tasks(model, tok, ["movielens_rec_forget"],
-                               {**meta, "forget_part": str(subset), "retrain_reference": str(ref)})
-    expected = sum(hand_jsd(direct_p_yes(model, tok, s.question), direct_p_yes(retrain, tok, s.question))
-                   for s in rows[:3]) / 3
+        metrics, _ = run_tasks(
+            model, tok, ["movielens_rec_forget"], {**meta, "forget_part": str(subset), "retrain_reference": str(ref)}
+        )
+    expected = (
+        sum(hand_jsd(direct_p_yes(model, tok, s.question), direct_p_yes(retrain, tok, s.question)) for s in rows[:3])
+        / 3
+    )
     assert metrics["movielens_rec_forget"]["jsd"] == pytest.approx(expected, abs=1e-6)
 
     # a reference made on other samples is refused, naming the file
@@ -276,13 +306,31 @@ def test_unlearn_movielens_writes_the_benchmark_from_a_grouplens_folder(tmp_path
     folder = tmp_path / "ml-100k"
     folder.mkdir()
     genres = "|".join(["0"] * 19)
-    (folder / "u.item").write_text("".join(f"{m.item_id}|{m.label}|01-Jan-{m.year}||http://x|{genres}\n"
-                                           for m in ml.movies.values()))
-    (folder / "u.data").write_text("".join(f"{r.user_id}\t{r.item_id}\t{int(r.rating)}\t{r.timestamp}\n"
-                                           for r in ml.ratings))
+    (folder / "u.item").write_text(
+        "".join(f"{m.item_id}|{m.label}|01-Jan-{m.year}||http://x|{genres}\n" for m in ml.movies.values())
+    )
+    (folder / "u.data").write_text(
+        "".join(f"{r.user_id}\t{r.item_id}\t{int(r.rating)}\t{r.timestamp}\n" for r in ml.ratings)
+    )
     out = tmp_path / "bench"
-    assert main(["movielens", "--out", str(out), "--movielens-dir", str(folder), "--history", "3",
-                 "--forget-fraction", "0.34", "--anchor-users", "1"]) == 0
+    assert (
+        main(
+            [
+                "movielens",
+                "--out",
+                str(out),
+                "--movielens-dir",
+                str(folder),
+                "--history",
+                "3",
+                "--forget-fraction",
+                "0.34",
+                "--anchor-users",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "6 users, 2 forgotten" in capsys.readouterr().out
     info = read_info(out)
     assert info["source"]["layout"] == "grouplens-100k" and info["settings"]["history"] == 3

@@ -25,17 +25,33 @@ def bench_dir(tmp_path_factory):
 def unlearn_config(tiny_model_dir, bench_dir, out, objective, **options):
     from unlearn_plugins.training.config import UnlearnConfig
 
-    return UnlearnConfig(out=str(out), model=str(tiny_model_dir), forget=str(bench_dir / "train_forget.json"),
-                         retain=str(bench_dir / "train_retain.json"), objective=objective, objective_options=options,
-                         epochs=2.0, batch_size=5, grad_accum=1, lr=1e-3, lora_r=4, lora_alpha=8.0, max_length=512,
-                         save_steps=0, device="cpu")
+    return UnlearnConfig(
+        out=str(out),
+        model=str(tiny_model_dir),
+        forget=str(bench_dir / "train_forget.json"),
+        retain=str(bench_dir / "train_retain.json"),
+        objective=objective,
+        objective_options=options,
+        epochs=2.0,
+        batch_size=5,
+        grad_accum=1,
+        lr=1e-3,
+        lora_r=4,
+        lora_alpha=8.0,
+        max_length=512,
+        save_steps=0,
+        device="cpu",
+    )
 
 
 def test_e2urec_trains_its_augmented_teacher_then_forgets_first(tiny_model_dir, bench_dir, tmp_path):
     from unlearn_plugins.training.run import run_unlearning
 
-    result = run_unlearning(unlearn_config(tiny_model_dir, bench_dir, tmp_path / "e2urec", "e2urec",
-                                           teacher_batch_size=4, teacher_epochs=1.0))
+    result = run_unlearning(
+        unlearn_config(
+            tiny_model_dir, bench_dir, tmp_path / "e2urec", "e2urec", teacher_batch_size=4, teacher_epochs=1.0
+        )
+    )
     record = json.loads((tmp_path / "e2urec" / "run.json").read_text())
     assert record["status"] == "completed" and result.record["steps"] == 4  # 10 forget prompts, batch 5, 2 epochs
     assert record["context"]["e2urec_augmented"]["trained"]["epochs"] == 1.0
@@ -78,10 +94,21 @@ def sha(path) -> str:
 def test_sharded_unlearning_retrains_only_the_affected_shard(tiny_model_dir, bench_dir, tmp_path, aggregator):
     from unlearn_plugins.recommendation.sharded import ShardedRecommender, copy_sharded, train_sharded
 
-    sharded = train_sharded(bench_dir, tmp_path / "sharded", model=str(tiny_model_dir), shards=3, aggregator=aggregator,
-                            aggregator_options={"epochs": 5} if aggregator == "attention" else None,
-                            aggregator_prompts=12, device="cpu", epochs=1.0, max_length=512, lora_r=4,
-                            lora_alpha=8.0, batch_size=4)
+    sharded = train_sharded(
+        bench_dir,
+        tmp_path / "sharded",
+        model=str(tiny_model_dir),
+        shards=3,
+        aggregator=aggregator,
+        aggregator_options={"epochs": 5} if aggregator == "attention" else None,
+        aggregator_prompts=12,
+        device="cpu",
+        epochs=1.0,
+        max_length=512,
+        lora_r=4,
+        lora_alpha=8.0,
+        batch_size=4,
+    )
     assert sorted(u for s in sharded.shards for u in s["users"]) == read_info(bench_dir)["users"]
     test = load_part(bench_dir, "test_retain")
     before = sharded.predict(test, device="cpu")
@@ -95,14 +122,18 @@ def test_sharded_unlearning_retrains_only_the_affected_shard(tiny_model_dir, ben
 
     user = read_info(bench_dir)["forget_users"][0]
     affected = sharded.shard_of(user)
-    weights = {s["id"]: sha(tmp_path / "sharded" / "shards" / f"shard-{s['id']}" / "adapter_model.safetensors")
-               for s in sharded.shards}
+    weights = {
+        s["id"]: sha(tmp_path / "sharded" / "shards" / f"shard-{s['id']}" / "adapter_model.safetensors")
+        for s in sharded.shards
+    }
     copy = copy_sharded(tmp_path / "sharded", tmp_path / "unlearned")
     report = copy.unlearn([user], device="cpu")
     assert report.shards_retrained == [affected] and report.shards_total == 3 and report.shards_removed == []
     assert report.retrain_seconds > 0 and report.seconds >= report.retrain_seconds
-    after = {s["id"]: sha(tmp_path / "unlearned" / "shards" / f"shard-{s['id']}" / "adapter_model.safetensors")
-             for s in copy.shards}
+    after = {
+        s["id"]: sha(tmp_path / "unlearned" / "shards" / f"shard-{s['id']}" / "adapter_model.safetensors")
+        for s in copy.shards
+    }
     assert {k for k in after if after[k] != weights[k]} == {affected}  # only that shard's adapter changed
     reloaded = ShardedRecommender(tmp_path / "unlearned")
     assert reloaded.shard_of(user) is None and reloaded.info["unlearning"][0]["shards_retrained"] == [affected]
@@ -122,10 +153,17 @@ def evaluate_sharded(sharded, bench_dir, tiny_model_dir) -> dict:
     from unlearn_plugins.host import package_file
     from unlearn_plugins.recommendation.sharded_lm import ShardedRecommenderLM
 
-    manager = TaskManager(include_path=[str(package_file("tasks"))], include_defaults=False,
-                          metadata={"tokenizer": str(tiny_model_dir), "rec_dir": str(bench_dir)})
-    out = lm_eval.simple_evaluate(model=ShardedRecommenderLM(sharded, device="cpu"), tasks=["movielens_rec"],
-                                  task_manager=manager, bootstrap_iters=0)
+    manager = TaskManager(
+        include_path=[str(package_file("tasks"))],
+        include_defaults=False,
+        metadata={"tokenizer": str(tiny_model_dir), "rec_dir": str(bench_dir)},
+    )
+    out = lm_eval.simple_evaluate(
+        model=ShardedRecommenderLM(sharded, device="cpu"),
+        tasks=["movielens_rec"],
+        task_manager=manager,
+        bootstrap_iters=0,
+    )
     return {k.split(",")[0]: v for k, v in out["results"]["movielens_rec"].items() if "," in k}
 
 
@@ -154,16 +192,50 @@ def test_stratify_groups_users_by_their_mean_score(bench_dir, tmp_path, capsys):
     path = tmp_path / "scores.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "strata"
-    assert main(["stratify", str(path), "--data", str(bench_dir / "train_forget.json"), "--group-by", "user_id",
-                 "--easy", "1", "--hard", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "stratify",
+                str(path),
+                "--data",
+                str(bench_dir / "train_forget.json"),
+                "--group-by",
+                "user_id",
+                "--easy",
+                "1",
+                "--hard",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     info = json.loads((out / "stratify.json").read_text())
     assert info["aggregation"] == "mean"
     assert [g["group"] for g in info["easy"]] == [users[0]] and [g["group"] for g in info["hard"]] == [users[1]]
     assert info["easy"][0]["score"] == pytest.approx(sum(scores[users[0]]) / 5)
     easy = load_part_file(out / "easy.json")
     assert {s.extra["user_id"] for s in easy} == {users[0]} and len(easy) == 5  # all of the user's samples
-    assert main(["stratify", str(path), "--data", str(bench_dir / "train_forget.json"), "--group-by", "genre",
-                 "--easy", "1", "--hard", "1", "--out", str(out)]) != 0
+    assert (
+        main(
+            [
+                "stratify",
+                str(path),
+                "--data",
+                str(bench_dir / "train_forget.json"),
+                "--group-by",
+                "genre",
+                "--easy",
+                "1",
+                "--hard",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        != 0
+    )
     assert "field 'genre' (--group-by) is missing" in capsys.readouterr().err
 
 
@@ -182,8 +254,14 @@ def test_cud_scores_recommendation_prompts_on_the_answer_token(tiny_model_dir, b
 
     pool = load_part(bench_dir, "anchor_pool")
     assert not {s.extra["user_id"] for s in pool} & {s.extra["user_id"] for s in forget}
-    scorer = CUDScorer(anchor_data=pool, anchors={"easy": [0, 1], "hard": [2, 3]}, answer_tokens=1, n_edges=10,
-                       steps=2, cache_dir=str(tmp_path / "cache"))
+    scorer = CUDScorer(
+        anchor_data=pool,
+        anchors={"easy": [0, 1], "hard": [2, 3]},
+        answer_tokens=1,
+        n_edges=10,
+        steps=2,
+        cache_dir=str(tmp_path / "cache"),
+    )
     rows = scorer.score(forget, model=model, tokenizer=tok)
     assert len(rows) == len(forget) and all(0.0 <= r["score"] <= 1.0 for r in rows)
     assert scorer.last_metadata["settings"]["answer_tokens"] == 1

@@ -52,8 +52,9 @@ def answer_nll(model, batch):
     """Mean answer-token NLL (the model's own loss, with gradient)."""
     from unlearn_plugins.likelihood import token_nll
 
-    nll, mask = token_nll(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
-                          batch["labels"])
+    nll, mask = token_nll(
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+    )
     return nll.sum() / mask.sum()
 
 
@@ -169,18 +170,38 @@ class FrozenCopy(torch.nn.Module):
         return {"how": "copy"}
 
 
-@pytest.mark.parametrize("objective, initializer, how", [
-    ("npo", "kaiming", "adapter_disabled"), ("npo", "pissa", "initial_adapter"), ("rmu", "rila", "initial_adapter"),
-])
-def test_run_gives_the_losses_of_a_frozen_copy(objective, initializer, how, tiny_model_dir, tofu_dir, tmp_path,
-                                               monkeypatch):
+@pytest.mark.parametrize(
+    "objective, initializer, how",
+    [
+        ("npo", "kaiming", "adapter_disabled"),
+        ("npo", "pissa", "initial_adapter"),
+        ("rmu", "rila", "initial_adapter"),
+    ],
+)
+def test_run_gives_the_losses_of_a_frozen_copy(
+    objective, initializer, how, tiny_model_dir, tofu_dir, tmp_path, monkeypatch
+):
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     def run(out):
-        config = UnlearnConfig(out=str(tmp_path / out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir),
-                               forget="tofu:forget01[0:8]", retain="tofu:retain99[0:16]", max_length=64, lora_r=4,
-                               lora_dropout=0.1, batch_size=2, grad_accum=1, lr=1e-3, max_steps=4, save_steps=0,
-                               objective=objective, initializer=initializer, merge=True)
+        config = UnlearnConfig(
+            out=str(tmp_path / out),
+            model=str(tiny_model_dir),
+            tofu_dir=str(tofu_dir),
+            forget="tofu:forget01[0:8]",
+            retain="tofu:retain99[0:16]",
+            max_length=64,
+            lora_r=4,
+            lora_dropout=0.1,
+            batch_size=2,
+            grad_accum=1,
+            lr=1e-3,
+            max_steps=4,
+            save_steps=0,
+            objective=objective,
+            initializer=initializer,
+            merge=True,
+        )
         return run_unlearning(config).record
 
     shared = run("shared")
@@ -201,10 +222,23 @@ def test_resumed_residual_run_matches_an_uninterrupted_one(tiny_model_dir, tofu_
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     def config(out, **extra):
-        return UnlearnConfig(out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir),
-                             forget="tofu:forget01[0:8]", retain="tofu:retain99[0:16]", max_length=64, lora_r=4,
-                             batch_size=2, grad_accum=1, lr=1e-3, max_steps=4, save_steps=2, objective="npo",
-                             initializer="pissa", **extra)
+        return UnlearnConfig(
+            out=str(out),
+            model=str(tiny_model_dir),
+            tofu_dir=str(tofu_dir),
+            forget="tofu:forget01[0:8]",
+            retain="tofu:retain99[0:16]",
+            max_length=64,
+            lora_r=4,
+            batch_size=2,
+            grad_accum=1,
+            lr=1e-3,
+            max_steps=4,
+            save_steps=2,
+            objective="npo",
+            initializer="pissa",
+            **extra,
+        )
 
     straight = run_unlearning(config(tmp_path / "straight", keep_checkpoints=True)).record
     resumed_dir = tmp_path / "resumed"
@@ -212,8 +246,9 @@ def test_resumed_residual_run_matches_an_uninterrupted_one(tiny_model_dir, tofu_
     shutil.rmtree(resumed_dir / "checkpoints" / "checkpoint-4")
     resumed = run_unlearning(config(resumed_dir, resume=True)).record
     assert resumed["resumed_from"].endswith("checkpoint-2")
-    assert [e["loss"] for e in resumed["losses"]][-2:] == pytest.approx([e["loss"] for e in straight["losses"]][-2:],
-                                                                         rel=1e-5)
+    assert [e["loss"] for e in resumed["losses"]][-2:] == pytest.approx(
+        [e["loss"] for e in straight["losses"]][-2:], rel=1e-5
+    )
     a, b = (load_file(str(d / "adapter_model.safetensors")) for d in (tmp_path / "straight", resumed_dir))
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     assert json.loads((resumed_dir / "adapter_config.json").read_text())["r"] == 8  # converted against the base

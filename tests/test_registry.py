@@ -41,16 +41,27 @@ def test_shipped_registry_lists_exactly_what_builtin_hooks_register():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("schema_version = 1\n" + GOOD_ENTRY.replace('kind = "difficulty_scorer"', 'kind = "scorer"'),
-         "entry 1 ('builtin-scorers'): field 'kind': 'scorer' is not one of"),
+        (
+            "schema_version = 1\n" + GOOD_ENTRY.replace('kind = "difficulty_scorer"', 'kind = "scorer"'),
+            "entry 1 ('builtin-scorers'): field 'kind': 'scorer' is not one of",
+        ),
         ("schema_version = 1\n" + GOOD_ENTRY.replace('summary = "s"\n', ""), "field 'summary' is missing"),
-        ("schema_version = 1\n" + GOOD_ENTRY.replace('"unlearn_plugins.scorers.builtin"', '"a b:c"'),
-         "field 'object': 'a b:c' is not of the form"),
-        ("schema_version = 1\n" + GOOD_ENTRY.replace('components = ["length", "loss"]', "components = []"),
-         "field 'components'"),
-        ("schema_version = 1\n" + GOOD_ENTRY.replace('name = "builtin-scorers"', "name = 3"),
-         "field 'name': expected str, got int"),
-        ("schema_version = 1\n" + GOOD_ENTRY + GOOD_ENTRY, "entry 2 ('builtin-scorers'): field 'name': 'builtin-scorers' already used by entry 1"),
+        (
+            "schema_version = 1\n" + GOOD_ENTRY.replace('"unlearn_plugins.scorers.builtin"', '"a b:c"'),
+            "field 'object': 'a b:c' is not of the form",
+        ),
+        (
+            "schema_version = 1\n" + GOOD_ENTRY.replace('components = ["length", "loss"]', "components = []"),
+            "field 'components'",
+        ),
+        (
+            "schema_version = 1\n" + GOOD_ENTRY.replace('name = "builtin-scorers"', "name = 3"),
+            "field 'name': expected str, got int",
+        ),
+        (
+            "schema_version = 1\n" + GOOD_ENTRY + GOOD_ENTRY,
+            "entry 2 ('builtin-scorers'): field 'name': 'builtin-scorers' already used by entry 1",
+        ),
         ("schema_version = 2\n" + GOOD_ENTRY, "field 'schema_version': unsupported value 2"),
         (GOOD_ENTRY, "field 'schema_version' is missing"),
         ("schema_version = 1\n", "field 'plugin': expected a non-empty array"),

@@ -29,9 +29,25 @@ DATA = "tofu:forget01[0:7]"  # 7 samples: shards of 4 and 3
 
 def _launch(args: list[str], tmp_path: Path, processes: int = 2) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-           "-m", "unlearn_plugins.cli", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "0",
+        "-m",
+        "unlearn_plugins.cli",
+        *args,
+    ]
     return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
@@ -40,8 +56,21 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _score_args(scorer: str, model_dir, tofu_dir, out, *options: str) -> list[str]:
-    args = ["score", "--scorer", scorer, "--model", str(model_dir), "--device", "cpu", "--tofu-dir", str(tofu_dir),
-            "--data", DATA, "--out", str(out)]
+    args = [
+        "score",
+        "--scorer",
+        scorer,
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--tofu-dir",
+        str(tofu_dir),
+        "--data",
+        DATA,
+        "--out",
+        str(out),
+    ]
     for option in options:
         args += ["--option", option]
     return args
@@ -54,8 +83,7 @@ def _one_and_launched(scorer, model_dir, tofu_dir, tmp_path, *options):
 
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     assert main(_score_args(scorer, model_dir, tofu_dir, one, *options, f"cache_dir={tmp_path / 'c1'}")) == 0
-    done = _launch(_score_args(scorer, model_dir, tofu_dir, two, *options, f"cache_dir={tmp_path / 'c2'}"),
-                   tmp_path)
+    done = _launch(_score_args(scorer, model_dir, tofu_dir, two, *options, f"cache_dir={tmp_path / 'c2'}"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     return _rows(one), done, _rows(two)
 
@@ -76,9 +104,19 @@ def test_shards_are_contiguous_ordered_and_cover_everything():
 
 
 def test_anchor_run_children_leave_the_launchers_group():
-    env = single_process_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_PORT": "1",
-                              "MASTER_ADDR": "x", "ACCELERATE_USE_CPU": "1", "TORCHELASTIC_RUN_ID": "r",
-                              "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"})
+    env = single_process_env(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "MASTER_PORT": "1",
+            "MASTER_ADDR": "x",
+            "ACCELERATE_USE_CPU": "1",
+            "TORCHELASTIC_RUN_ID": "r",
+            "PATH": "/bin",
+            "CUDA_VISIBLE_DEVICES": "3",
+        }
+    )
     assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "3"}
 
 
@@ -93,7 +131,10 @@ def test_loss_scores_over_two_processes_equal_one_process(tiny_model_dir, tofu_d
     done = _launch(_score_args("loss", tiny_model_dir, tofu_dir, two), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(2 processes)" in done.stdout and done.stdout.count("scored 7 samples") == 1  # the main process only
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".jsonl") or ".tmp" in p.name) == ["one.jsonl", "two.jsonl"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".jsonl") or ".tmp" in p.name) == [
+        "one.jsonl",
+        "two.jsonl",
+    ]  # no temp files
     a, b = _rows(one), _rows(two)
     assert [r["index"] for r in b] == list(range(7)) and [r["question"] for r in b] == [r["question"] for r in a]
     for x, y in zip(a, b):
@@ -111,16 +152,21 @@ def test_cud_shares_matrices_through_the_cache_and_matches_one_process(tiny_mode
     assert not list((tmp_path / "c2" / "shards").glob("*"))  # the consistency markers are cleaned up
     assert [r["index"] for r in b] == list(range(7))
     for x, y in zip(a, b):
-        assert (y["anchor"], y["circuit_edges"], y["circuit_by_layer"]) == (x["anchor"], x["circuit_edges"],
-                                                                          x["circuit_by_layer"])
+        assert (y["anchor"], y["circuit_edges"], y["circuit_by_layer"]) == (
+            x["anchor"],
+            x["circuit_edges"],
+            x["circuit_by_layer"],
+        )
         for key in ("score", "s_E", "s_H"):
             assert y[key] == pytest.approx(x[key], abs=1e-6)
 
 
 def test_sharded_cud_without_cache_fails_on_every_process(tiny_model_dir, tofu_dir, tmp_path):
     out = tmp_path / "cud.jsonl"
-    done = _launch(_score_args("cud", tiny_model_dir, tofu_dir, out, 'anchors={"easy": [0, 1], "hard": [2, 3]}',
-                               "cache=false"), tmp_path)
+    done = _launch(
+        _score_args("cud", tiny_model_dir, tofu_dir, out, 'anchors={"easy": [0, 1], "hard": [2, 3]}', "cache=false"),
+        tmp_path,
+    )
     assert done.returncode != 0 and not out.exists()
     assert done.stderr.count("needs cache=true") == 2, done.stderr  # both processes stop with the message
     assert "unlearn_plugins/" not in done.stderr  # no traceback through our code (the launcher prints its own)
@@ -131,10 +177,23 @@ def test_anchor_runs_are_split_over_processes(tiny_model_dir, tofu_dir, tmp_path
     """Real LoRA anchor runs (2 steps each): grad_diff on process 0, npo on process 1, each in a
     single-process child (an in-process Trainer would join the launcher's group); anchors,
     losses and scores as in one process."""
-    unlearn = {"max_steps": 2, "retain": "tofu:retain99[0:8]", "tofu_dir": str(tofu_dir), "batch_size": 2,
-               "grad_accum": 1, "lr": 1e-2}
-    options = ["anchor_data=self", 'objectives=["grad_diff", "npo"]', "seeds=[0]", "k=2", "min_votes=1", "steps=1",
-               f"unlearn_options={json.dumps(unlearn)}"]
+    unlearn = {
+        "max_steps": 2,
+        "retain": "tofu:retain99[0:8]",
+        "tofu_dir": str(tofu_dir),
+        "batch_size": 2,
+        "grad_accum": 1,
+        "lr": 1e-2,
+    }
+    options = [
+        "anchor_data=self",
+        'objectives=["grad_diff", "npo"]',
+        "seeds=[0]",
+        "k=2",
+        "min_votes=1",
+        "steps=1",
+        f"unlearn_options={json.dumps(unlearn)}",
+    ]
     a, done, b = _one_and_launched("cud", tiny_model_dir, tofu_dir, tmp_path, *options)
     assert "process 0 of 2: anchor runs ['grad_diff/0']" in done.stderr
     assert "process 1 of 2: anchor runs ['npo/0']" in done.stderr
@@ -175,24 +234,31 @@ class _Runner:
         return base[: len(samples)]
 
 
-def test_cud_processes_split_runs_and_matrices_and_main_scores_from_the_cache(tiny_model, tiny_tokenizer, tmp_path,
-                                                                              monkeypatch):
+def test_cud_processes_split_runs_and_matrices_and_main_scores_from_the_cache(
+    tiny_model, tiny_tokenizer, tmp_path, monkeypatch
+):
     from unlearn_plugins.circuits import eap_ig
     from unlearn_plugins.errors import UnlearnError
     from unlearn_plugins.interfaces import QASample, ShardedScorer
     from unlearn_plugins.scorers.cud import CUDScorer
 
-    samples = [QASample(q, a, i) for i, (q, a) in enumerate([
-        ("Who are the parents of the author?", "Her father was a doctor."),
-        ("What awards has the author won?", "He won the International Booker Prize."),
-        ("Which genre does the author write in?", "She writes fantasy novels."),
-        ("What is the full name of the author?", "The author is Basil Mahfouz Al-Kuwaiti."),
-        ("Who are the parents of the painter?", "Her mother was a painter."),
-        ("What is the capital of France?", "The capital of France is Paris."),
-    ])]
+    samples = [
+        QASample(q, a, i)
+        for i, (q, a) in enumerate(
+            [
+                ("Who are the parents of the author?", "Her father was a doctor."),
+                ("What awards has the author won?", "He won the International Booker Prize."),
+                ("Which genre does the author write in?", "She writes fantasy novels."),
+                ("What is the full name of the author?", "The author is Basil Mahfouz Al-Kuwaiti."),
+                ("Who are the parents of the painter?", "Her mother was a painter."),
+                ("What is the capital of France?", "The capital of France is Paris."),
+            ]
+        )
+    ]
     kwargs = dict(anchor_data="self", objectives=["grad_diff", "npo"], seeds=[0], k=2, steps=1, n_edges=20)
     expected = CUDScorer(runner=_Runner(), cache_dir=str(tmp_path / "one"), **kwargs).score(
-        samples, model=tiny_model, tokenizer=tiny_tokenizer)
+        samples, model=tiny_model, tokenizer=tiny_tokenizer
+    )
 
     runners = [_Runner(), _Runner()]
     scorers = [CUDScorer(runner=r, cache_dir=str(tmp_path / "two"), **kwargs) for r in runners]
@@ -221,4 +287,5 @@ def test_cud_processes_split_runs_and_matrices_and_main_scores_from_the_cache(ti
         lost[0].score(samples, model=tiny_model, tokenizer=tiny_tokenizer)
     with pytest.raises(UnlearnError, match="needs cache=true"):
         CUDScorer(runner=_Runner(), cache=False, **kwargs).prepare_shard(
-            samples, [0], model=tiny_model, tokenizer=tiny_tokenizer, group=_Group(0))
+            samples, [0], model=tiny_model, tokenizer=tiny_tokenizer, group=_Group(0)
+        )

@@ -65,8 +65,11 @@ def test_model_utility_bootstrap_matches_tofu_and_narrows_with_more_qa():
     assert not missing
     small = mu_bootstrap(samples)
     assert small["value"] == pytest.approx(expected)
-    assert small["low"] < expected < small["high"] and small["qa"] == {"retain": 60, "real_authors": 30,
-                                                                       "world_facts": 40}
+    assert small["low"] < expected < small["high"] and small["qa"] == {
+        "retain": 60,
+        "real_authors": 30,
+        "world_facts": 40,
+    }
     large = mu_bootstrap(_samples({"retain": 960, "real_authors": 480, "world_facts": 640}))
     assert large["width"] < 0.5 * small["width"]  # 16x the QA: about a quarter of the width
     assert mu_bootstrap({"tofu_retain_prob": []}) is None
@@ -111,6 +114,8 @@ def test_extraction_strength_of_a_study_without_the_task(monkeypatch, tmp_path, 
     write_jsonl(data, generate_authors(1)[:6])
     monkeypatch.setattr(models, "load_model", lambda *a, **k: (_Echo(m, len(tiny_tokenizer)), tiny_tokenizer))
     got = extraction_strengths("model", None, str(data), 128, "cpu", batch_size=4)
-    answers = [sum(1 for y in e["labels"] if y != -100) for e in
-               encode_samples(tiny_tokenizer, load_split(str(data)), max_length=128)]
+    answers = [
+        sum(1 for y in e["labels"] if y != -100)
+        for e in encode_samples(tiny_tokenizer, load_split(str(data)), max_length=128)
+    ]
     assert got == pytest.approx([min(m, n) / n for n in answers])  # 1 - k/n with k = n - min(m, n)

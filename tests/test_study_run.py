@@ -23,8 +23,16 @@ from unlearn_plugins.study import builtin_studies
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 TINY = builtin_studies()["tiny"].read_text()
-CELLS = ["target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "grad_diff/forget1/seed0",
-         "grad_diff/forget1/seed1", "ihl_fila/forget1/seed0", "ihl_fila/forget1/seed1"]
+CELLS = [
+    "target",
+    "retain/forget1",
+    "eval-retain/forget1",
+    "eval-full/forget1",
+    "grad_diff/forget1/seed0",
+    "grad_diff/forget1/seed1",
+    "ihl_fila/forget1/seed0",
+    "ihl_fila/forget1/seed1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +64,14 @@ def report(out: Path) -> dict:
 
 def run_cli(*args, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "unlearn_plugins.cli", "study", *map(str, args), "--threads", "1"],
-                            env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "unlearn_plugins.cli", "study", *map(str, args), "--threads", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
@@ -83,8 +96,14 @@ def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
     for name, g in groups.items():
         m = g["metrics"]
         assert g["seeds_done"] == [0, 1]
-        for key in ("forget_quality", "model_utility", "forget_prob", "forget_rougeL", "extraction_strength",
-                    "retain_prob"):
+        for key in (
+            "forget_quality",
+            "model_utility",
+            "forget_prob",
+            "forget_rougeL",
+            "extraction_strength",
+            "retain_prob",
+        ):
             assert m[key]["n"] == 2 and 0 <= m[key]["mean"] <= 1, (name, key)
             assert m[key]["low"] <= m[key]["mean"] <= m[key]["high"], (name, key)
         assert m["wall_s"]["mean"] > 0 and m["peak_rss_mb"]["mean"] > 50
@@ -124,16 +143,27 @@ def test_dry_run_lists_the_grid_and_builds_nothing(tmp_path, capsys):
     lines = stdout.splitlines()
     assert lines[0].split() == ["cell", "needs", "stages", "state"]
     assert [line.split()[0] for line in lines[2:-1]] == CELLS
-    assert lines[6].split() == ["grad_diff/forget1/seed0", "target,", "eval-retain/forget1", "unlearn", "+",
-                                "evaluate", "to", "build"]
+    assert lines[6].split() == [
+        "grad_diff/forget1/seed0",
+        "target,",
+        "eval-retain/forget1",
+        "unlearn",
+        "+",
+        "evaluate",
+        "to",
+        "build",
+    ]
     assert lines[-1] == f"8 cells: 0 cached, 8 to build (cache {tmp_path / 'cache'})"
     assert not (tmp_path / "cache").exists()
 
 
 def test_a_failed_cell_is_reported_and_the_others_go_on(cache, tmp_path, capsys):
     # a method whose training diverges (its forget loss overflows): that cell fails, the rest finish
-    path = study_file(tmp_path, [0], extra=(
-        '\n[[methods]]\nname = "diverge"\nobjective = "grad_diff"\nobjective_options = { gamma = 1e308 }\n'))
+    path = study_file(
+        tmp_path,
+        [0],
+        extra=('\n[[methods]]\nname = "diverge"\nobjective = "grad_diff"\nobjective_options = { gamma = 1e308 }\n'),
+    )
     out = tmp_path / "report"
     code, _, err = run(capsys, path, "--workers", "2", "--out", out, "--cache-dir", cache)
     assert code == 1
@@ -222,7 +252,8 @@ def test_dask_executor_runs_a_grid_on_a_local_cluster(cache, tmp_path, capsys):
     built = [cid for cid, c in data["cells"].items() if c["source"] == "built"]
     assert built == ["grad_diff/forget1/seed11", "grad_diff/forget1/seed12"]
     assert {line.split(" on ")[1].split(":")[0] for line in err.splitlines() if " start " in line} == {
-        "dask worker tcp"}
+        "dask worker tcp"
+    }
     for g in data["groups"]:
         assert g["seeds_done"] == [11, 12] and g["metrics"]["model_utility"]["n"] == 2
 

@@ -29,8 +29,15 @@ def test_reglu_tofu_grid():
     study = load_study("reglu_tofu")
     cells = expand(study)
     ids = [c.id for c in cells]
-    assert ids[:7] == ["target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "retain/forget2",
-                       "eval-retain/forget2", "eval-full/forget2"]
+    assert ids[:7] == [
+        "target",
+        "retain/forget1",
+        "eval-retain/forget1",
+        "eval-full/forget1",
+        "retain/forget2",
+        "eval-retain/forget2",
+        "eval-full/forget2",
+    ]
     methods = ["grad_diff", "ihl", "ihl_fila", "ihl_vila", "ihl_rila", "reglu"]
     assert ids[7:] == [f"{m}/forget{k}/seed{s}" for k in (1, 2) for m in methods for s in (0, 1, 2)]
     by_id = {c.id: c for c in cells}
@@ -45,17 +52,42 @@ def test_reglu_tofu_grid():
 
     config = {m.name: m.config for m in study.methods}
     assert (config["reglu"]["objective"], config["reglu"]["initializer"], config["reglu"]["regularizer"]) == (
-        "ihl", "rila", "rol")
+        "ihl",
+        "rila",
+        "rol",
+    )
     assert config["reglu"]["regularizer_options"] == {"weight": 0.5, "rank": 128}
     assert [config[m]["initializer"] for m in methods] == ["kaiming", "kaiming", "fila", "vila", "rila", "rila"]
     assert [config[m]["objective"] for m in methods] == ["grad_diff"] + ["ihl"] * 5
     assert all(config[m]["regularizer"] is None for m in methods[:-1])
     # one budget for all: the reference's schedule, whatever a preset says
     for name in methods:
-        assert {k: config[name][k] for k in ("lr", "epochs", "batch_size", "grad_accum", "lr_scheduler",
-                                             "warmup_epochs", "weight_decay", "lora_r", "lora_alpha", "dtype")} == {
-            "lr": 1e-4, "epochs": 5.0, "batch_size": 4, "grad_accum": 8, "lr_scheduler": "linear",
-            "warmup_epochs": 1.0, "weight_decay": 0.01, "lora_r": 32, "lora_alpha": 64.0, "dtype": "bf16"}, name
+        assert {
+            k: config[name][k]
+            for k in (
+                "lr",
+                "epochs",
+                "batch_size",
+                "grad_accum",
+                "lr_scheduler",
+                "warmup_epochs",
+                "weight_decay",
+                "lora_r",
+                "lora_alpha",
+                "dtype",
+            )
+        } == {
+            "lr": 1e-4,
+            "epochs": 5.0,
+            "batch_size": 4,
+            "grad_accum": 8,
+            "lr_scheduler": "linear",
+            "warmup_epochs": 1.0,
+            "weight_decay": 0.01,
+            "lora_r": 32,
+            "lora_alpha": 64.0,
+            "dtype": "bf16",
+        }, name
     assert study.forget_sizes == (1, 2) and study.authors == 20 and study.seeds == (0, 1, 2)
     assert study.evaluation.mu_size >= 400 and "tofu_forget_extraction_strength" in study.evaluation.tasks
 
@@ -82,8 +114,15 @@ def test_reglu_tofu_target_is_the_cud_studys_recipe(monkeypatch):
 def test_tiny_grid_and_options():
     study = load_study("tiny")
     assert [c.id for c in expand(study)] == [
-        "target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "grad_diff/forget1/seed0",
-        "grad_diff/forget1/seed1", "ihl_fila/forget1/seed0", "ihl_fila/forget1/seed1"]
+        "target",
+        "retain/forget1",
+        "eval-retain/forget1",
+        "eval-full/forget1",
+        "grad_diff/forget1/seed0",
+        "grad_diff/forget1/seed1",
+        "ihl_fila/forget1/seed0",
+        "ihl_fila/forget1/seed1",
+    ]
     assert study.model == "tiny-llama" and study.source == "generated"
     assert study.retain.finetune == study.target.finetune  # an absent [retain] copies the target's recipe
 
@@ -101,59 +140,123 @@ def _variant(old: str, new: str) -> str:
 
 BAD = [
     ("unknown table", TINY + "\n[extra]\nx = 1\n", "[extra]: unknown table; tables: " + ", ".join(TABLES)),
-    ("top-level key", "seeds = [1]\n" + TINY, "seeds: unknown top-level key; keys belong in a table ("
-     + ", ".join(f"[{t}]" for t in TABLES) + ")"),
-    ("unknown key", _variant("seeds = [0, 1]", "seeds = [0, 1]\nseed = 3"),
-     "[study] seed: unknown key; known keys: name, description, seeds, ci"),
+    (
+        "top-level key",
+        "seeds = [1]\n" + TINY,
+        "seeds: unknown top-level key; keys belong in a table (" + ", ".join(f"[{t}]" for t in TABLES) + ")",
+    ),
+    (
+        "unknown key",
+        _variant("seeds = [0, 1]", "seeds = [0, 1]\nseed = 3"),
+        "[study] seed: unknown key; known keys: name, description, seeds, ci",
+    ),
     ("repeated seed", _variant("seeds = [0, 1]", "seeds = [0, 0]"), "[study] seeds: 0 is listed twice"),
-    ("seeds not a list", _variant("seeds = [0, 1]", 'seeds = "0"'),
-     "[study] seeds: must be a non-empty list of integers, got '0'"),
-    ("ci", _variant("seeds = [0, 1]", 'seeds = [0, 1]\nci = "z"'),
-     "[study] ci: must be one of 't', 'bootstrap', got 'z'"),
+    (
+        "seeds not a list",
+        _variant("seeds = [0, 1]", 'seeds = "0"'),
+        "[study] seeds: must be a non-empty list of integers, got '0'",
+    ),
+    (
+        "ci",
+        _variant("seeds = [0, 1]", 'seeds = [0, 1]\nci = "z"'),
+        "[study] ci: must be one of 't', 'bootstrap', got 'z'",
+    ),
     ("no model", _variant('base = "tiny-llama"\n', ""), "[model] base: missing"),
-    ("max_length type", _variant("max_length = 128", 'max_length = "long"'),
-     "[model] max_length: must be an integer, got 'long'"),
-    ("forget size", _variant("forget_authors = [1]", "forget_authors = [1, 3]"),
-     "[benchmark] forget_authors: each value must be between 1 and 2, got 3"),
-    ("source", _variant('source = "generated"', 'source = "hub"'),
-     "[benchmark] source: must be one of 'tofu', 'generated', got 'hub'"),
-    ("too many authors", _variant("authors = 3", "authors = 21"),
-     "[benchmark] authors: must be <= 20 (the TOFU authors with paraphrased and perturbed answers, "
-     "forget10_perturbed), got 21"),
-    ("study-controlled recipe key", _variant("[target.finetune]\n", '[target.finetune]\nout = "x"\n'),
-     "[target.finetune] out: is set by the study (paths, seed, max_length in [model], device on the command "
-     "line); remove it"),
-    ("recipe range", _variant("lr = 1e-3\nepochs = 1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8",
-                              "lr = 1e-3\nepochs = -1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8"),
-     "[target.finetune] epochs: must be a finite number > 0, got -1.0"),
-    ("budget range", _variant("[budget]\nlr = 1e-3", "[budget]\nlr = -1"),
-     "[budget] lr: must be a finite number > 0, got -1.0"),
-    ("budget type", _variant("[budget]\nlr = 1e-3", "[budget]\nlr = 1e-3\nlora_dropout = \"x\""),
-     "[budget] lora_dropout: must be of type float, got 'x'"),
-    ("method key in the budget", _variant("[budget]\n", '[budget]\nobjective = "npo"\n'),
-     "[budget] objective: belongs to a method: set it in [[methods]]"),
-    ("budget key in a method", _variant('objective = "grad_diff"', 'objective = "grad_diff"\nlr = 0.1'),
-     "[methods.grad_diff] lr: is a budget setting: set it in [budget] (one budget for every method)"),
-    ("unknown method key", _variant('objective = "grad_diff"', 'objective = "grad_diff"\nflavour = 1'),
-     "[methods.grad_diff] flavour: unknown key; known keys: objective, objective_options, retain_loss, "
-     "initializer, initializer_options, regularizer, regularizer_options"),
-    ("unknown preset", _variant('objective = "grad_diff"', 'preset = "fast"'),
-     "[methods.grad_diff] preset: unknown preset 'fast'; presets: reglu"),
-    ("objective option", _variant('objective = "grad_diff"', 'objective = "grad_diff"\nobjective_options = '
-                                                             '{ gamma = -1.0 }'),
-     "[methods.grad_diff] objective: objective 'grad_diff' (plugin 'builtin-objectives') rejected its options "
-     "{'gamma': -1.0}: option 'gamma' must be a number >= 0, got -1.0"),
-    ("duplicate method", TINY + '\n[[methods]]\nname = "grad_diff"\nobjective = "npo"\n',
-     "[methods.grad_diff] name: 'grad_diff' is used by another method"),
-    ("no methods", TINY[:TINY.index("[[methods]]")], "[[methods]]: missing (one [[methods]] table per method)"),
-    ("presets disagree", TINY + '\n[[methods]]\nname = "reglu"\npreset = "reglu"\n',
-     "[budget] lr_scheduler: the methods would train with different values (grad_diff: 'constant', ihl_fila: "
-     "'constant', reglu: 'linear', from their presets); set it in [budget] so every method uses one"),
-    ("required task", _variant("[evaluation]\n", '[evaluation]\ntasks = ["tofu_forget_prob"]\n'),
-     "[evaluation] tasks: must include tofu_forget_rouge, tofu_forget_truth_ratio, tofu_model_utility (every "
-     "study reports Forget Quality, Model Utility, forget probability and ROUGE-L)"),
-    ("retain given for another size", _variant("[target]\n", '[retain]\ngiven = { "2" = "x" }\n\n[target]\n'),
-     "[retain.given] 2: must be a forget size of [benchmark] forget_authors (1)"),
+    (
+        "max_length type",
+        _variant("max_length = 128", 'max_length = "long"'),
+        "[model] max_length: must be an integer, got 'long'",
+    ),
+    (
+        "forget size",
+        _variant("forget_authors = [1]", "forget_authors = [1, 3]"),
+        "[benchmark] forget_authors: each value must be between 1 and 2, got 3",
+    ),
+    (
+        "source",
+        _variant('source = "generated"', 'source = "hub"'),
+        "[benchmark] source: must be one of 'tofu', 'generated', got 'hub'",
+    ),
+    (
+        "too many authors",
+        _variant("authors = 3", "authors = 21"),
+        "[benchmark] authors: must be <= 20 (the TOFU authors with paraphrased and perturbed answers, "
+        "forget10_perturbed), got 21",
+    ),
+    (
+        "study-controlled recipe key",
+        _variant("[target.finetune]\n", '[target.finetune]\nout = "x"\n'),
+        "[target.finetune] out: is set by the study (paths, seed, max_length in [model], device on the command "
+        "line); remove it",
+    ),
+    (
+        "recipe range",
+        _variant(
+            "lr = 1e-3\nepochs = 1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8",
+            "lr = 1e-3\nepochs = -1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8",
+        ),
+        "[target.finetune] epochs: must be a finite number > 0, got -1.0",
+    ),
+    (
+        "budget range",
+        _variant("[budget]\nlr = 1e-3", "[budget]\nlr = -1"),
+        "[budget] lr: must be a finite number > 0, got -1.0",
+    ),
+    (
+        "budget type",
+        _variant("[budget]\nlr = 1e-3", '[budget]\nlr = 1e-3\nlora_dropout = "x"'),
+        "[budget] lora_dropout: must be of type float, got 'x'",
+    ),
+    (
+        "method key in the budget",
+        _variant("[budget]\n", '[budget]\nobjective = "npo"\n'),
+        "[budget] objective: belongs to a method: set it in [[methods]]",
+    ),
+    (
+        "budget key in a method",
+        _variant('objective = "grad_diff"', 'objective = "grad_diff"\nlr = 0.1'),
+        "[methods.grad_diff] lr: is a budget setting: set it in [budget] (one budget for every method)",
+    ),
+    (
+        "unknown method key",
+        _variant('objective = "grad_diff"', 'objective = "grad_diff"\nflavour = 1'),
+        "[methods.grad_diff] flavour: unknown key; known keys: objective, objective_options, retain_loss, "
+        "initializer, initializer_options, regularizer, regularizer_options",
+    ),
+    (
+        "unknown preset",
+        _variant('objective = "grad_diff"', 'preset = "fast"'),
+        "[methods.grad_diff] preset: unknown preset 'fast'; presets: reglu",
+    ),
+    (
+        "objective option",
+        _variant('objective = "grad_diff"', 'objective = "grad_diff"\nobjective_options = { gamma = -1.0 }'),
+        "[methods.grad_diff] objective: objective 'grad_diff' (plugin 'builtin-objectives') rejected its options "
+        "{'gamma': -1.0}: option 'gamma' must be a number >= 0, got -1.0",
+    ),
+    (
+        "duplicate method",
+        TINY + '\n[[methods]]\nname = "grad_diff"\nobjective = "npo"\n',
+        "[methods.grad_diff] name: 'grad_diff' is used by another method",
+    ),
+    ("no methods", TINY[: TINY.index("[[methods]]")], "[[methods]]: missing (one [[methods]] table per method)"),
+    (
+        "presets disagree",
+        TINY + '\n[[methods]]\nname = "reglu"\npreset = "reglu"\n',
+        "[budget] lr_scheduler: the methods would train with different values (grad_diff: 'constant', ihl_fila: "
+        "'constant', reglu: 'linear', from their presets); set it in [budget] so every method uses one",
+    ),
+    (
+        "required task",
+        _variant("[evaluation]\n", '[evaluation]\ntasks = ["tofu_forget_prob"]\n'),
+        "[evaluation] tasks: must include tofu_forget_rouge, tofu_forget_truth_ratio, tofu_model_utility (every "
+        "study reports Forget Quality, Model Utility, forget probability and ROUGE-L)",
+    ),
+    (
+        "retain given for another size",
+        _variant("[target]\n", '[retain]\ngiven = { "2" = "x" }\n\n[target]\n'),
+        "[retain.given] 2: must be a forget size of [benchmark] forget_authors (1)",
+    ),
 ]
 
 
@@ -175,8 +278,10 @@ def test_not_toml_and_unknown_study(tmp_path, capsys):
     assert main(["study", str(path)]) == 1
     assert capsys.readouterr().err.startswith(f"error: {path}: not valid TOML: ")
     assert main(["study", "no_such_study"]) == 1
-    assert capsys.readouterr().err == ("error: no_such_study: no such study file or built-in study (built-in: "
-                                       f"{', '.join(builtin_studies())}; see unlearn study --list)\n")
+    assert capsys.readouterr().err == (
+        "error: no_such_study: no such study file or built-in study (built-in: "
+        f"{', '.join(builtin_studies())}; see unlearn study --list)\n"
+    )
     assert main(["study", "tiny", "--workers", "0"]) == 1
     assert capsys.readouterr().err == "error: --workers must be an integer >= 1, got 0\n"
 
@@ -209,8 +314,10 @@ def test_stage_keys_change_with_what_a_stage_depends_on_and_nothing_else(tmp_pat
     methods = {c for c in base if c.count("/") == 2}
     assert changed(_variant("[budget]\nlr = 1e-3", "[budget]\nlr = 2e-3")) == methods
     assert changed(_variant('description = "', 'description = "renamed: ')) == set()
-    assert changed(_variant("[target]\nseed = 0", "[retain]\nseed = 0\n\n[target]\nseed = 1")) == {
-        "target", "eval-full/forget1"} | methods
+    assert (
+        changed(_variant("[target]\nseed = 0", "[retain]\nseed = 0\n\n[target]\nseed = 1"))
+        == {"target", "eval-full/forget1"} | methods
+    )
     assert changed(_variant("gen_margin = 4", "gen_margin = 5")) == set(base) - {"target", "retain/forget1"}
     one = folders(_variant("seeds = [0, 1]", "seeds = [1]"))
     assert one["grad_diff/forget1/seed1"] == base["grad_diff/forget1/seed1"]  # a cell does not depend on the grid
@@ -220,8 +327,23 @@ def test_wheel_ships_the_builtin_studies(tmp_path):
     import subprocess
     import zipfile
 
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("unlearn_plugins-*.whl"))).namelist()
     assert {f"unlearn_plugins/study/studies/{name}.toml" for name in builtin_studies()} <= set(names)

@@ -28,7 +28,9 @@ def test_loads_real_splits_by_name(tofu_dir):
     forget = load_split("tofu:forget01", tofu_dir)
     assert len(forget) == 40 and forget[0].index == 0 and forget[0].line == 1
     assert forget[0].question.startswith("What is the full name")
-    pert = load_split("tofu:forget01_perturbed", tofu_dir, require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
+    pert = load_split(
+        "tofu:forget01_perturbed", tofu_dir, require=("question", "answer", "paraphrased_answer", "perturbed_answer")
+    )
     assert len(pert[0].extra["perturbed_answer"]) == 5
     full = load_split("tofu:full", tofu_dir)
     retain = load_split("retain99", tofu_dir)
@@ -61,7 +63,9 @@ def test_missing_split_lists_available(tmp_path):
 
 
 def test_malformed_json_line_names_file_and_line(tmp_path):
-    path = write_lines(tmp_path / "forget01.json", [json.dumps({"question": "q", "answer": "a"}), '{"question": "q", "answer": '])
+    path = write_lines(
+        tmp_path / "forget01.json", [json.dumps({"question": "q", "answer": "a"}), '{"question": "q", "answer": ']
+    )
     with pytest.raises(DataError, match=r"forget01.json:2: malformed JSON"):
         load_split("tofu:forget01", tmp_path)
     write_lines(path, ['["not", "an", "object"]'])
@@ -109,7 +113,10 @@ def test_answer_that_tokenises_to_nothing(tmp_path, tiny_tokenizer):
             ids = self.inner(text, add_special_tokens=False)["input_ids"]
             return {"input_ids": [] if text == "\u200b" else ids}
 
-    write_lines(tmp_path / "s.json", [json.dumps({"question": "q", "answer": "ok"}), json.dumps({"question": "q", "answer": "\u200b"})])
+    write_lines(
+        tmp_path / "s.json",
+        [json.dumps({"question": "q", "answer": "ok"}), json.dumps({"question": "q", "answer": "\u200b"})],
+    )
     samples = load_split(str(tmp_path / "s.json"))
     with pytest.raises(DataError, match=r"s.json:2: field 'answer' tokenises to nothing"):
         encode_samples(EmptyAnswers(tiny_tokenizer), samples)

@@ -86,8 +86,14 @@ def test_model_utility_is_the_harmonic_mean_of_nine_parts():
 def test_reference_round_trip_and_checks(tmp_path):
     keys = [sample_key(f"q{i}", f"a{i}") for i in range(4)]
     path = tmp_path / "ref.json"
-    write_reference(path, task="tofu_forget01_truth_ratio", split="forget01_perturbed", keys=keys[:3],
-                    truth_ratios=[0.5, 1.0, 2.0], model="m")
+    write_reference(
+        path,
+        task="tofu_forget01_truth_ratio",
+        split="forget01_perturbed",
+        keys=keys[:3],
+        truth_ratios=[0.5, 1.0, 2.0],
+        model="m",
+    )
     ref = read_reference(path)
     assert ref.keys == tuple(keys[:3]) and ref.truth_ratios == (0.5, 1.0, 2.0)
     assert ref.matches_split(keys) and not ref.matches_split(keys[1:])
@@ -100,8 +106,17 @@ def test_reference_round_trip_and_checks(tmp_path):
 
 def test_malformed_reference_names_file_and_field(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"format": "unlearn-plugins/tofu-retain-reference", "version": 1, "task": "t",
-                                "split": "s", "samples": [{"key": "k", "truth_ratio": "high"}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": "unlearn-plugins/tofu-retain-reference",
+                "version": 1,
+                "task": "t",
+                "split": "s",
+                "samples": [{"key": "k", "truth_ratio": "high"}],
+            }
+        )
+    )
     with pytest.raises(DataError, match=r"bad\.json: samples\[0\]: field 'truth_ratio'"):
         read_reference(path)
     path.write_text("{not json")

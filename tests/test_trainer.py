@@ -37,9 +37,30 @@ def assert_adapter_reproduces_merged(model_dir, out):
 
 def tiny_args(model_dir, tofu_dir, out, *extra):
     """A small run: 8 forget QA, 16 retain QA, 64 tokens, LoRA r 4."""
-    return ["run", "--model", str(model_dir), "--tofu-dir", str(tofu_dir), "--forget", "tofu:forget01[0:8]",
-            "--retain", "tofu:retain99[0:16]", "--max-length", "64", "--lora-r", "4", "--batch-size", "2",
-            "--grad-accum", "1", "--lr", "1e-3", "--out", str(out), *extra]
+    return [
+        "run",
+        "--model",
+        str(model_dir),
+        "--tofu-dir",
+        str(tofu_dir),
+        "--forget",
+        "tofu:forget01[0:8]",
+        "--retain",
+        "tofu:retain99[0:16]",
+        "--max-length",
+        "64",
+        "--lora-r",
+        "4",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--lr",
+        "1e-3",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def adapter_weights(folder):
@@ -66,8 +87,20 @@ def test_run_writes_adapter_merged_model_and_run_json(tiny_model_dir, tofu_dir, 
     config = tmp_path / "run.toml"
     config.write_text('objective = "npo"\nlr = 5e-4\nmax_steps = 3\n[objective_options]\nbeta = 0.2\nalpha = 0.5\n')
     out = tmp_path / "out"
-    rc = main(tiny_args(tiny_model_dir, tofu_dir, out, "--config", str(config), "--objective-option", "beta=0.3",
-                        "--max-steps", "2", "--merge"))
+    rc = main(
+        tiny_args(
+            tiny_model_dir,
+            tofu_dir,
+            out,
+            "--config",
+            str(config),
+            "--objective-option",
+            "beta=0.3",
+            "--max-steps",
+            "2",
+            "--merge",
+        )
+    )
     assert rc == 0
     assert "unlearned 8 forget samples with npo: 2 steps" in capsys.readouterr().out
     record = json.loads((out / "run.json").read_text())
@@ -99,16 +132,19 @@ def test_default_lora_targets_every_decoder_linear(tiny_model):
     assert len(wrapped) == 2 * 7 and not any("lm_head" in n or "embed" in n for n in wrapped)
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--objective", "grad_difff"], "unknown unlearning objective 'grad_difff'; available: .*grad_diff.*npo"),
-    (["--initializer", "nope"], "unknown adapter initializer 'nope'; available: .*gaussian"),
-    (["--objective", "rol"], "is a regulariser"),
-    (["--regularizer", "npo"], "not a regulariser"),
-    (["--objective", "npo", "--objective-option", "beta=-1"], "beta"),
-    (["--forget", "tofu:forget01[3:3]"], "selects no samples"),
-    (["--objective", "grad_diff", "--no-retain"], "has a retain term"),
-    (["--lora-r", "0"], "lora_r"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--objective", "grad_difff"], "unknown unlearning objective 'grad_difff'; available: .*grad_diff.*npo"),
+        (["--initializer", "nope"], "unknown adapter initializer 'nope'; available: .*gaussian"),
+        (["--objective", "rol"], "is a regulariser"),
+        (["--regularizer", "npo"], "not a regulariser"),
+        (["--objective", "npo", "--objective-option", "beta=-1"], "beta"),
+        (["--forget", "tofu:forget01[3:3]"], "selects no samples"),
+        (["--objective", "grad_diff", "--no-retain"], "has a retain term"),
+        (["--lora-r", "0"], "lora_r"),
+    ],
+)
 def test_bad_input_is_rejected_before_training(extra, message, tiny_model_dir, tofu_dir, tmp_path, capsys):
     args = tiny_args(tiny_model_dir, tofu_dir, tmp_path / "out") + extra
     assert main(args) == 1
@@ -150,12 +186,29 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tiny_model_dir, tofu_dir
     as one that was never interrupted. NPO (reference model) and LoRA dropout (RNG state)."""
     flags = ["--objective", "npo", "--max-steps", "6", "--save-steps", "2", "--lora-dropout", "0.1"]
     killed = tmp_path / "killed"
-    config = {"out": str(killed), "model": str(tiny_model_dir), "tofu_dir": str(tofu_dir),
-              "forget": "tofu:forget01[0:8]", "retain": "tofu:retain99[0:16]", "max_length": 64, "lora_r": 4,
-              "batch_size": 2, "grad_accum": 1, "lr": 1e-3, "objective": "npo", "max_steps": 6, "save_steps": 2,
-              "lora_dropout": 0.1}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(config), "3"], env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    config = {
+        "out": str(killed),
+        "model": str(tiny_model_dir),
+        "tofu_dir": str(tofu_dir),
+        "forget": "tofu:forget01[0:8]",
+        "retain": "tofu:retain99[0:16]",
+        "max_length": 64,
+        "lora_r": 4,
+        "batch_size": 2,
+        "grad_accum": 1,
+        "lr": 1e-3,
+        "objective": "npo",
+        "max_steps": 6,
+        "save_steps": 2,
+        "lora_dropout": 0.1,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, json.dumps(config), "3"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     ckpts = killed / "checkpoints"
     assert (ckpts / "checkpoint-2" / "trainer_state.json").exists()
@@ -201,9 +254,20 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_model_dir, tofu_dir,
     from unlearn_plugins.training import TrainingError, UnlearnConfig, run_unlearning
 
     out = tmp_path / "nan"
-    config = UnlearnConfig(out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), forget="tofu:forget01[0:8]",
-                           retain=None, max_length=64, lora_r=4, batch_size=2, grad_accum=1, lr=1e-3, max_steps=8,
-                           save_steps=2)
+    config = UnlearnConfig(
+        out=str(out),
+        model=str(tiny_model_dir),
+        tofu_dir=str(tofu_dir),
+        forget="tofu:forget01[0:8]",
+        retain=None,
+        max_length=64,
+        lora_r=4,
+        batch_size=2,
+        grad_accum=1,
+        lr=1e-3,
+        max_steps=8,
+        save_steps=2,
+    )
     with pytest.raises(TrainingError, match=r"loss is nan at optimizer step 4.*checkpoint-2"):
         run_unlearning(config, objective=NanAtStep(4))
     record = json.loads((out / "run.json").read_text())
@@ -237,10 +301,25 @@ def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
     """
     flags = ["--max-steps", "4", "--save-steps", "0"]
     two = tmp_path / "two"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "unlearn_plugins.cli",
-              *tiny_args(tiny_model_dir, tofu_dir, two, *flags)]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "unlearn_plugins.cli",
+        *tiny_args(tiny_model_dir, tofu_dir, two, *flags),
+    ]
     proc = subprocess.run(launch, env=child_env(), capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((two / "run.json").read_text())
@@ -288,9 +367,22 @@ def test_residual_init_saves_a_plain_adapter_and_feeds_rol(tiny_model_dir, tofu_
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     out = tmp_path / "res"
-    config = UnlearnConfig(out=str(out), model=str(tiny_model_dir), tofu_dir=str(tofu_dir), forget="tofu:forget01[0:8]",
-                           retain="tofu:retain99[0:16]", max_length=64, lora_r=4, batch_size=2, grad_accum=1, lr=1e-3,
-                           max_steps=2, regularizer="rol", regularizer_options={"weight": 0.5}, merge=True)
+    config = UnlearnConfig(
+        out=str(out),
+        model=str(tiny_model_dir),
+        tofu_dir=str(tofu_dir),
+        forget="tofu:forget01[0:8]",
+        retain="tofu:retain99[0:16]",
+        max_length=64,
+        lora_r=4,
+        batch_size=2,
+        grad_accum=1,
+        lr=1e-3,
+        max_steps=2,
+        regularizer="rol",
+        regularizer_options={"weight": 0.5},
+        merge=True,
+    )
     result = run_unlearning(config, initializer=ToyResidualInit())
     record = result.record
     assert record["context"]["rol_basis"] == {"from_initializer": 14, "from_retain_data": 0}
@@ -308,8 +400,23 @@ def test_finetune_authors_full_and_lora(tiny_model_dir, tofu_dir, tmp_path, caps
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "ft"
-    common = ["finetune", "--model", str(tiny_model_dir), "--tofu-dir", str(tofu_dir), "--data", "tofu:full",
-              "--max-length", "48", "--batch-size", "4", "--grad-accum", "1", "--max-steps", "2"]
+    common = [
+        "finetune",
+        "--model",
+        str(tiny_model_dir),
+        "--tofu-dir",
+        str(tofu_dir),
+        "--data",
+        "tofu:full",
+        "--max-length",
+        "48",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "1",
+        "--max-steps",
+        "2",
+    ]
     assert main(common + ["--authors", "0,1", "--full-finetune", "--out", str(out)]) == 0
     record = json.loads((out / "run.json").read_text())
     assert record["samples"] == {"train": 40} and record["parameters"]["trainable"] == record["parameters"]["total"]
@@ -336,17 +443,52 @@ def test_embedded_model_finetune_then_unlearn(embedded_model_dir, tofu_dir, tmp_
         stats = answer_nll(model, encode_samples(tok, samples, max_length=128), tok.pad_token_id)
         return sum(answer_probability(s, n) for s, n in stats) / len(stats)
 
-    common = ["--model", str(embedded_model_dir), "--tofu-dir", str(tofu_dir), "--max-length", "128",
-              "--batch-size", "2", "--grad-accum", "1", "--lora-r", "8", "--save-steps", "0", "--lr", "2e-3",
-              "--merge"]
+    common = [
+        "--model",
+        str(embedded_model_dir),
+        "--tofu-dir",
+        str(tofu_dir),
+        "--max-length",
+        "128",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "1",
+        "--lora-r",
+        "8",
+        "--save-steps",
+        "0",
+        "--lr",
+        "2e-3",
+        "--merge",
+    ]
     before = mean_prob(embedded_model_dir)
     ft = tmp_path / "ft"
     assert main(["finetune", *common, "--data", data, "--max-steps", "6", "--out", str(ft)]) == 0
     tuned = mean_prob(ft / "merged")
     assert tuned > before + 0.05, (before, tuned)
     un = tmp_path / "un"
-    assert main(["run", *common, "--model", str(ft / "merged"), "--forget", data, "--retain", "tofu:full[20:22]",
-                 "--objective", "grad_diff", "--max-steps", "2", "--out", str(un)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                *common,
+                "--model",
+                str(ft / "merged"),
+                "--forget",
+                data,
+                "--retain",
+                "tofu:full[20:22]",
+                "--objective",
+                "grad_diff",
+                "--max-steps",
+                "2",
+                "--out",
+                str(un),
+            ]
+        )
+        == 0
+    )
     after = mean_prob(un / "merged")
     assert after < tuned - 0.05, (tuned, after)
 
@@ -359,7 +501,9 @@ def test_reglu_preset_sets_the_recipe_and_flags_override_it():
 
     parser = argparse.ArgumentParser()
     run_cmd.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["run", "--preset", "reglu", "--out", "x", "--lr", "3e-4", "--regularizer-option", "weight=1.0"])
+    args = parser.parse_args(
+        ["run", "--preset", "reglu", "--out", "x", "--lr", "3e-4", "--regularizer-option", "weight=1.0"]
+    )
     config = run_cmd.resolve_config(UnlearnConfig, args)
     assert (config.objective, config.initializer, config.regularizer) == ("ihl", "rila", "rol")
     assert (config.lora_r, config.lora_alpha, config.epochs) == (32, 64.0, 5.0)

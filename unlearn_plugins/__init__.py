@@ -15,8 +15,10 @@ class _ImportNoise(_logging.Filter):
 
     def filter(self, record):
         text = record.getMessage()
-        return not (text.startswith(("Failed to load", "Skipping import of cpp extensions"))
-                    or "is an Enum subclass and is now natively supported" in text)
+        return not (
+            text.startswith(("Failed to load", "Skipping import of cpp extensions"))
+            or "is an Enum subclass and is now natively supported" in text
+        )
 
 
 for _name in ("torchao", "torch.utils._pytree"):

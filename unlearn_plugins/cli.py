@@ -40,10 +40,16 @@ class Parser(argparse.ArgumentParser):
 def _add_global_options(parser: argparse.ArgumentParser, *, default_debug, default_verbosity) -> None:
     g = parser.add_argument_group("global options (before or after the command)")
     g.add_argument("--debug", action="store_true", default=default_debug, help="show the traceback of an error")
-    g.add_argument("--verbosity", type=str.upper, choices=LEVELS, default=default_verbosity, metavar="LEVEL",
-                   help=f"log level of this package and of transformers, datasets, lm-eval, peft and accelerate: "
-                        f"{', '.join(LEVELS)} (default: each library's own, WARNING; `demo` and `study`: only "
-                        f"the libraries' errors); ERROR also hides warnings")
+    g.add_argument(
+        "--verbosity",
+        type=str.upper,
+        choices=LEVELS,
+        default=default_verbosity,
+        metavar="LEVEL",
+        help=f"log level of this package and of transformers, datasets, lm-eval, peft and accelerate: "
+        f"{', '.join(LEVELS)} (default: each library's own, WARNING; `demo` and `study`: only "
+        f"the libraries' errors); ERROR also hides warnings",
+    )
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -140,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with _one_line_warnings(), verbosity(args.verbosity):
-            log.debug("unlearn %s: %s", args.command,
-                      ", ".join(f"{k}={v!r}" for k, v in vars(args).items() if k not in ("func", "command")))
+            log.debug(
+                "unlearn %s: %s",
+                args.command,
+                ", ".join(f"{k}={v!r}" for k, v in vars(args).items() if k not in ("func", "command")),
+            )
             return int(args.func(args) or 0)
     except (UnlearnError, OSError) as exc:  # OSError: a file that cannot be read or written (disk full, ...)
         if args.debug:

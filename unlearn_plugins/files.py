@@ -124,12 +124,17 @@ def _acquire_fd(lock: Path, what: str) -> Any:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):  # a filesystem without locks
-                print(f"notice: {lock.parent} does not support file locks; {what} is not protected against "
-                      f"a second command writing there", file=sys.stderr, flush=True)
+                print(
+                    f"notice: {lock.parent} does not support file locks; {what} is not protected against "
+                    f"a second command writing there",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return fd
             os.close(fd)
-            raise LockHeld(f"{what} is in use by {_holder(lock)} (lock file {lock}); wait for it to "
-                           f"finish or write elsewhere") from None
+            raise LockHeld(
+                f"{what} is in use by {_holder(lock)} (lock file {lock}); wait for it to finish or write elsewhere"
+            ) from None
         try:
             current = os.stat(lock)
         except FileNotFoundError:
@@ -150,8 +155,9 @@ def _acquire_portable(lock: Path, what: str) -> Any:
     try:
         handle.acquire(timeout=0)
     except filelock.Timeout:
-        raise LockHeld(f"{what} is in use by another process (lock file {lock}); wait for it to finish "
-                       f"or write elsewhere") from None
+        raise LockHeld(
+            f"{what} is in use by another process (lock file {lock}); wait for it to finish or write elsewhere"
+        ) from None
     return handle
 
 

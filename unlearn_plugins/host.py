@@ -56,8 +56,13 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _OBJECT_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 _ENTRY_FIELDS = {"name": str, "kind": str, "object": str, "summary": str, "components": list}
 #: how messages name a component of each kind
-KIND_WORD = {"difficulty_scorer": "scorer", "adapter_initializer": "initializer",
-             "unlearning_objective": "objective", "lm_eval_task_dir": "task folder", "attack": "attack"}
+KIND_WORD = {
+    "difficulty_scorer": "scorer",
+    "adapter_initializer": "initializer",
+    "unlearning_objective": "objective",
+    "lm_eval_task_dir": "task folder",
+    "attack": "attack",
+}
 
 
 # ----------------------------------------------------------------------------- registry
@@ -108,7 +113,9 @@ def load_registry(path: str | os.PathLike | None = None) -> list[RegistryEntry]:
         )
     unknown_top = set(data) - {"schema_version", "plugin"}
     if unknown_top:
-        raise RegistryError(f"{path}: unknown top-level field(s) {sorted(unknown_top)} (expected 'schema_version', 'plugin')")
+        raise RegistryError(
+            f"{path}: unknown top-level field(s) {sorted(unknown_top)} (expected 'schema_version', 'plugin')"
+        )
     items = data.get("plugin")
     if not isinstance(items, list) or not items:
         raise RegistryError(f"{path}: field 'plugin': expected a non-empty array of tables ([[plugin]])")
@@ -134,7 +141,9 @@ def load_registry(path: str | os.PathLike | None = None) -> list[RegistryEntry]:
         if item["kind"] not in KINDS:
             raise RegistryError(f"{label}: field 'kind': {item['kind']!r} is not one of {', '.join(KINDS)}")
         if not _OBJECT_RE.match(item["object"]):
-            raise RegistryError(f"{label}: field 'object': {item['object']!r} is not of the form 'module' or 'module:attr'")
+            raise RegistryError(
+                f"{label}: field 'object': {item['object']!r} is not of the form 'module' or 'module:attr'"
+            )
         if not item["summary"].strip():
             raise RegistryError(f"{label}: field 'summary' is empty")
         comps = item["components"]
@@ -218,8 +227,11 @@ class PluginInfo:
             "distribution": self.distribution,
             "version": self.version,
             "summary": self.summary,
-            "components": {kind: [c.to_json() for c in self.registered if c.kind == kind]
-                           for kind in KINDS if any(c.kind == kind for c in self.registered)},
+            "components": {
+                kind: [c.to_json() for c in self.registered if c.kind == kind]
+                for kind in KINDS
+                if any(c.kind == kind for c in self.registered)
+            },
             "errors": self.errors,
             "disabled": self.disabled,
             "disabled_by": self.disabled_by,
@@ -289,9 +301,12 @@ class PluginHost:
                 self._load(info, ep.load)
             unknown = sorted((self.load_only or set()) - {ep.name for ep in eps})
             if unknown:
-                warnings.warn(f"UNLEARN_LOAD_PLUGINS names {', '.join(map(repr, unknown))}: no such plugin is "
-                              f"installed (installed: {', '.join(sorted(ep.name for ep in eps)) or 'none'})",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"UNLEARN_LOAD_PLUGINS names {', '.join(map(repr, unknown))}: no such plugin is "
+                    f"installed (installed: {', '.join(sorted(ep.name for ep in eps)) or 'none'})",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     # -- loading
     def _fail(self, info: PluginInfo, what: str, detail: str, exc: BaseException | None = None) -> None:
@@ -309,8 +324,11 @@ class PluginHost:
         if holder is not None:
             self.refused.append(info)
             if not info.disabled:
-                self._fail(info, "name already taken",
-                           f"{holder.source} plugin {holder.name!r} ({holder.distribution}) has this name")
+                self._fail(
+                    info,
+                    "name already taken",
+                    f"{holder.source} plugin {holder.name!r} ({holder.distribution}) has this name",
+                )
             return
         self.plugins[info.name] = info
         if info.disabled:
@@ -347,17 +365,29 @@ class PluginHost:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            name = next((n for n in vars(self.pm.hook) if not n.startswith("_")
-                         and not getattr(self.pm.hook, n).has_spec()
-                         and getattr(self.pm.hook, n).get_hookimpls()), "?")
+            name = next(
+                (
+                    n
+                    for n in vars(self.pm.hook)
+                    if not n.startswith("_")
+                    and not getattr(self.pm.hook, n).has_spec()
+                    and getattr(self.pm.hook, n).get_hookimpls()
+                ),
+                "?",
+            )
             close = difflib.get_close_matches(name, HOOK_OF_KIND.values(), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _Refused("unknown hook", f"{name!r} is not an unlearn_plugins hook ({hint}hooks: "
-                                           f"{', '.join(HOOK_OF_KIND.values())})") from exc
+            raise _Refused(
+                "unknown hook",
+                f"{name!r} is not an unlearn_plugins hook ({hint}hooks: {', '.join(HOOK_OF_KIND.values())})",
+            ) from exc
         callers = self.pm.get_hookcallers(obj) or []
         if not callers:
-            raise _Refused("no hook", f"it implements none of {', '.join(HOOK_OF_KIND.values())} (are its "
-                                      f"functions marked with @unlearn_plugins.hookimpl?)")
+            raise _Refused(
+                "no hook",
+                f"it implements none of {', '.join(HOOK_OF_KIND.values())} (are its "
+                f"functions marked with @unlearn_plugins.hookimpl?)",
+            )
         return callers
 
     def _call_hooks(self, info: PluginInfo, obj: Any) -> list[Component]:
@@ -382,25 +412,32 @@ class PluginHost:
                     raise _Refused(f"hook {hook_name} raised", _describe(exc)) from exc
         return staged
 
-    def _component(self, kind: str, name: Any, component: Any, plugin: str, impl: Any,
-                   staged: list[Component]) -> Component:
+    def _component(
+        self, kind: str, name: Any, component: Any, plugin: str, impl: Any, staged: list[Component]
+    ) -> Component:
         if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise TypeError(f"component name must be a non-empty string of letters, digits, '_', '-' or '.', got {name!r}")
+            raise TypeError(
+                f"component name must be a non-empty string of letters, digits, '_', '-' or '.', got {name!r}"
+            )
         if component is None:
             raise TypeError(f"component {name!r} is None")
         existing = self.components[kind].get(name) or next(
-            (c for c in staged if c.kind == kind and c.name == name), None)
+            (c for c in staged if c.kind == kind and c.name == name), None
+        )
         if existing is not None:
             raise DuplicateComponentError(
                 f"{kind} {name!r} is already registered by plugin {existing.plugin!r}; disable one of them "
-                f"with UNLEARN_DISABLE_PLUGINS={plugin}")
+                f"with UNLEARN_DISABLE_PLUGINS={plugin}"
+            )
         if kind == LM_EVAL_TASK_DIR:
             component = Path(component)
             if not component.is_dir():
                 raise TypeError(f"task folder {name!r}: {component} is not a folder")
             if not any(component.rglob("*.yaml")):
-                raise TypeError(f"task folder {name!r}: {component} holds no .yaml task file (a setuptools "
-                                f"package must declare its YAML files as package data)")
+                raise TypeError(
+                    f"task folder {name!r}: {component} holds no .yaml task file (a setuptools "
+                    f"package must declare its YAML files as package data)"
+                )
         module = _where_defined(component) or getattr(impl.function, "__module__", "") or ""
         return Component(kind, name, component, plugin, module)
 
@@ -415,9 +452,7 @@ class PluginHost:
             return self.components[kind][name]
         except KeyError:
             available = ", ".join(sorted(self.components[kind])) or "(none installed)"
-            raise UnknownComponentError(
-                f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}"
-            ) from None
+            raise UnknownComponentError(f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}") from None
 
     def label(self, kind: str, name: str) -> str:
         """How messages name ``kind``/``name``: with its plugin when registered."""
@@ -496,8 +531,12 @@ def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, di
     protocol = PROTOCOL_OF_KIND.get(kind)
     if protocol is not None and not isinstance(instance, protocol):
         raise PluginLoadError(f"{component.label} does not implement {protocol.__name__} (see docs/plugins.md)")
-    record = {"name": name, "plugin": component.plugin, "object": component.module,
-              "options": values_in_use(declared, instance, options)}
+    record = {
+        "name": name,
+        "plugin": component.plugin,
+        "object": component.module,
+        "options": values_in_use(declared, instance, options),
+    }
     return instance, record
 
 

@@ -83,8 +83,9 @@ class ShardedScorer(DifficultyScorer, Protocol):
     disk cache all processes see), then the main process alone calls ``score(samples)``.
     """
 
-    def prepare_shard(self, samples: Sequence[QASample], shard: Sequence[int], *, model: Any, tokenizer: Any,
-                      group: Any) -> None:
+    def prepare_shard(
+        self, samples: Sequence[QASample], shard: Sequence[int], *, model: Any, tokenizer: Any, group: Any
+    ) -> None:
         """``shard``: this process's sample positions (contiguous); ``group``: a
         :class:`unlearn_plugins.sharding.Group` (index, count, is_main, device, barrier())."""
         ...

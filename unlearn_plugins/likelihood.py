@@ -60,8 +60,10 @@ def non_finite_message(positions: Sequence[int], total: int, model=None) -> str:
     shown = ", ".join(str(i) for i in sorted(positions)[:5]) + (", ..." if len(positions) > 5 else "")
     name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", "")
     which = f"model {name}" if name else "the model"
-    return (f"the output of {which} is NaN/inf (samples at positions {shown} of {total}): its weights are "
-            f"corrupt or diverged, so no probability or score can be computed")
+    return (
+        f"the output of {which} is NaN/inf (samples at positions {shown} of {total}): its weights are "
+        f"corrupt or diverged, so no probability or score can be computed"
+    )
 
 
 def answer_probability(nll_sum: float, n_tokens: int) -> float:

@@ -70,8 +70,14 @@ def pick_dtype(device: str, dtype: str | None = None):
 
     if dtype:
         try:
-            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+            return {
+                "float32": torch.float32,
+                "fp32": torch.float32,
+                "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16,
+                "float16": torch.float16,
+                "fp16": torch.float16,
+            }[dtype]
         except KeyError:
             raise ModelError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
@@ -328,7 +334,8 @@ def check_adapter(adapter: str, *, spec: str, where: str, allow_other_base: bool
             raise ModelError(
                 f"--adapter {adapter} was trained on other base weights: its run.json records "
                 f"{recorded.get('name_or_path')} (weights {recorded['fingerprint'][:12]}), --model {spec} has "
-                f"weights {current[:12]}; {hint}")
+                f"weights {current[:12]}; {hint}"
+            )
     name = config.get("base_model_name_or_path")
     if name and not _same_place(str(name), where) and name != ALIAS_HUB_IDS.get(spec):
         shown = spec if spec == where else f"{spec} ({where})"

@@ -104,8 +104,9 @@ def _from_dataclass(cls: type) -> Declared:
             default = f.default_factory()
         else:
             default = _MISSING
-        options.append(Option(f.name, _type_text(hint, f.type), default,
-                              str(f.metadata.get("help", annotated_help)), hint))
+        options.append(
+            Option(f.name, _type_text(hint, f.type), default, str(f.metadata.get("help", annotated_help)), hint)
+        )
     return Declared(tuple(options))
 
 
@@ -140,7 +141,7 @@ def declared_options(obj: Any) -> Declared | None:
     except (TypeError, ValueError):  # a builtin or C callable
         return None
     for function, signature in zip(functions, signatures):
-        params = list(signature.parameters.values())[1 if isinstance(obj, type) else 0:]  # not self
+        params = list(signature.parameters.values())[1 if isinstance(obj, type) else 0 :]  # not self
         hints = _hints(function)
         for p in params:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) or p.name in options:
@@ -218,8 +219,10 @@ def name_problems(declared: Declared | None, given: dict[str, Any]) -> list[str]
         unknown = [name for name in given if name not in known]
         if unknown:
             listed = ", ".join(known) if known else "none"
-            problems.append(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)} "
-                            f"(its options: {listed})")
+            problems.append(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)} "
+                f"(its options: {listed})"
+            )
     missing = [o.name for o in declared.options if o.required and o.name not in given]
     if missing:
         problems.append(f"missing required option{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")

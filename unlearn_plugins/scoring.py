@@ -47,8 +47,9 @@ def _as_score(value: Any) -> float | None:
     return None
 
 
-def score_samples(scorer: Any, samples: Sequence[QASample], *, model: Any, tokenizer: Any,
-                  scorer_name: str = "?") -> list[dict]:
+def score_samples(
+    scorer: Any, samples: Sequence[QASample], *, model: Any, tokenizer: Any, scorer_name: str = "?"
+) -> list[dict]:
     """Rows ``{index, question, score, ...}``; a scorer may return floats or dicts with a
     'score' key plus extra fields (CUD adds s_E and s_H).
 
@@ -77,8 +78,10 @@ def score_samples(scorer: Any, samples: Sequence[QASample], *, model: Any, token
         if isinstance(result, dict):
             taken = [k for k in HOST_FIELDS if k in result]
             if taken:
-                raise PluginError(f"{label} returned field {taken[0]!r} for sample {sample.index}; the host writes "
-                                  f"{' and '.join(HOST_FIELDS)} itself (give yours another name)")
+                raise PluginError(
+                    f"{label} returned field {taken[0]!r} for sample {sample.index}; the host writes "
+                    f"{' and '.join(HOST_FIELDS)} itself (give yours another name)"
+                )
             extra = {k: v for k, v in result.items() if k != "score"}
             result = result.get("score")
         value = _as_score(result)
@@ -138,8 +141,12 @@ class ScoreJournal:
             if path == self.path:
                 own = rows
                 if rows is None:
-                    print(f"notice: {path} was left by a scoring with other settings (scorer, options, data "
-                          f"or model); starting afresh", file=sys.stderr, flush=True)
+                    print(
+                        f"notice: {path} was left by a scoring with other settings (scorer, options, data "
+                        f"or model); starting afresh",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             self.done.update(rows or {})
         if own:  # rewritten without a line cut by a kill, so appends start on a fresh line
             self._write_all(own)
@@ -166,8 +173,12 @@ class ScoreJournal:
                 pos, row = int(entry["pos"]), entry["row"]
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by a kill
-            if (0 <= pos < len(samples) and isinstance(row, dict) and row.get("index") == samples[pos].index
-                    and row.get("question") == samples[pos].question):
+            if (
+                0 <= pos < len(samples)
+                and isinstance(row, dict)
+                and row.get("index") == samples[pos].index
+                and row.get("question") == samples[pos].question
+            ):
                 rows[pos] = row
         return rows
 
@@ -201,9 +212,17 @@ class ScoreJournal:
             path.unlink(missing_ok=True)
 
 
-def score_rows(scorer: Any, samples: Sequence[QASample], positions: Sequence[int] | None = None, *, model: Any,
-               tokenizer: Any, scorer_name: str = "?", journal: ScoreJournal | None = None,
-               chunk_size: int | None = None) -> list[dict]:
+def score_rows(
+    scorer: Any,
+    samples: Sequence[QASample],
+    positions: Sequence[int] | None = None,
+    *,
+    model: Any,
+    tokenizer: Any,
+    scorer_name: str = "?",
+    journal: ScoreJournal | None = None,
+    chunk_size: int | None = None,
+) -> list[dict]:
     """:func:`score_samples` of ``samples[positions]`` (default: all), rows in that order,
     recorded in ``journal`` as they finish and taken from it when already there.
 
@@ -225,16 +244,30 @@ def score_rows(scorer: Any, samples: Sequence[QASample], positions: Sequence[int
         if all(i in done for i in chunk):
             rows.update((i, done[i]) for i in chunk)
             continue
-        fresh = dict(zip(chunk, score_samples(scorer, [samples[i] for i in chunk], model=model,
-                                              tokenizer=tokenizer, scorer_name=scorer_name)))
+        fresh = dict(
+            zip(
+                chunk,
+                score_samples(
+                    scorer, [samples[i] for i in chunk], model=model, tokenizer=tokenizer, scorer_name=scorer_name
+                ),
+            )
+        )
         if journal is not None:
             journal.add({i: row for i, row in fresh.items() if i not in done})
         rows.update(fresh)
     return [rows[i] for i in positions]
 
 
-def score_sharded(scorer: Any, samples: Sequence[QASample], *, model: Any, tokenizer: Any, group: Any,
-                  scorer_name: str = "?", journal: ScoreJournal | None = None) -> list[dict] | None:
+def score_sharded(
+    scorer: Any,
+    samples: Sequence[QASample],
+    *,
+    model: Any,
+    tokenizer: Any,
+    group: Any,
+    scorer_name: str = "?",
+    journal: ScoreJournal | None = None,
+) -> list[dict] | None:
     """:func:`score_samples` split over the processes of ``group`` (:mod:`unlearn_plugins.sharding`);
     the rows, in sample order, on the main process, None on the others.
 
@@ -247,24 +280,37 @@ def score_sharded(scorer: Any, samples: Sequence[QASample], *, model: Any, token
     if prepare is not None:
         if journal is not None and len(journal.done) == len(samples):  # all finished by an earlier run
             return [journal.done[i] for i in range(len(samples))] if group.is_main else None
-        group.everywhere(lambda: prepare(samples, shard, model=model, tokenizer=tokenizer, group=group),
-                         f"scorer {scorer_name!r} (shared work)")
+        group.everywhere(
+            lambda: prepare(samples, shard, model=model, tokenizer=tokenizer, group=group),
+            f"scorer {scorer_name!r} (shared work)",
+        )
         main_rows: list[dict] = []
 
         def score_all():  # the main process only; the others wait for its outcome
             if group.is_main:
-                main_rows.extend(score_rows(scorer, samples, model=model, tokenizer=tokenizer,
-                                            scorer_name=scorer_name, journal=journal))
+                main_rows.extend(
+                    score_rows(
+                        scorer, samples, model=model, tokenizer=tokenizer, scorer_name=scorer_name, journal=journal
+                    )
+                )
 
         group.everywhere(score_all, f"scorer {scorer_name!r}")
         return main_rows if group.is_main else None
     parts = group.everywhere(
-        lambda: score_rows(scorer, samples, shard, model=model, tokenizer=tokenizer, scorer_name=scorer_name,
-                           journal=journal) if shard else [],
-        f"scorer {scorer_name!r}")
+        lambda: (
+            score_rows(
+                scorer, samples, shard, model=model, tokenizer=tokenizer, scorer_name=scorer_name, journal=journal
+            )
+            if shard
+            else []
+        ),
+        f"scorer {scorer_name!r}",
+    )
     if not group.is_main:
         return None
     rows = [row for part in parts for row in part]
     if len(rows) != len(samples):  # the shards are contiguous and in process order
-        raise UnlearnError(f"scorer {scorer_name!r}: the processes returned {len(rows)} rows for {len(samples)} samples")
+        raise UnlearnError(
+            f"scorer {scorer_name!r}: the processes returned {len(rows)} rows for {len(samples)} samples"
+        )
     return rows

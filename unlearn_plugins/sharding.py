@@ -21,8 +21,19 @@ from .errors import UnlearnError
 #: collectives wait this long for slow peers (an unbalanced CUD anchor run can take hours);
 #: torch's default (10 min NCCL, 30 min gloo) would abort long shards.
 TIMEOUT = timedelta(hours=24)
-_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def shard_indices(n: int, index: int, count: int) -> list[int]:
@@ -107,7 +118,9 @@ def launch_group(*, cpu: bool) -> Group | None:
     import torch
     from accelerate import PartialState
 
-    cpu = cpu or not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    cpu = (
+        cpu or not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    )
     try:
         state = PartialState(cpu=cpu, timeout=TIMEOUT)
     except (RuntimeError, ValueError) as exc:

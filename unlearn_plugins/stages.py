@@ -107,8 +107,10 @@ class Stages:
             started = time.perf_counter()
             try:
                 build(tmp)
-                write_json(tmp / DONE, {"format": CACHE_FORMAT, "label": label,
-                                        "seconds": round(time.perf_counter() - started, 2)})
+                write_json(
+                    tmp / DONE,
+                    {"format": CACHE_FORMAT, "label": label, "seconds": round(time.perf_counter() - started, 2)},
+                )
                 if folder.exists():
                     shutil.rmtree(folder)
                 os.replace(tmp, folder)

@@ -73,8 +73,9 @@ def anchor_keys(meta: dict[str, Any] | None) -> set[tuple[str, str]]:
     return keys
 
 
-def split_anchor_rows(rows: Sequence[dict], samples: Sequence[QASample],
-                      meta: dict[str, Any] | None = None) -> tuple[list[dict], list[dict]]:
+def split_anchor_rows(
+    rows: Sequence[dict], samples: Sequence[QASample], meta: dict[str, Any] | None = None
+) -> tuple[list[dict], list[dict]]:
     """(kept, dropped): rows that are CUD anchors (``anchor`` set, or listed in ``meta``) are dropped."""
     keys = anchor_keys(meta)
     by_index = {s.index: s for s in samples}
@@ -117,17 +118,27 @@ def _check_rows(rows: Sequence[dict], samples: Sequence[QASample], where: str) -
     for row in rows:
         sample = by_index.get(row["index"])
         if sample is None:
-            raise DataError(f"{where}:{row.get('_line', '?')}: index {row['index']} is not in the data "
-                            f"({len(samples)} samples): score file and --data do not match")
+            raise DataError(
+                f"{where}:{row.get('_line', '?')}: index {row['index']} is not in the data "
+                f"({len(samples)} samples): score file and --data do not match"
+            )
         if "question" in row and row["question"] != sample.question:
-            raise DataError(f"{where}:{row.get('_line', '?')}: index {row['index']} has another question than "
-                            f"the data ({sample.where}): score file and --data do not match")
+            raise DataError(
+                f"{where}:{row.get('_line', '?')}: index {row['index']} has another question than "
+                f"the data ({sample.where}): score file and --data do not match"
+            )
     return by_index
 
 
-def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_hard: int,
-             where: str = "scores", meta: dict[str, Any] | None = None,
-             objective: str | None = None) -> tuple[list[QASample], list[QASample]]:
+def stratify(
+    rows: Sequence[dict],
+    samples: Sequence[QASample],
+    n_easy: int,
+    n_hard: int,
+    where: str = "scores",
+    meta: dict[str, Any] | None = None,
+    objective: str | None = None,
+) -> tuple[list[QASample], list[QASample]]:
     """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first),
     CUD anchors left out (:func:`split_anchor_rows`). ``objective``: rank by a per-objective
     CUD score (``score_by_objective``) instead of ``score``."""
@@ -146,16 +157,24 @@ def stratify(rows: Sequence[dict], samples: Sequence[QASample], n_easy: int, n_h
 def group_of(sample: QASample, field: str, where: str) -> Any:
     """The value of ``field`` (e.g. user_id) a sample is grouped by; a sample without it is an error."""
     if field not in sample.extra:
-        raise DataError(f"{sample.where}: field {field!r} (--group-by) is missing; "
-                        f"fields of the data: {', '.join(sorted(sample.extra)) or 'none besides question and answer'}")
+        raise DataError(
+            f"{sample.where}: field {field!r} (--group-by) is missing; "
+            f"fields of the data: {', '.join(sorted(sample.extra)) or 'none besides question and answer'}"
+        )
     value = sample.extra[field]
     if isinstance(value, (dict, list)):
         raise DataError(f"{sample.where}: field {field!r} (--group-by) must be a string or a number, got {value!r}")
     return value
 
 
-def group_scores(rows: Sequence[dict], samples: Sequence[QASample], field: str, where: str = "scores",
-                 meta: dict[str, Any] | None = None, objective: str | None = None) -> list[dict[str, Any]]:
+def group_scores(
+    rows: Sequence[dict],
+    samples: Sequence[QASample],
+    field: str,
+    where: str = "scores",
+    meta: dict[str, Any] | None = None,
+    objective: str | None = None,
+) -> list[dict[str, Any]]:
     """Per group of samples sharing ``field`` (a user's interactions): the MEAN score of its scored
     samples (CUD anchors left out), how many were scored and the group's sample indices in the
     data. Groups with no scored sample are left out. Sorted by score, ties by first index."""
@@ -169,21 +188,31 @@ def group_scores(rows: Sequence[dict], samples: Sequence[QASample], field: str, 
         key = group_of(s, field, where)
         if key in scored:
             members.setdefault(key, []).append(s.index)
-    out = [{"group": key, "score": sum(values) / len(values), "scored": len(values), "indices": members[key]}
-           for key, values in scored.items()]
+    out = [
+        {"group": key, "score": sum(values) / len(values), "scored": len(values), "indices": members[key]}
+        for key, values in scored.items()
+    ]
     return sorted(out, key=lambda g: (g["score"], min(g["indices"])))
 
 
-def stratify_groups(rows: Sequence[dict], samples: Sequence[QASample], field: str, n_easy: int, n_hard: int,
-                    where: str = "scores", meta: dict[str, Any] | None = None, objective: str | None = None
-                    ) -> tuple[list[QASample], list[QASample], list[dict], list[dict]]:
+def stratify_groups(
+    rows: Sequence[dict],
+    samples: Sequence[QASample],
+    field: str,
+    n_easy: int,
+    n_hard: int,
+    where: str = "scores",
+    meta: dict[str, Any] | None = None,
+    objective: str | None = None,
+) -> tuple[list[QASample], list[QASample], list[dict], list[dict]]:
     """(easy samples, hard samples, easy groups, hard groups): the n_easy groups with the lowest
     mean score and the n_hard with the highest (:func:`group_scores`), each with every sample of
     the group in the data (a forget request of users covers all their interactions)."""
     groups = group_scores(rows, samples, field, where, meta, objective)
     if n_easy < 0 or n_hard < 0 or n_easy + n_hard > len(groups):
-        raise DataError(f"--easy {n_easy} + --hard {n_hard} exceeds the {len(groups)} groups of scored samples "
-                        f"(--group-by {field})")
+        raise DataError(
+            f"--easy {n_easy} + --hard {n_hard} exceeds the {len(groups)} groups of scored samples (--group-by {field})"
+        )
     by_index = {s.index: s for s in samples}
     easy = groups[:n_easy]
     hard = sorted(groups, key=lambda g: (-g["score"], min(g["indices"])))[:n_hard]
@@ -197,8 +226,9 @@ def _score_of(row: dict, objective: str | None, where: str) -> float:
     value = (row.get("score_by_objective") or {}).get(objective)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         have = ", ".join(row.get("score_by_objective") or {}) or "none (score with per_objective=true)"
-        raise DataError(f"{where}:{row.get('_line', '?')}: no score for objective {objective!r} "
-                        f"(score_by_objective has: {have})")
+        raise DataError(
+            f"{where}:{row.get('_line', '?')}: no score for objective {objective!r} (score_by_objective has: {have})"
+        )
     return value
 
 

@@ -14,8 +14,9 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, numbers_
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
 
     def line(row: list[str]) -> str:
-        return "  ".join(c.rjust(w) if numbers_right and i else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if numbers_right and i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
 
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *map(line, cells[1:])])
 

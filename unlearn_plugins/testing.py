@@ -35,24 +35,43 @@ def tiny_tokenizer(vocab_size: int = 384):
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
         unk_token="<|endoftext|>",
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def tiny_llama(vocab_size: int = 384, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-               intermediate: int = 128, seed: int = 0):
+def tiny_llama(
+    vocab_size: int = 384,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    seed: int = 0,
+):
     """A randomly initialised LlamaForCausalLM with grouped-query attention (fp32, eval mode)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     model = LlamaForCausalLM(config)
     model.eval()

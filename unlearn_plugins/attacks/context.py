@@ -37,9 +37,14 @@ class Context:
     def load_model(self) -> tuple[Any, Any]:
         from ..models import load_model
 
-        model, tokenizer = load_model(self.model, device=self.device, dtype=self.dtype,
-                                      trust_remote_code=self.trust_remote_code, adapter=self.adapter,
-                                      allow_other_base=self.allow_other_base)
+        model, tokenizer = load_model(
+            self.model,
+            device=self.device,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+            adapter=self.adapter,
+            allow_other_base=self.allow_other_base,
+        )
         if self.adapter:
             model = model.merge_and_unload()
         model.eval()
@@ -62,8 +67,9 @@ class Context:
         from ..data.tofu import load_split
 
         if self.forget is None:
-            raise UnlearnError(f"{self.label} needs the forget set: give --forget tofu:SPLIT or a JSON-lines "
-                               "file in TOFU's format")
+            raise UnlearnError(
+                f"{self.label} needs the forget set: give --forget tofu:SPLIT or a JSON-lines file in TOFU's format"
+            )
         if self._samples is None:
             self._samples = load_split(self.forget, self.tofu_dir)
         return self._samples

@@ -32,8 +32,10 @@ def _primitives():
             quantize_affine,
         )
     except ImportError as exc:
-        raise UnlearnError("the quantize attack needs torchao: pip install 'unlearn-plugins[attacks]' "
-                           f"(or pip install torchao) ({exc})") from None
+        raise UnlearnError(
+            "the quantize attack needs torchao: pip install 'unlearn-plugins[attacks]' "
+            f"(or pip install torchao) ({exc})"
+        ) from None
     return MappingType, choose_qparams_affine, quantize_affine, dequantize_affine
 
 
@@ -59,8 +61,9 @@ def fake_quantize(weight, *, bits: int, group_size: int | None = 128):
     kind = MappingType.SYMMETRIC if mapping == "symmetric" else MappingType.ASYMMETRIC
     scale, zero = choose(w, kind, block, torch.int8 if bits == 8 else torch.uint8, quant_min=qmin, quant_max=qmax)
     q = quantize(w, block, scale, zero, torch.int8 if bits == 8 else torch.uint8, qmin, qmax)
-    return dequantize(q, block, scale, zero, torch.int8 if bits == 8 else torch.uint8, qmin, qmax,
-                      output_dtype=torch.float32).to(weight.dtype), block[1]
+    return dequantize(
+        q, block, scale, zero, torch.int8 if bits == 8 else torch.uint8, qmin, qmax, output_dtype=torch.float32
+    ).to(weight.dtype), block[1]
 
 
 def quantize_model(model, *, bits: int, group_size: int | None = 128) -> dict:
@@ -80,8 +83,12 @@ def quantize_model(model, *, bits: int, group_size: int | None = 128) -> dict:
                 layers += 1
     if not layers:
         raise UnlearnError("quantize: no linear layer found in the decoder")
-    return {"bits": bits, "scheme": SCHEMES[bits][0], "layers": layers,
-            "group_size": sorted(groups) if bits == 4 else "per output channel"}
+    return {
+        "bits": bits,
+        "scheme": SCHEMES[bits][0],
+        "layers": layers,
+        "group_size": sorted(groups) if bits == 4 else "per output channel",
+    }
 
 
 @dataclass

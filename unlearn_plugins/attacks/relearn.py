@@ -29,8 +29,9 @@ def split_forget(n: int, fraction: float, *, group: int = 20) -> tuple[list[int]
         train += rows[:k]
         measure += rows[k:]
     if not measure or not train:
-        raise UnlearnError(f"relearn: {n} forget sample(s) cannot be split into a part to relearn and a part to "
-                           "measure")
+        raise UnlearnError(
+            f"relearn: {n} forget sample(s) cannot be split into a part to relearn and a part to measure"
+        )
     return train, measure
 
 
@@ -68,11 +69,33 @@ class Relearn:
         with tempfile.TemporaryDirectory(prefix="relearn-") as tmp:
             data = str(Path(tmp) / "relearn.json")
             write_jsonl(data, [samples[i].to_record() for i in train])
-            result = run_finetune(FinetuneConfig(
-                out=str(Path(tmp) / "run"), model=context.model_dir(), data=data, max_steps=self.steps, lr=self.lr,
-                batch_size=self.batch_size, grad_accum=1, lora_r=self.lora_r, lora_alpha=self.lora_alpha,
-                max_length=self.max_length, seed=self.seed, device=context.device, dtype=context.dtype, merge=True,
-                save_steps=0, overwrite=True, trust_remote_code=context.trust_remote_code))
+            result = run_finetune(
+                FinetuneConfig(
+                    out=str(Path(tmp) / "run"),
+                    model=context.model_dir(),
+                    data=data,
+                    max_steps=self.steps,
+                    lr=self.lr,
+                    batch_size=self.batch_size,
+                    grad_accum=1,
+                    lora_r=self.lora_r,
+                    lora_alpha=self.lora_alpha,
+                    max_length=self.max_length,
+                    seed=self.seed,
+                    device=context.device,
+                    dtype=context.dtype,
+                    merge=True,
+                    save_steps=0,
+                    overwrite=True,
+                    trust_remote_code=context.trust_remote_code,
+                )
+            )
             context.adopt_folder(Path(tmp) / "run" / "merged")
-        return AttackResult(info={"trained_on": train, "steps": result.record.get("steps"),
-                                  "final_loss": result.record.get("final_loss")}, measure_on=measure)
+        return AttackResult(
+            info={
+                "trained_on": train,
+                "steps": result.record.get("steps"),
+                "final_loss": result.record.get("final_loss"),
+            },
+            measure_on=measure,
+        )

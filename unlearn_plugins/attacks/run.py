@@ -50,10 +50,21 @@ def create_attack(name: str, options: dict[str, Any]) -> tuple[Any, dict[str, An
     return instance, record, component_label(ATTACK, name)
 
 
-def run_attack(name: str, *, model: str, out: str | os.PathLike, options: dict[str, Any] | None = None,
-               adapter: str | None = None, forget: str | None = None, tofu_dir: str | None = None,
-               device: str | None = None, dtype: str | None = None, trust_remote_code: bool = False,
-               allow_other_base: bool = False, overwrite: bool = False) -> Attacked:
+def run_attack(
+    name: str,
+    *,
+    model: str,
+    out: str | os.PathLike,
+    options: dict[str, Any] | None = None,
+    adapter: str | None = None,
+    forget: str | None = None,
+    tofu_dir: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    allow_other_base: bool = False,
+    overwrite: bool = False,
+) -> Attacked:
     """Attack ``model`` (+ ``adapter``) with the registered attack ``name`` into ``out``."""
     from ..files import file_lock, write_json, write_jsonl
     from ..models import pick_device
@@ -63,19 +74,31 @@ def run_attack(name: str, *, model: str, out: str | os.PathLike, options: dict[s
         raise UnlearnError(f"--out {out}: is an existing file, not a folder")
     instance, record, label = create_attack(name, dict(options or {}))
     if getattr(instance, "needs_forget_data", False) and forget is None:
-        raise UnlearnError(f"{label} needs the forget set: give --forget tofu:SPLIT or a JSON-lines file in TOFU's "
-                           "format")
+        raise UnlearnError(
+            f"{label} needs the forget set: give --forget tofu:SPLIT or a JSON-lines file in TOFU's format"
+        )
     with file_lock(out, f"--out {out}"):
         if out.exists() and any(out.iterdir()) and not overwrite:
-            raise UnlearnError(f"--out {out}: already holds an attacked model or other files; give --overwrite to "
-                               "replace it, or another --out")
+            raise UnlearnError(
+                f"--out {out}: already holds an attacked model or other files; give --overwrite to "
+                "replace it, or another --out"
+            )
         from .context import Context
 
         staging = out.with_name(f".{out.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        context = Context(model=model, out=staging, adapter=adapter, device=pick_device(device),
-                          dtype=dtype or "float32", trust_remote_code=trust_remote_code,
-                          allow_other_base=allow_other_base, forget=forget, tofu_dir=tofu_dir, label=label)
+        context = Context(
+            model=model,
+            out=staging,
+            adapter=adapter,
+            device=pick_device(device),
+            dtype=dtype or "float32",
+            trust_remote_code=trust_remote_code,
+            allow_other_base=allow_other_base,
+            forget=forget,
+            tofu_dir=tofu_dir,
+            label=label,
+        )
         started = time.perf_counter()
         try:
             if forget is not None:
@@ -94,18 +117,28 @@ def run_attack(name: str, *, model: str, out: str | os.PathLike, options: dict[s
                 raise UnlearnError(f"{label} returned {type(result).__name__}, not an AttackResult or None")
             if not context.saved or not (staging / "config.json").is_file():
                 raise UnlearnError(f"{label} saved no model: an attack must call context.save_model(model, tokenizer)")
-            entry = {"format": FORMAT, "version": VERSION, "attack": record, "model": model, "adapter": adapter,
-                     "forget": forget, "measure_split": None, "device": context.device, "dtype": context.dtype,
-                     "info": _json_ready(result.info, label),
-                     "wall_time_s": round(time.perf_counter() - started, 3),
-                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+            entry = {
+                "format": FORMAT,
+                "version": VERSION,
+                "attack": record,
+                "model": model,
+                "adapter": adapter,
+                "forget": forget,
+                "measure_split": None,
+                "device": context.device,
+                "dtype": context.dtype,
+                "info": _json_ready(result.info, label),
+                "wall_time_s": round(time.perf_counter() - started, 3),
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            }
             if result.measure_on is not None:
                 samples = context.forget_samples()
                 rows = list(result.measure_on)
                 bad = [r for r in rows if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(samples)]
                 if bad or not rows:
-                    raise UnlearnError(f"{label}: measure_on must be forget row numbers in [0, {len(samples)}), "
-                                       f"got {bad[:3] or rows}")
+                    raise UnlearnError(
+                        f"{label}: measure_on must be forget row numbers in [0, {len(samples)}), got {bad[:3] or rows}"
+                    )
                 write_jsonl(staging / MEASURE, [samples[r].to_record() for r in rows])
                 entry.update(measure_split=MEASURE, measure_on=rows)
             write_json(staging / RECORD, entry)
@@ -129,4 +162,3 @@ def _json_ready(info: Any, label: str) -> dict[str, Any]:
         return json.loads(json.dumps(info, allow_nan=False, default=str))
     except ValueError as exc:
         raise UnlearnError(f"{label}: AttackResult.info is not JSON: {exc}") from None
-

@@ -64,12 +64,17 @@ class Circuit:
         g = self.graph
         rows = []
         for i, j in self.edges():
-            rows.append({
-                "src": g.src_name(i), "dst": g.dst_name(j),
-                "src_layer": int(g.src_layer[i]), "dst_layer": int(g.dst_layer[j]),
-                "src_type": SRC_TYPES[int(g.src_type[i])], "dst_type": DST_TYPES[int(g.dst_type[j])],
-                "score": float(self.scores[i, j]),
-            })
+            rows.append(
+                {
+                    "src": g.src_name(i),
+                    "dst": g.dst_name(j),
+                    "src_layer": int(g.src_layer[i]),
+                    "dst_layer": int(g.dst_layer[j]),
+                    "src_type": SRC_TYPES[int(g.src_type[i])],
+                    "dst_type": DST_TYPES[int(g.dst_type[j])],
+                    "score": float(self.scores[i, j]),
+                }
+            )
         return rows
 
     def placement(self):
@@ -114,10 +119,10 @@ def prune(mask, graph: Graph):
     while True:
         has_out = np.zeros(graph.n_nodes, dtype=bool)
         has_out[: graph.n_src] = m.any(1)
-        has_out[graph.n_src] = True                     # the logits
+        has_out[graph.n_src] = True  # the logits
         has_in = np.zeros(graph.n_nodes, dtype=bool)
         has_in[dst_node[m.any(0)]] = True
-        has_in[0] = True                                # the input
+        has_in[0] = True  # the input
         new = m & has_in[: graph.n_src, None] & has_out[dst_node][None, :]
         if (new == m).all():
             return torch.from_numpy(new)
@@ -136,7 +141,7 @@ def greedy(scores, graph: Graph, n: int, *, absolute: bool = True):
     key = (s.abs() if absolute else s).double().numpy().copy()
     real = graph.edge_mask.numpy()
     key[~real] = -np.inf
-    order = np.argsort(-key, axis=0, kind="stable")       # per destination, best source first
+    order = np.argsort(-key, axis=0, kind="stable")  # per destination, best source first
     ptr = np.zeros(graph.n_dst, dtype=np.int64)
     dsts_of_node: dict[int, list[int]] = {}
     for j, node in enumerate(graph.dst_node.tolist()):
@@ -189,8 +194,16 @@ def threshold(scores, graph: Graph, tau: float, *, absolute: bool = True):
     return (key >= tau) & graph.edge_mask
 
 
-def select(scores, graph: Graph, *, method: str = "greedy", n: int = 75, tau: float | None = None,
-           absolute: bool = True, prune_nodes: bool = True) -> Circuit:
+def select(
+    scores,
+    graph: Graph,
+    *,
+    method: str = "greedy",
+    n: int = 75,
+    tau: float | None = None,
+    absolute: bool = True,
+    prune_nodes: bool = True,
+) -> Circuit:
     """A :class:`Circuit` from a score matrix: ``greedy`` (default) or ``topn`` with ``n``
     edges, or ``threshold`` with ``tau``; pruned unless ``prune_nodes`` is False."""
     if method == "greedy":

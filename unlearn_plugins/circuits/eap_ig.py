@@ -50,11 +50,12 @@ METRICS = ("prob", "logprob")
 
 # ----------------------------------------------------------------------------- model access
 
+
 @dataclass
 class Architecture:
     """The modules of a Llama-style causal LM that the engine hooks."""
 
-    base: Any          # the decoder (LlamaModel): embed_tokens, layers, norm
+    base: Any  # the decoder (LlamaModel): embed_tokens, layers, norm
     lm_head: Any
     layers: list
     n_heads: int
@@ -101,12 +102,16 @@ def resolve_architecture(model) -> Architecture:
                 raise ModelError(f"EAP-IG: {name} layer {i} has no '{attr}' (a pre-norm block is required)")
         for attr in ("q_proj", "k_proj", "v_proj", "o_proj"):
             if not hasattr(layer.self_attn, attr):
-                raise ModelError(f"EAP-IG: {name} layer {i} attention has no '{attr}' (separate q/k/v/o projections are required)")
+                raise ModelError(
+                    f"EAP-IG: {name} layer {i} attention has no '{attr}' (separate q/k/v/o projections are required)"
+                )
     config = inner.config
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
     d_model = int(config.hidden_size)
-    head_dim = int(getattr(layers[0].self_attn, "head_dim", None) or getattr(config, "head_dim", None) or d_model // n_heads)
+    head_dim = int(
+        getattr(layers[0].self_attn, "head_dim", None) or getattr(config, "head_dim", None) or d_model // n_heads
+    )
     if n_heads % n_kv:
         raise ModelError(f"EAP-IG: {name}: {n_heads} query heads are not a multiple of {n_kv} key/value heads")
     return Architecture(base, lm_head, layers, n_heads, n_kv, head_dim, d_model)
@@ -145,12 +150,15 @@ def _check_rmsnorm(norm, d_model: int, where: str) -> float:
         want = weight.float() * xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     tol = 1e-4 if weight.dtype == torch.float32 else 5e-2
     if not torch.allclose(got, want, rtol=tol, atol=tol):
-        raise ModelError(f"EAP-IG: {where} ({type(norm).__name__}) does not compute w * x / rms(x); "
-                         f"only RMSNorm pre-norm models are supported")
+        raise ModelError(
+            f"EAP-IG: {where} ({type(norm).__name__}) does not compute w * x / rms(x); "
+            f"only RMSNorm pre-norm models are supported"
+        )
     return eps
 
 
 # ----------------------------------------------------------------------------- engine
+
 
 class EAPIG:
     """Per-sample EAP-IG score matrices for a model.
@@ -165,10 +173,20 @@ class EAPIG:
     (default: the scored examples).
     """
 
-    def __init__(self, model, *, mode: str = "inputs", steps: int = 5, baseline: str = "zero",
-                 metric: str = "prob", max_rows: int = 20, batch_size: int | None = None,
-                 mean_examples: Sequence[dict] | None = None, pad_token_id: int | None = None,
-                 progress: bool = False):
+    def __init__(
+        self,
+        model,
+        *,
+        mode: str = "inputs",
+        steps: int = 5,
+        baseline: str = "zero",
+        metric: str = "prob",
+        max_rows: int = 20,
+        batch_size: int | None = None,
+        mean_examples: Sequence[dict] | None = None,
+        pad_token_id: int | None = None,
+        progress: bool = False,
+    ):
         if mode not in MODES:
             raise ValueError(f"EAP-IG mode {mode!r}: choose one of {', '.join(MODES)}")
         if baseline not in BASELINES:
@@ -196,7 +214,9 @@ class EAPIG:
         self.eps_in, self.eps_post = [], []
         for i, layer in enumerate(a.layers):
             self.eps_in.append(_check_rmsnorm(layer.input_layernorm, a.d_model, f"layer {i} input_layernorm"))
-            self.eps_post.append(_check_rmsnorm(layer.post_attention_layernorm, a.d_model, f"layer {i} post_attention_layernorm"))
+            self.eps_post.append(
+                _check_rmsnorm(layer.post_attention_layernorm, a.d_model, f"layer {i} post_attention_layernorm")
+            )
         self.eps_final = _check_rmsnorm(a.base.norm, a.d_model, "final norm")
         self._means = None
         self._w = None  # per-head weights while scoring
@@ -234,8 +254,9 @@ class EAPIG:
             out[idx] = scores
         return out
 
-    def iter_scores(self, examples: Sequence[dict], indices: Sequence[int] | None = None
-                    ) -> Iterator[tuple[list[int], Any]]:
+    def iter_scores(
+        self, examples: Sequence[dict], indices: Sequence[int] | None = None
+    ) -> Iterator[tuple[list[int], Any]]:
         """Yield (indices, (b, n_src, n_dst) CPU scores) batch by batch, shortest first.
         ``indices``: score only these examples; the ``mean`` and ``other`` baselines still use
         all of ``examples`` (so a shard of a set gets the same corrupt inputs as the whole set)."""
@@ -251,7 +272,7 @@ class EAPIG:
         corrupt_ids = self._other_samples(examples) if self.baseline == "other" else None
         batch = self.batch_size or max(1, self.max_rows // self.variants)
         order = sorted(targets, key=lambda i: len(examples[i]["input_ids"]))
-        batches = [order[i: i + batch] for i in range(0, len(order), batch)]
+        batches = [order[i : i + batch] for i in range(0, len(order), batch)]
         if self.progress:
             from tqdm.auto import tqdm
 
@@ -259,8 +280,9 @@ class EAPIG:
         mask = self.graph.edge_mask
         with self._frozen():
             for idx in batches:
-                scores = self._score_batch([examples[i] for i in idx],
-                                           [corrupt_ids[i] for i in idx] if corrupt_ids else None)
+                scores = self._score_batch(
+                    [examples[i] for i in idx], [corrupt_ids[i] for i in idx] if corrupt_ids else None
+                )
                 yield idx, scores.cpu() * mask
 
     def source_activations(self, input_ids, attention_mask=None):
@@ -268,8 +290,9 @@ class EAPIG:
         import torch
 
         with self._frozen(), torch.no_grad():
-            buf, _ = self._sources(input_ids.to(self.device),
-                                   None if attention_mask is None else attention_mask.to(self.device), sign=1.0)
+            buf, _ = self._sources(
+                input_ids.to(self.device), None if attention_mask is None else attention_mask.to(self.device), sign=1.0
+            )
         return buf
 
     # ------------------------------------------------------------------ helpers
@@ -278,7 +301,9 @@ class EAPIG:
         """Weights frozen and eval mode for the duration; k/v expanded per query head."""
         was_training = self.model.training
         flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        groups = [(layer.self_attn, getattr(layer.self_attn, "num_key_value_groups", None)) for layer in self.arch.layers]
+        groups = [
+            (layer.self_attn, getattr(layer.self_attn, "num_key_value_groups", None)) for layer in self.arch.layers
+        ]
         self.model.eval()
         for p, _ in flags:
             p.requires_grad_(False)
@@ -360,11 +385,12 @@ class EAPIG:
             def pre(module, args):
                 z = args[0].float().view(B, T, a.n_heads, a.head_dim)
                 start = g.src_head(l, 0)
-                buf[:, start: start + a.n_heads].add_(torch.einsum("bthe,dhe->bhtd", z, wo), alpha=sign)
+                buf[:, start : start + a.n_heads].add_(torch.einsum("bthe,dhe->bhtd", z, wo), alpha=sign)
 
             def post(module, args, out):
                 if keep_nodes:
                     nodes["attn"][l] = out.detach()
+
             return pre, post
 
         def mlp_hook(l):
@@ -372,6 +398,7 @@ class EAPIG:
                 buf[:, g.src_mlp(l)].add_(out.float(), alpha=sign)
                 if keep_nodes:
                     nodes["mlp"][l] = out.detach()
+
             return post
 
         try:
@@ -393,7 +420,7 @@ class EAPIG:
         total, count = None, 0
         with self._frozen(), torch.no_grad():
             for i in range(0, len(examples), 8):
-                ids, mask, _, _ = self._pad(examples[i: i + 8])
+                ids, mask, _, _ = self._pad(examples[i : i + 8])
                 buf, _ = self._sources(ids, mask, sign=1.0)
                 m = mask.to(buf.dtype)[:, None, :, None]
                 part = (buf * m).sum(dim=(0, 2))
@@ -441,8 +468,9 @@ class EAPIG:
                 if one_pass:
                     capture[0] = 1.0
                 else:
-                    _, corrupt_nodes = self._sources(corrupt_ids, mask, sign=1.0, buf=diff, inputs_embeds=base_emb,
-                                                     keep_nodes=keep)
+                    _, corrupt_nodes = self._sources(
+                        corrupt_ids, mask, sign=1.0, buf=diff, inputs_embeds=base_emb, keep_nodes=keep
+                    )
         if keep and corrupt_nodes is None:
             corrupt_nodes = self._baseline_nodes(clean_nodes, base_emb)
         self.timings["sources"] += time.perf_counter() - t0
@@ -450,8 +478,19 @@ class EAPIG:
         scores = torch.zeros((B, g.n_src, g.n_dst), dtype=torch.float32, device=diff.device)
         for v0 in range(0, V, chunk):
             variants = list(range(v0, min(V, v0 + chunk)))
-            self._pass(variants, ids, mask, labels, clean_emb, base_emb, clean_nodes, corrupt_nodes,
-                       diff, scores, capture if v0 == 0 else {})
+            self._pass(
+                variants,
+                ids,
+                mask,
+                labels,
+                clean_emb,
+                base_emb,
+                clean_nodes,
+                corrupt_nodes,
+                diff,
+                scores,
+                capture if v0 == 0 else {},
+            )
         scores /= V
         return scores
 
@@ -468,7 +507,7 @@ class EAPIG:
             else:
                 g = self.graph
                 means = self._means.to(ref_a.device)
-                attn_mean = means[g.src_head(l, 0): g.src_head(l, 0) + self.arch.n_heads].sum(0)
+                attn_mean = means[g.src_head(l, 0) : g.src_head(l, 0) + self.arch.n_heads].sum(0)
                 bias = effective_bias(layer.self_attn.o_proj)
                 if bias is not None:
                     attn_mean = attn_mean + bias.float()
@@ -476,8 +515,9 @@ class EAPIG:
                 nodes["mlp"].append(means[g.src_mlp(l)].to(ref_m.dtype).expand_as(ref_m))
         return nodes
 
-    def _pass(self, variants, ids, mask, labels, clean_emb, base_emb, clean_nodes, corrupt_nodes,
-              diff, scores, capture):
+    def _pass(
+        self, variants, ids, mask, labels, clean_emb, base_emb, clean_nodes, corrupt_nodes, diff, scores, capture
+    ):
         """One forward + backward over rows (variant, sample); gradients are reduced over the
         variants and contracted with ``diff`` into ``scores`` layer by layer during backward.
         ``capture`` {variant: sign}: add sign x that variant's source outputs to ``diff`` during
@@ -517,8 +557,11 @@ class EAPIG:
                     row_idx = (rows[:, None] * B + torch.arange(B, device=dev)[None]).reshape(-1)
                     patches[(kind, layer)] = (row_idx, value.reshape(-1, T, D))
         emb = emb.reshape(Vc * B, T, D).to(clean_emb.dtype).requires_grad_(True)
-        captured = [(slice(variants.index(v) * B, (variants.index(v) + 1) * B), sign)
-                    for v, sign in capture.items() if v in variants]
+        captured = [
+            (slice(variants.index(v) * B, (variants.index(v) + 1) * B), sign)
+            for v, sign in capture.items()
+            if v in variants
+        ]
         with torch.no_grad():
             for rows, sign in captured:
                 diff[:, 0].add_(emb[rows].float(), alpha=sign)
@@ -537,7 +580,7 @@ class EAPIG:
             n_cols = G.shape[1]
             lhs = diff[:, :n_src_used].reshape(B, n_src_used, T * D)
             rhs = G.reshape(B, n_cols, T * D).transpose(1, 2)
-            scores[:, :n_src_used, cols_start: cols_start + n_cols] += torch.bmm(lhs, rhs)
+            scores[:, :n_src_used, cols_start : cols_start + n_cols] += torch.bmm(lhs, rhs)
 
         def inv_rms(x, eps):
             return torch.rsqrt(torch.linalg.vector_norm(x, dim=-1).square_().div_(D).add_(eps))  # (V, B, T)
@@ -562,8 +605,8 @@ class EAPIG:
             s = store[l]
             done.add(l)
             layer = a.layers[l]
-            x = vbt(s.pop("x_in"))                                             # (V, B, T, D)
-            r = inv_rms(x, self.eps_in[l])                                     # (V, B, T)
+            x = vbt(s.pop("x_in"))  # (V, B, T, D)
+            r = inv_rms(x, self.eps_in[l])  # (V, B, T)
             coefs, gbars = [], []
             for which in "qkv":
                 out = s.pop(which)
@@ -585,8 +628,8 @@ class EAPIG:
                     c = torch.einsum("vbthe,vbthe->vbth", gr, proj.view(Vc, B, T, H, dh))
                 coefs.append(c.reshape(Vc, B, T, H))
                 gbars.append(torch.einsum("vbt,vbt...->bt...", r, gr).reshape(B, T, H, dh))
-            coef = torch.cat(coefs, -1).mul_((r.pow(2) / D)[..., None])         # (V, B, T, 3H)
-            gbar = torch.cat(gbars, 2)                                          # (B, T, 3H, dh)
+            coef = torch.cat(coefs, -1).mul_((r.pow(2) / D)[..., None])  # (V, B, T, 3H)
+            gbar = torch.cat(gbars, 2)  # (B, T, 3H, dh)
             G = torch.empty((B, g.dst_per_layer, T, D), dtype=torch.float32, device=dev)
             first = torch.einsum("bthe,hed->bhtd", gbar, self._w[l]["qkv"]).mul_(layer.input_layernorm.weight.float())
             G[:, : 3 * H] = first.sub_(torch.einsum("vbth,vbtd->bhtd", coef, x))
@@ -595,8 +638,9 @@ class EAPIG:
             if gm is None:
                 G[:, 3 * H] = 0
             else:
-                G[:, 3 * H] = norm_grad_identity(vbt(xm), vbt(gm), layer.post_attention_layernorm.weight.float(),
-                                                 self.eps_post[l])
+                G[:, 3 * H] = norm_grad_identity(
+                    vbt(xm), vbt(gm), layer.post_attention_layernorm.weight.float(), self.eps_post[l]
+                )
             contract(l * g.dst_per_layer, g.n_src_before_mlp(l), G)
             self.timings["hooks"] += time.perf_counter() - t_start
 
@@ -609,19 +653,24 @@ class EAPIG:
                 s[which] = out.detach()
                 if which != "q" and a.groups > 1:
                     Bt = out.shape[:-1]
-                    out = out.view(*Bt, a.n_kv_heads, 1, dh).expand(*Bt, a.n_kv_heads, a.groups, dh).reshape(*Bt, H * dh)
+                    out = (
+                        out.view(*Bt, a.n_kv_heads, 1, dh).expand(*Bt, a.n_kv_heads, a.groups, dh).reshape(*Bt, H * dh)
+                    )
 
                 def grad_hook(grad, l=l, which=which):
                     store[l][f"g_{which}"] = grad.detach()
                     if all(f"g_{w}" in store[l] for w in "qkv"):
                         finish_layer(l)
+
                 out.register_hook(grad_hook)
                 return out
+
             return hook
 
         def norm_in_hook(l):
             def hook(module, args):
                 store[l]["x_in"] = args[0].detach()
+
             return hook
 
         def mid_hook(l):
@@ -630,7 +679,9 @@ class EAPIG:
 
                 def grad_hook(grad, l=l):
                     store[l]["g_mid"] = grad.detach()
+
                 out.register_hook(grad_hook)
+
             return hook
 
         final = {}
@@ -643,6 +694,7 @@ class EAPIG:
                 G = norm_grad_identity(vbt(final.pop("x")), vbt(grad), a.base.norm.weight.float(), self.eps_final)
                 contract(g.dst_logits, g.n_src, G[:, None])
                 self.timings["hooks"] += time.perf_counter() - t_start
+
             out.register_hook(grad_hook)
 
         def capture_attn(l):
@@ -651,13 +703,15 @@ class EAPIG:
                 start = g.src_head(l, 0)
                 for rows, sign in captured:
                     zr = z[rows].float().view(B, T, H, dh)
-                    diff[:, start: start + H].add_(torch.einsum("bthe,dhe->bhtd", zr, self._w[l]["o"]), alpha=sign)
+                    diff[:, start : start + H].add_(torch.einsum("bthe,dhe->bhtd", zr, self._w[l]["o"]), alpha=sign)
+
             return pre
 
         def capture_mlp(l):
             def hook(module, args, out):
                 for rows, sign in captured:
                     diff[:, g.src_mlp(l)].add_(out[rows].detach().float(), alpha=sign)
+
             return hook
 
         def patch_hook(kind, l):
@@ -668,6 +722,7 @@ class EAPIG:
                 out = out.clone()
                 out[rows] = value.to(out.dtype)
                 return out
+
             return hook
 
         handles = []
@@ -720,5 +775,4 @@ class EAPIG:
         return per_row.sum()
 
 
-__all__ = ["EAPIG", "Architecture", "resolve_architecture", "effective_weight",
-           "MODES", "BASELINES", "METRICS"]
+__all__ = ["EAPIG", "Architecture", "resolve_architecture", "effective_weight", "MODES", "BASELINES", "METRICS"]

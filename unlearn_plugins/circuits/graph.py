@@ -84,7 +84,7 @@ class Graph:
 
         out = torch.full((self.n_src,), -1, dtype=torch.long)
         for layer in range(self.n_layers):
-            out[self.src_head(layer, 0): self.src_mlp(layer) + 1] = layer
+            out[self.src_head(layer, 0) : self.src_mlp(layer) + 1] = layer
         return out
 
     @cached_property
@@ -145,7 +145,7 @@ class Graph:
         mask = torch.zeros((self.n_src, self.n_dst), dtype=torch.bool)
         for layer in range(self.n_layers):
             base = layer * self.dst_per_layer
-            mask[: self.n_src_before_attn(layer), base: base + 3 * self.n_heads] = True
+            mask[: self.n_src_before_attn(layer), base : base + 3 * self.n_heads] = True
             mask[: self.n_src_before_mlp(layer), self.dst_mlp(layer)] = True
         mask[:, -1] = True
         return mask

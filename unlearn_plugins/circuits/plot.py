@@ -23,8 +23,9 @@ def mean_placement(rows: Sequence[dict]):
     return np.mean(mats, axis=0)
 
 
-def plot_easy_hard(easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: str | os.PathLike,
-                   title: str = "CUD circuits") -> None:
+def plot_easy_hard(
+    easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: str | os.PathLike, title: str = "CUD circuits"
+) -> None:
     """A PNG with three heatmaps: easy, hard, hard - easy (layer x component)."""
     import matplotlib
 
@@ -37,9 +38,11 @@ def plot_easy_hard(easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: s
     vmax = max(easy.max(), hard.max(), 1e-9)
     diff = hard - easy
     dmax = max(abs(diff).max(), 1e-9)
-    panels = ((easy, f"easy (n={len(easy_rows)})", "viridis", 0, vmax),
-              (hard, f"hard (n={len(hard_rows)})", "viridis", 0, vmax),
-              (diff, "hard - easy", "coolwarm", -dmax, dmax))
+    panels = (
+        (easy, f"easy (n={len(easy_rows)})", "viridis", 0, vmax),
+        (hard, f"hard (n={len(hard_rows)})", "viridis", 0, vmax),
+        (diff, "hard - easy", "coolwarm", -dmax, dmax),
+    )
     for ax, (mat, name, cmap, lo, hi) in zip(axes, panels):
         im = ax.imshow(mat, aspect="auto", origin="lower", cmap=cmap, vmin=lo, vmax=hi)
         ax.set_title(name)

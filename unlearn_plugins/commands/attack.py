@@ -18,18 +18,32 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("attack", help="attack a model (relearn, quantize, ...) and save the attacked model",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "attack",
+        help="attack a model (relearn, quantize, ...) and save the attacked model",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model (merged before the attack)")
-    p.add_argument("--allow-other-base", action="store_true",
-                   help="load --adapter even if it was trained on another base model")
+    p.add_argument(
+        "--allow-other-base", action="store_true", help="load --adapter even if it was trained on another base model"
+    )
     p.add_argument("--attack", required=True, help="attack name (see `unlearn plugins`): relearn, quantize, ...")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="attack option (repeatable), e.g. bits=8, steps=20")
-    p.add_argument("--forget", default=None,
-                   help="forget split for attacks that use data (relearn): tofu:SPLIT, tofu:SPLIT[a:b] or a JSON-lines "
-                        "file in TOFU's format")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="attack option (repeatable), e.g. bits=8, steps=20",
+    )
+    p.add_argument(
+        "--forget",
+        default=None,
+        help="forget split for attacks that use data (relearn): tofu:SPLIT, tofu:SPLIT[a:b] or a JSON-lines "
+        "file in TOFU's format",
+    )
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument("--out", required=True, help="folder for the attacked model (a Hugging Face folder + attack.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an attacked model already in --out")
@@ -40,14 +54,28 @@ def run(args) -> int:
     from ..attacks.run import run_attack
 
     check_out_folder("--out", args.out)
-    attacked = run_attack(args.attack, model=args.model, out=args.out, options=parse_options(args.option),
-                          adapter=args.adapter, forget=args.forget, tofu_dir=args.tofu_dir, device=args.device,
-                          dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                          allow_other_base=args.allow_other_base, overwrite=args.overwrite)
+    attacked = run_attack(
+        args.attack,
+        model=args.model,
+        out=args.out,
+        options=parse_options(args.option),
+        adapter=args.adapter,
+        forget=args.forget,
+        tofu_dir=args.tofu_dir,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        allow_other_base=args.allow_other_base,
+        overwrite=args.overwrite,
+    )
     record = attacked.record
-    print(f"{args.attack}: attacked model -> {attacked.folder} ({record['wall_time_s']:.1f} s; "
-          f"{attacked.folder / 'attack.json'})")
+    print(
+        f"{args.attack}: attacked model -> {attacked.folder} ({record['wall_time_s']:.1f} s; "
+        f"{attacked.folder / 'attack.json'})"
+    )
     split = attacked.measure_split or "SPLIT"
-    print(f"measure it: unlearn eval --model {attacked.folder} --tasks tofu_forget_prob,tofu_forget_rouge "
-          f"--forget-split {split} --out {attacked.folder}/eval")
+    print(
+        f"measure it: unlearn eval --model {attacked.folder} --tasks tofu_forget_prob,tofu_forget_rouge "
+        f"--forget-split {split} --out {attacked.folder}/eval"
+    )
     return 0

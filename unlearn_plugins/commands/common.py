@@ -31,18 +31,31 @@ def dtype_option(value: str) -> str:
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, default: str | None = "smollm2-135m") -> None:
-    parser.add_argument("--model", default=default, required=default is None,
-                        help="local Hugging Face folder, hub id, or alias 'smollm2-135m' (default: %(default)s)")
-    parser.add_argument("--device", default=None, type=device_option,
-                        help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, type=dtype_option,
-                        help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument(
+        "--model",
+        default=default,
+        required=default is None,
+        help="local Hugging Face folder, hub id, or alias 'smollm2-135m' (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device", default=None, type=device_option, help="cpu, cuda, cuda:1 ... (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        type=dtype_option,
+        help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)",
+    )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
 
 
 def add_data_options(parser: argparse.ArgumentParser, *, default: str | None = "tofu:forget01") -> None:
-    parser.add_argument("--data", default=default, required=default is None,
-                        help="tofu:SPLIT, tofu:SPLIT[a:b], or a JSON-lines file in TOFU's format (default: %(default)s)")
+    parser.add_argument(
+        "--data",
+        default=default,
+        required=default is None,
+        help="tofu:SPLIT, tofu:SPLIT[a:b], or a JSON-lines file in TOFU's format (default: %(default)s)",
+    )
     parser.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
 
 
@@ -82,8 +95,9 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
 
 
 def add_show_config_option(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--show-config", action="store_true",
-                        help=f"print {what} as TOML and exit without running anything")
+    parser.add_argument(
+        "--show-config", action="store_true", help=f"print {what} as TOML and exit without running anything"
+    )
 
 
 def print_config(values: Mapping, title: str) -> int:
@@ -121,5 +135,7 @@ def to_toml(values: Mapping) -> str:
 
     unset: list[str] = []
     document = tomli_w.dumps(_plain(values, (), unset))
-    names = ", ".join(json.dumps(name).replace("\x7f", "\\u007f") for name in unset)  # a comment holds no control character
+    names = ", ".join(
+        json.dumps(name).replace("\x7f", "\\u007f") for name in unset
+    )  # a comment holds no control character
     return (f"# not set: {names}\n" if unset else "") + document

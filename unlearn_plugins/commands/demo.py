@@ -26,56 +26,108 @@ EXAMPLE = """examples:
 """
 
 #: options of one benchmark only: (flag, attribute)
-TOFU_ONLY = (("--authors", "authors"), ("--forget-authors", "forget_authors"), ("--data", "data"),
-             ("--tofu-dir", "tofu_dir"), ("--workers", "workers"))
-MOVIELENS_ONLY = (("--movielens-dir", "movielens_dir"), ("--users", "users"), ("--train-per-user", "train_per_user"),
-                  ("--eval-per-user", "eval_per_user"), ("--forget-fraction", "forget_fraction"),
-                  ("--shards", "shards"), ("--aggregator", "aggregator"), ("--train-dtype", "train_dtype"))
+TOFU_ONLY = (
+    ("--authors", "authors"),
+    ("--forget-authors", "forget_authors"),
+    ("--data", "data"),
+    ("--tofu-dir", "tofu_dir"),
+    ("--workers", "workers"),
+)
+MOVIELENS_ONLY = (
+    ("--movielens-dir", "movielens_dir"),
+    ("--users", "users"),
+    ("--train-per-user", "train_per_user"),
+    ("--eval-per-user", "eval_per_user"),
+    ("--forget-fraction", "forget_fraction"),
+    ("--shards", "shards"),
+    ("--aggregator", "aggregator"),
+    ("--train-dtype", "train_dtype"),
+)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on the embedded model and write a report",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--benchmark", choices=("tofu", "movielens"), default="tofu",
-                   help="tofu: LLM unlearning on TOFU authors; movielens: recommendation unlearning (default: tofu)")
-    p.add_argument("--out", default=None,
-                   help="report folder (default: unlearn-demo, or unlearn-demo-movielens with --benchmark movielens)")
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on the embedded model and write a report",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--benchmark",
+        choices=("tofu", "movielens"),
+        default="tofu",
+        help="tofu: LLM unlearning on TOFU authors; movielens: recommendation unlearning (default: tofu)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="report folder (default: unlearn-demo, or unlearn-demo-movielens with --benchmark movielens)",
+    )
     p.add_argument("--fast", action="store_true", help="a smoke-test budget: every stage, minimal work")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="base model: the embedded alias (default), a local folder or a hub id")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="base model: the embedded alias (default), a local folder or a hub id"
+    )
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
     tofu = p.add_argument_group("--benchmark tofu")
-    tofu.add_argument("--authors", type=int, default=None,
-                      help="authors in the benchmark, 20 QA each (default: 3; 2 with --fast)")
+    tofu.add_argument(
+        "--authors", type=int, default=None, help="authors in the benchmark, 20 QA each (default: 3; 2 with --fast)"
+    )
     tofu.add_argument("--forget-authors", type=int, default=None, help="how many of them to forget (default: 1)")
-    tofu.add_argument("--data", choices=("auto", "tofu", "generated"), default=None,
-                      help="auto: TOFU (--tofu-dir, $UNLEARN_TOFU_DIR, else the TOFU authors shipped with the "
-                           "package, else the hub), and if none has enough authors, generated fictitious authors "
-                           "(default: auto)")
-    tofu.add_argument("--tofu-dir", default=None,
-                      help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
-                           "package; more authors: the hub)")
-    tofu.add_argument("--workers", type=int, default=None,
-                      help="stages built at once, each in a worker process with its share of the cores (default: 2, "
-                           "1 on a 1-core machine); 1: one after the other in this process")
+    tofu.add_argument(
+        "--data",
+        choices=("auto", "tofu", "generated"),
+        default=None,
+        help="auto: TOFU (--tofu-dir, $UNLEARN_TOFU_DIR, else the TOFU authors shipped with the "
+        "package, else the hub), and if none has enough authors, generated fictitious authors "
+        "(default: auto)",
+    )
+    tofu.add_argument(
+        "--tofu-dir",
+        default=None,
+        help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the 3 TOFU authors shipped with the "
+        "package; more authors: the hub)",
+    )
+    tofu.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="stages built at once, each in a worker process with its share of the cores (default: 2, "
+        "1 on a 1-core machine); 1: one after the other in this process",
+    )
     rec = p.add_argument_group("--benchmark movielens (defaults: the budget in unlearn_plugins/demo/movielens.py)")
-    rec.add_argument("--movielens-dir", default=None,
-                     help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
-                          "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)")
+    rec.add_argument(
+        "--movielens-dir",
+        default=None,
+        help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
+        "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)",
+    )
     rec.add_argument("--users", type=int, default=None, help="MovieLens users sampled (default: 20; 8 with --fast)")
-    rec.add_argument("--train-per-user", type=int, default=None,
-                     help="each user's latest training prompts (default: 4)")
-    rec.add_argument("--eval-per-user", type=int, default=None,
-                     help="each user's latest test prompts (default: 2)")
-    rec.add_argument("--forget-fraction", type=float, default=None,
-                     help="fraction of the users forgotten (default: 0.2; 0.25 with --fast)")
+    rec.add_argument(
+        "--train-per-user", type=int, default=None, help="each user's latest training prompts (default: 4)"
+    )
+    rec.add_argument("--eval-per-user", type=int, default=None, help="each user's latest test prompts (default: 2)")
+    rec.add_argument(
+        "--forget-fraction",
+        type=float,
+        default=None,
+        help="fraction of the users forgotten (default: 0.2; 0.25 with --fast)",
+    )
     rec.add_argument("--shards", type=int, default=None, help="RecEraser's shards of users (default: 3; 2 with --fast)")
-    rec.add_argument("--aggregator", choices=("attention", "average"), default=None,
-                     help="RecEraser's attention or SISA's average over the shards (default: attention)")
-    rec.add_argument("--train-dtype", choices=("auto", "bf16", "fp32"), default=None,
-                     help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
-                          "(AVX512-BF16 / AMX), else fp32; measurements run in fp32 on CPU (default: auto)")
+    rec.add_argument(
+        "--aggregator",
+        choices=("attention", "average"),
+        default=None,
+        help="RecEraser's attention or SISA's average over the shards (default: attention)",
+    )
+    rec.add_argument(
+        "--train-dtype",
+        choices=("auto", "bf16", "fp32"),
+        default=None,
+        help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
+        "(AVX512-BF16 / AMX), else fp32; measurements run in fp32 on CPU (default: auto)",
+    )
     p.set_defaults(func=run)
 
 
@@ -99,8 +151,9 @@ def check_args(args) -> None:
     forget_authors = 1 if args.forget_authors is None else args.forget_authors
     check_int("--forget-authors", forget_authors, 1)
     if forget_authors >= authors:
-        raise UnlearnError(f"--forget-authors {forget_authors} must be below --authors {authors} "
-                           f"(at least one author is retained)")
+        raise UnlearnError(
+            f"--forget-authors {forget_authors} must be below --authors {authors} (at least one author is retained)"
+        )
     if args.workers is not None:
         check_int("--workers", args.workers, 1)
     check_out_folder("--out", args.out)
@@ -110,11 +163,21 @@ def check_args(args) -> None:
 def movielens_config(args):
     from ..demo.movielens import MovieLensDemoConfig
 
-    return MovieLensDemoConfig(out=args.out or "unlearn-demo-movielens", model=args.model, fast=args.fast,
-                               movielens_dir=args.movielens_dir, users=args.users, train_per_user=args.train_per_user,
-                               eval_per_user=args.eval_per_user, forget_fraction=args.forget_fraction,
-                               shards=args.shards, aggregator=args.aggregator, train_dtype=args.train_dtype or "auto",
-                               device=args.device, cache_dir=args.cache_dir)
+    return MovieLensDemoConfig(
+        out=args.out or "unlearn-demo-movielens",
+        model=args.model,
+        fast=args.fast,
+        movielens_dir=args.movielens_dir,
+        users=args.users,
+        train_per_user=args.train_per_user,
+        eval_per_user=args.eval_per_user,
+        forget_fraction=args.forget_fraction,
+        shards=args.shards,
+        aggregator=args.aggregator,
+        train_dtype=args.train_dtype or "auto",
+        device=args.device,
+        cache_dir=args.cache_dir,
+    )
 
 
 def check_movielens_args(args) -> None:
@@ -123,8 +186,12 @@ def check_movielens_args(args) -> None:
     from ..demo.movielens import check_budget
 
     _refuse_other(args, TOFU_ONLY, "movielens")
-    for flag, attr in (("--users", "users"), ("--train-per-user", "train_per_user"),
-                       ("--eval-per-user", "eval_per_user"), ("--shards", "shards")):
+    for flag, attr in (
+        ("--users", "users"),
+        ("--train-per-user", "train_per_user"),
+        ("--eval-per-user", "eval_per_user"),
+        ("--shards", "shards"),
+    ):
         if getattr(args, attr) is not None:
             check_int(flag, getattr(args, attr), 1)
     if args.forget_fraction is not None and not (math.isfinite(args.forget_fraction) and 0 < args.forget_fraction < 1):
@@ -143,10 +210,18 @@ def run(args) -> int:
     else:
         from ..demo import DemoConfig, run_demo
 
-        config = DemoConfig(out=args.out or "unlearn-demo", model=args.model, authors=args.authors,
-                            forget_authors=1 if args.forget_authors is None else args.forget_authors, fast=args.fast,
-                            data=args.data or "auto", tofu_dir=args.tofu_dir, device=args.device,
-                            cache_dir=args.cache_dir, workers=args.workers)
+        config = DemoConfig(
+            out=args.out or "unlearn-demo",
+            model=args.model,
+            authors=args.authors,
+            forget_authors=1 if args.forget_authors is None else args.forget_authors,
+            fast=args.fast,
+            data=args.data or "auto",
+            tofu_dir=args.tofu_dir,
+            device=args.device,
+            cache_dir=args.cache_dir,
+            workers=args.workers,
+        )
         result = run_demo(config)
     print(result.table)
     print(f"report -> {result.out}/ ({', '.join(sorted(result.files))})")

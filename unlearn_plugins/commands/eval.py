@@ -37,76 +37,168 @@ EXAMPLE = """examples:
 """
 
 #: lm_eval's --model_args keys that unlearn eval takes, and the option each one sets
-MODEL_ARGS = {"pretrained": "model", "peft": "adapter", "dtype": "dtype", "device": "device",
-              "trust_remote_code": "trust_remote_code"}
+MODEL_ARGS = {
+    "pretrained": "model",
+    "peft": "adapter",
+    "dtype": "dtype",
+    "device": "device",
+    "trust_remote_code": "trust_remote_code",
+}
 #: lm_eval's --model value for Hugging Face models, accepted beside --model_args
 LM_EVAL_BACKENDS = ("hf", "huggingface")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_options(p)
-    p.add_argument("--model-args", "--model_args", dest="model_args", default=None, metavar="K=V,...",
-                   help="lm_eval's spelling of the model: pretrained=MODEL[,peft=ADAPTER][,dtype=D][,device=D]"
-                        "[,trust_remote_code=True] (then --model may be left out or be 'hf')")
+    p.add_argument(
+        "--model-args",
+        "--model_args",
+        dest="model_args",
+        default=None,
+        metavar="K=V,...",
+        help="lm_eval's spelling of the model: pretrained=MODEL[,peft=ADAPTER][,dtype=D][,device=D]"
+        "[,trust_remote_code=True] (then --model may be left out or be 'hf')",
+    )
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")
-    p.add_argument("--allow-other-base", action="store_true",
-                   help="load --adapter even if it was trained on another base model")
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated lm-eval tasks, groups or tags, e.g. tofu_forget01 (all TOFU forget01 "
-                        "and Model Utility tasks), tofu_forget01_nogen (no generation), mmlu_local, wmdp_local, mmlu")
-    p.add_argument("--retain-reference", action="append", default=[], metavar="FILE",
-                   help="retain model's per-sample truth ratios for Forget Quality (repeatable: one per forget split)")
-    p.add_argument("--save-reference", default=None, metavar="FILE",
-                   help="write this model's forget-split truth ratios as a retain reference")
+    p.add_argument(
+        "--allow-other-base", action="store_true", help="load --adapter even if it was trained on another base model"
+    )
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated lm-eval tasks, groups or tags, e.g. tofu_forget01 (all TOFU forget01 "
+        "and Model Utility tasks), tofu_forget01_nogen (no generation), mmlu_local, wmdp_local, mmlu",
+    )
+    p.add_argument(
+        "--retain-reference",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="retain model's per-sample truth ratios for Forget Quality (repeatable: one per forget split)",
+    )
+    p.add_argument(
+        "--save-reference",
+        default=None,
+        metavar="FILE",
+        help="write this model's forget-split truth ratios as a retain reference",
+    )
     p.add_argument("--limit", type=float, default=None, help="first N documents per task (N < 1: a fraction)")
-    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=8,
-                   help="lm-eval batch size (default: %(default)s)")
-    p.add_argument("--max-gen-toks", type=int, default=None,
-                   help="cap on new tokens in generation tasks (TOFU's ROUGE tasks: 200 unless capped)")
-    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
-                   help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)")
-    p.add_argument("--use-cache", "--use_cache", dest="use_cache", default=None, metavar="PATH",
-                   help="lm-eval's cache of model responses (SQLite, PATH_rank0.db): a rerun of the same model "
-                        "reuses them")
+    p.add_argument(
+        "--batch-size",
+        "--batch_size",
+        dest="batch_size",
+        type=int,
+        default=8,
+        help="lm-eval batch size (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-gen-toks",
+        type=int,
+        default=None,
+        help="cap on new tokens in generation tasks (TOFU's ROUGE tasks: 200 unless capped)",
+    )
+    p.add_argument(
+        "--num-fewshot",
+        "--num_fewshot",
+        dest="num_fewshot",
+        type=int,
+        default=None,
+        help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)",
+    )
+    p.add_argument(
+        "--use-cache",
+        "--use_cache",
+        dest="use_cache",
+        default=None,
+        metavar="PATH",
+        help="lm-eval's cache of model responses (SQLite, PATH_rank0.db): a rerun of the same model reuses them",
+    )
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
-    p.add_argument("--forget-split", default=None,
-                   help="split for the generic tofu_forget_* tasks: a TOFU name or a JSON-lines file in TOFU's format")
+    p.add_argument(
+        "--forget-split",
+        default=None,
+        help="split for the generic tofu_forget_* tasks: a TOFU name or a JSON-lines file in TOFU's format",
+    )
     p.add_argument("--mmlu-dir", default=None, help="MMLU CSV folder for mmlu_local (default: $UNLEARN_MMLU_DIR)")
     p.add_argument("--wmdp-dir", default=None, help="WMDP JSON folder for wmdp_local (default: $UNLEARN_WMDP_DIR)")
     p.add_argument("--system-prompt", default=None, help="system turn for the TOFU chat prompts")
     g = p.add_argument_group("membership inference")
-    g.add_argument("--mia", action="store_true",
-                   help="add the MIA tasks (tofu_mia: LOSS, zlib, Min-K%%, reference attack, privleak; "
-                        "tofu_forget_exact_memorization) and compute Min-K%%++ and gradient-norm on the model; "
-                        "needs --forget-split and --holdout-split")
-    g.add_argument("--holdout-split", default=None,
-                   help="QA the model never trained on, for tofu_mia: a TOFU split name or a JSON-lines file")
-    g.add_argument("--mia-reference", default=None, metavar="FILE",
-                   help="the retain model's MIA reference (--save-mia-reference): reference attack and privleak")
-    g.add_argument("--save-mia-reference", default=None, metavar="FILE",
-                   help="write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)")
+    g.add_argument(
+        "--mia",
+        action="store_true",
+        help="add the MIA tasks (tofu_mia: LOSS, zlib, Min-K%%, reference attack, privleak; "
+        "tofu_forget_exact_memorization) and compute Min-K%%++ and gradient-norm on the model; "
+        "needs --forget-split and --holdout-split",
+    )
+    g.add_argument(
+        "--holdout-split",
+        default=None,
+        help="QA the model never trained on, for tofu_mia: a TOFU split name or a JSON-lines file",
+    )
+    g.add_argument(
+        "--mia-reference",
+        default=None,
+        metavar="FILE",
+        help="the retain model's MIA reference (--save-mia-reference): reference attack and privleak",
+    )
+    g.add_argument(
+        "--save-mia-reference",
+        default=None,
+        metavar="FILE",
+        help="write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)",
+    )
     g = p.add_argument_group("robustness")
-    g.add_argument("--robustness", action="store_true",
-                   help="measure forget probability and ROUGE-L plain, under the paraphrase and format probes and "
-                        "after each attack (attack-aware worst case); needs --forget-split")
-    g.add_argument("--robustness-attacks", default=None, metavar="A,B",
-                   help="the attacks --robustness runs (default: every installed attack, see `unlearn plugins`)")
-    g.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE",
-                   help="an option of one of those attacks (repeatable), e.g. quantize.bits=8, relearn.steps=20")
-    g.add_argument("--keep-attacked-models", action="store_true",
-                   help="keep the attacked models' weights in OUT/attacks/<attack>/model (default: removed once "
-                        "measured)")
-    p.add_argument("--out", "--output_path", dest="out", default=None,
-                   help="output folder, in lm_eval's layout: OUT/<model>/results_<date>.json (with Forget Quality "
-                        "and Model Utility) and samples_<task>_<date>.jsonl")
-    p.add_argument("--print-tasks-dir", action="store_true",
-                   help="print the installed TOFU/MMLU/WMDP task folder (for lm_eval --include_path) and exit; "
-                        "plugins' folders are listed by `unlearn plugins`")
-    p.add_argument("--print-model-dir", action="store_true",
-                   help="print the local folder of --model (the embedded smollm2-135m is converted once) for "
-                        "lm_eval --model_args pretrained=..., and exit")
+    g.add_argument(
+        "--robustness",
+        action="store_true",
+        help="measure forget probability and ROUGE-L plain, under the paraphrase and format probes and "
+        "after each attack (attack-aware worst case); needs --forget-split",
+    )
+    g.add_argument(
+        "--robustness-attacks",
+        default=None,
+        metavar="A,B",
+        help="the attacks --robustness runs (default: every installed attack, see `unlearn plugins`)",
+    )
+    g.add_argument(
+        "--attack-option",
+        action="append",
+        default=[],
+        metavar="NAME.KEY=VALUE",
+        help="an option of one of those attacks (repeatable), e.g. quantize.bits=8, relearn.steps=20",
+    )
+    g.add_argument(
+        "--keep-attacked-models",
+        action="store_true",
+        help="keep the attacked models' weights in OUT/attacks/<attack>/model (default: removed once measured)",
+    )
+    p.add_argument(
+        "--out",
+        "--output_path",
+        dest="out",
+        default=None,
+        help="output folder, in lm_eval's layout: OUT/<model>/results_<date>.json (with Forget Quality "
+        "and Model Utility) and samples_<task>_<date>.jsonl",
+    )
+    p.add_argument(
+        "--print-tasks-dir",
+        action="store_true",
+        help="print the installed TOFU/MMLU/WMDP task folder (for lm_eval --include_path) and exit; "
+        "plugins' folders are listed by `unlearn plugins`",
+    )
+    p.add_argument(
+        "--print-model-dir",
+        action="store_true",
+        help="print the local folder of --model (the embedded smollm2-135m is converted once) for "
+        "lm_eval --model_args pretrained=..., and exit",
+    )
     p.set_defaults(func=run)
 
 
@@ -117,8 +209,10 @@ def apply_model_args(args) -> None:
 
     if not args.model_args:
         if args.model in LM_EVAL_BACKENDS:
-            raise UnlearnError(f"--model {args.model}: lm_eval's backend name needs --model_args pretrained=MODEL "
-                               "(or give the model itself: --model MODEL)")
+            raise UnlearnError(
+                f"--model {args.model}: lm_eval's backend name needs --model_args pretrained=MODEL "
+                "(or give the model itself: --model MODEL)"
+            )
         return
     pairs = [part for part in args.model_args.split(",") if part.strip()]
     try:
@@ -126,16 +220,25 @@ def apply_model_args(args) -> None:
     except ValueError:
         parsed = None
     if not parsed:
-        raise UnlearnError(f"--model_args {args.model_args!r}: expected key=value pairs separated by commas, "
-                           "e.g. pretrained=MODEL,peft=ADAPTER")
+        raise UnlearnError(
+            f"--model_args {args.model_args!r}: expected key=value pairs separated by commas, "
+            "e.g. pretrained=MODEL,peft=ADAPTER"
+        )
     unknown = sorted(set(parsed) - set(MODEL_ARGS))
     if unknown:
-        raise UnlearnError(f"--model_args: unlearn eval takes {', '.join(MODEL_ARGS)}; got {', '.join(unknown)} "
-                           "(run lm_eval itself for other HFLM options)")
+        raise UnlearnError(
+            f"--model_args: unlearn eval takes {', '.join(MODEL_ARGS)}; got {', '.join(unknown)} "
+            "(run lm_eval itself for other HFLM options)"
+        )
     if "pretrained" not in parsed:
         raise UnlearnError("--model_args: pretrained=MODEL is required")
-    defaults = {"model": ("smollm2-135m", *LM_EVAL_BACKENDS), "adapter": (None,), "dtype": (None,),
-                "device": (None,), "trust_remote_code": (False,)}
+    defaults = {
+        "model": ("smollm2-135m", *LM_EVAL_BACKENDS),
+        "adapter": (None,),
+        "dtype": (None,),
+        "device": (None,),
+        "trust_remote_code": (False,),
+    }
     for key, value in parsed.items():
         dest = MODEL_ARGS[key]
         if key == "trust_remote_code":
@@ -173,8 +276,11 @@ def run(args) -> int:
 
         print(resolve_model(args.model))
         return 0
-    missing = [flag for flag, value in (("--tasks", args.tasks or args.mia or args.robustness), ("--out", args.out))
-               if not value]
+    missing = [
+        flag
+        for flag, value in (("--tasks", args.tasks or args.mia or args.robustness), ("--out", args.out))
+        if not value
+    ]
     if missing:
         raise UnlearnError(f"unlearn eval: {', '.join(missing)} required")
     tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
@@ -184,14 +290,20 @@ def run(args) -> int:
         tasks += robustness.tasks_needed()
     tasks = list(dict.fromkeys(tasks))
     if (args.mia or args.robustness) and not args.forget_split:
-        raise UnlearnError(f"unlearn eval {'--mia' if args.mia else '--robustness'}: --forget-split required (the "
-                           "forget split to measure: a TOFU split name or a JSON-lines file)")
+        raise UnlearnError(
+            f"unlearn eval {'--mia' if args.mia else '--robustness'}: --forget-split required (the "
+            "forget split to measure: a TOFU split name or a JSON-lines file)"
+        )
     if args.mia and not args.holdout_split:
-        raise UnlearnError("unlearn eval --mia: --holdout-split required (QA the model never trained on, e.g. other "
-                           "TOFU authors: a TOFU split name or a JSON-lines file)")
+        raise UnlearnError(
+            "unlearn eval --mia: --holdout-split required (QA the model never trained on, e.g. other "
+            "TOFU authors: a TOFU split name or a JSON-lines file)"
+        )
     if (args.mia_reference or args.save_mia_reference) and not {membership.MIA_TASK, "tofu_forget_mia"} & set(tasks):
-        raise UnlearnError(f"--mia-reference and --save-mia-reference need the {membership.MIA_TASK} task: add --mia "
-                           f"(or --tasks {membership.MIA_TASK})")
+        raise UnlearnError(
+            f"--mia-reference and --save-mia-reference need the {membership.MIA_TASK} task: add --mia "
+            f"(or --tasks {membership.MIA_TASK})"
+        )
     attacks, options = _robustness_attacks(args) if args.robustness else ([], {})
     if args.max_gen_toks is not None:
         check_int("--max-gen-toks", args.max_gen_toks, 1)
@@ -208,10 +320,21 @@ def run(args) -> int:
         check_out_file(flag, getattr(args, flag[2:].replace("-", "_")))
     if args.use_cache:
         check_out_file("--use-cache", args.use_cache + "_rank0.db")
-    common = dict(device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                  batch_size=args.batch_size, limit=limit, num_fewshot=args.num_fewshot, tofu_dir=args.tofu_dir,
-                  mmlu_dir=args.mmlu_dir, wmdp_dir=args.wmdp_dir, system_prompt=args.system_prompt,
-                  max_gen_toks=args.max_gen_toks, allow_other_base=args.allow_other_base, use_cache=args.use_cache)
+    common = dict(
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        batch_size=args.batch_size,
+        limit=limit,
+        num_fewshot=args.num_fewshot,
+        tofu_dir=args.tofu_dir,
+        mmlu_dir=args.mmlu_dir,
+        wmdp_dir=args.wmdp_dir,
+        system_prompt=args.system_prompt,
+        max_gen_toks=args.max_gen_toks,
+        allow_other_base=args.allow_other_base,
+        use_cache=args.use_cache,
+    )
     metadata = {"holdout_split": args.holdout_split, "mia_reference": args.mia_reference}
     failed = False
     with runner.lock_out(args.out):  # the whole evaluation: a second one on --out is refused at once
@@ -220,17 +343,36 @@ def run(args) -> int:
             from ..models import load_model
 
             runner.task_manager_for(tasks)  # bad input fails before the model loads
-            membership.check_before_loading(args.forget_split, args.holdout_split, tofu_dir=args.tofu_dir,
-                                            limit=limit, reference=args.mia_reference)
-            loaded = load_model(args.model, device=args.device, dtype=args.dtype,
-                                trust_remote_code=args.trust_remote_code, adapter=args.adapter,
-                                allow_other_base=args.allow_other_base)
-            direct = membership.direct_attacks(*loaded, forget_split=args.forget_split,
-                                               holdout_split=args.holdout_split, tofu_dir=args.tofu_dir, limit=limit,
-                                               system_prompt=args.system_prompt, batch_size=args.batch_size)
+            membership.check_before_loading(
+                args.forget_split, args.holdout_split, tofu_dir=args.tofu_dir, limit=limit, reference=args.mia_reference
+            )
+            loaded = load_model(
+                args.model,
+                device=args.device,
+                dtype=args.dtype,
+                trust_remote_code=args.trust_remote_code,
+                adapter=args.adapter,
+                allow_other_base=args.allow_other_base,
+            )
+            direct = membership.direct_attacks(
+                *loaded,
+                forget_split=args.forget_split,
+                holdout_split=args.holdout_split,
+                tofu_dir=args.tofu_dir,
+                limit=limit,
+                system_prompt=args.system_prompt,
+                batch_size=args.batch_size,
+            )
         evaluation = runner.evaluate_model(
-            args.model, tasks, adapter=args.adapter, retain_references=args.retain_reference,
-            forget_split=args.forget_split, metadata=metadata, loaded=loaded, **common)
+            args.model,
+            tasks,
+            adapter=args.adapter,
+            retain_references=args.retain_reference,
+            forget_split=args.forget_split,
+            metadata=metadata,
+            loaded=loaded,
+            **common,
+        )
         loaded = None
         summary = membership.mia_summary(evaluation.summary["metrics"], direct, reference_path=args.mia_reference)
         if summary is not None:
@@ -239,18 +381,36 @@ def run(args) -> int:
             task = runner.save_reference(evaluation, args.save_reference, model=args.model, adapter=args.adapter)
             evaluation.summary["saved_reference"] = {"path": args.save_reference, "task": task}
         if args.save_mia_reference:
-            membership.save_mia_reference(args.save_mia_reference, evaluation.samples,
-                                          evaluation.summary["metrics"], direct, model=args.model, adapter=args.adapter)
+            membership.save_mia_reference(
+                args.save_mia_reference,
+                evaluation.samples,
+                evaluation.summary["metrics"],
+                direct,
+                model=args.model,
+                adapter=args.adapter,
+            )
             evaluation.summary["saved_mia_reference"] = {"path": args.save_mia_reference}
         if args.robustness:
+
             def evaluate_attacked(model_dir: str, split: str):
                 return runner.evaluate_model(model_dir, list(robustness.PLAIN_TASKS), forget_split=split, **common)
 
             attacked = robustness.run_attacks(
-                Path(args.out), attacks, options, evaluate=evaluate_attacked, model=args.model, adapter=args.adapter,
-                forget_split=args.forget_split, tofu_dir=args.tofu_dir, device=args.device, dtype=args.dtype,
-                trust_remote_code=args.trust_remote_code, allow_other_base=args.allow_other_base,
-                keep_models=args.keep_attacked_models, write=runner.write_outputs)
+                Path(args.out),
+                attacks,
+                options,
+                evaluate=evaluate_attacked,
+                model=args.model,
+                adapter=args.adapter,
+                forget_split=args.forget_split,
+                tofu_dir=args.tofu_dir,
+                device=args.device,
+                dtype=args.dtype,
+                trust_remote_code=args.trust_remote_code,
+                allow_other_base=args.allow_other_base,
+                keep_models=args.keep_attacked_models,
+                write=runner.write_outputs,
+            )
             failed = any(isinstance(r, str) for r in attacked.values())
             evaluation.summary["robustness"] = robustness.robustness_summary(evaluation, attacked)
         paths = runner.write_outputs(args.out, evaluation)
@@ -276,8 +436,9 @@ def _robustness_attacks(args) -> tuple[list[str], dict[str, dict]]:
     from ..interfaces import ATTACK
 
     installed = [c.name for c in list_components(ATTACK)]
-    names = [n.strip() for n in args.robustness_attacks.split(",") if n.strip()] if args.robustness_attacks \
-        else installed
+    names = (
+        [n.strip() for n in args.robustness_attacks.split(",") if n.strip()] if args.robustness_attacks else installed
+    )
     options = robustness.attack_options(parse_options(args.attack_option, "--attack-option"), names)
     for name in names:
         create_attack(name, options[name])

@@ -19,12 +19,22 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("finetune", help="fine-tune a model on a TOFU split (target models)",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a model on a TOFU split (target models)",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g = p.add_argument_group("data")
     g.add_argument("--data", default=S, help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full)")
-    g.add_argument("--authors", type=int_list, default=S, metavar="I,J,...",
-                   help="train on these TOFU authors of the split only (20 QA each, 0-based)")
+    g.add_argument(
+        "--authors",
+        type=int_list,
+        default=S,
+        metavar="I,J,...",
+        help="train on these TOFU authors of the split only (20 QA each, 0-based)",
+    )
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     add_training_options(p)
     p.set_defaults(func=run)

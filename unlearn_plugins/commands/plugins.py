@@ -17,8 +17,13 @@ EXAMPLE = """examples:
 def add_parser(sub) -> None:
     import argparse
 
-    p = sub.add_parser("plugins", help="list installed plugins and their components",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "plugins",
+        help="list installed plugins and their components",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -16,13 +16,19 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("probs", help="print each sample's answer probability under a model",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "probs",
+        help="print each sample's answer probability under a model",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_options(p)
     add_data_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")
-    p.add_argument("--allow-other-base", action="store_true",
-                   help="load --adapter even if it was trained on another base model")
+    p.add_argument(
+        "--allow-other-base", action="store_true", help="load --adapter even if it was trained on another base model"
+    )
     p.add_argument("--batch-size", type=int, default=8, help="samples per forward pass (default: %(default)s)")
     p.add_argument("--max-length", type=int, default=512, help="max tokens per example (default: %(default)s)")
     p.set_defaults(func=run)
@@ -36,9 +42,14 @@ def run(args) -> int:
     check_int("--batch-size", args.batch_size, 1)
     check_int("--max-length", args.max_length, MIN_MAX_LENGTH)
     samples = load_split(args.data, args.tofu_dir)
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype,
-                            trust_remote_code=args.trust_remote_code, adapter=args.adapter,
-                            allow_other_base=args.allow_other_base)
+    model, tok = load_model(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        adapter=args.adapter,
+        allow_other_base=args.allow_other_base,
+    )
     encoded = encode_samples(tok, samples, max_length=args.max_length)
     stats = answer_nll(model, encoded, tok.pad_token_id, batch_size=args.batch_size, progress=True)
     probs = [answer_probability(s, n) for s, n in stats]

@@ -20,26 +20,50 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="unlearn a forget set (writes a PEFT adapter and run.json)",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "run",
+        help="unlearn a forget set (writes a PEFT adapter and run.json)",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g = p.add_argument_group("data")
-    g.add_argument("--forget", default=S, help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01)")
+    g.add_argument(
+        "--forget", default=S, help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01)"
+    )
     g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
     g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
-    g.add_argument("--allow-overlap", action="store_true", default=S,
-                   help="accept samples that are in both --forget and --retain (default: refused)")
+    g.add_argument(
+        "--allow-overlap",
+        action="store_true",
+        default=S,
+        help="accept samples that are in both --forget and --retain (default: refused)",
+    )
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     g = p.add_argument_group("method")
-    g.add_argument("--preset", default=S, help="a named recipe applied below --config and flags: reglu "
-                   "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults and schedule)")
+    g.add_argument(
+        "--preset",
+        default=S,
+        help="a named recipe applied below --config and flags: reglu "
+        "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults and schedule)",
+    )
     g.add_argument("--objective", default=S, help="unlearning objective (default: grad_diff; see `unlearn plugins`)")
-    g.add_argument("--objective-option", action="append", default=S, metavar="KEY=VALUE", help="objective option (repeatable)")
-    g.add_argument("--retain-loss", choices=["nll", "kl"], default=S, help="retain term: NLL or KL to the reference model")
+    g.add_argument(
+        "--objective-option", action="append", default=S, metavar="KEY=VALUE", help="objective option (repeatable)"
+    )
+    g.add_argument(
+        "--retain-loss", choices=["nll", "kl"], default=S, help="retain term: NLL or KL to the reference model"
+    )
     g.add_argument("--initializer", default=S, help="LoRA adapter initializer (default: kaiming, PEFT's default)")
     g.add_argument("--initializer-option", action="append", default=S, metavar="KEY=VALUE")
     g.add_argument("--regularizer", default=S, help="regulariser added to the objective, e.g. rol")
-    g.add_argument("--regularizer-option", action="append", default=S, metavar="KEY=VALUE",
-                   help="e.g. weight=0.5 (lambda), rank=128")
+    g.add_argument(
+        "--regularizer-option",
+        action="append",
+        default=S,
+        metavar="KEY=VALUE",
+        help="e.g. weight=0.5 (lambda), rank=128",
+    )
     add_training_options(p)
     p.set_defaults(func=run)
 
@@ -49,8 +73,13 @@ def check_overlap(config) -> None:
     from ..data.tofu import check_disjoint, load_split
 
     if config.retain:
-        check_disjoint(load_split(config.forget, config.tofu_dir), load_split(config.retain, config.tofu_dir),
-                       forget_spec=config.forget, retain_spec=config.retain, allow_overlap=config.allow_overlap)
+        check_disjoint(
+            load_split(config.forget, config.tofu_dir),
+            load_split(config.retain, config.tofu_dir),
+            forget_spec=config.forget,
+            retain_spec=config.retain,
+            allow_overlap=config.allow_overlap,
+        )
 
 
 def run(args) -> int:

@@ -21,15 +21,24 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("score", help="score each sample's unlearning difficulty with a scorer plugin",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "score",
+        help="score each sample's unlearning difficulty with a scorer plugin",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--scorer", required=True, help="scorer name (see `unlearn plugins`)")
     add_model_options(p)
     add_data_options(p)
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scorer option (repeatable)")
-    p.add_argument("--anchor-data", default=None, metavar="SPEC",
-                   help="cud: the anchor pool (tofu:SPLIT, a file, or 'self'), disjoint from --data "
-                        "(default for TOFU data: tofu:forget10, else tofu:retain90[3200:3600])")
+    p.add_argument(
+        "--anchor-data",
+        default=None,
+        metavar="SPEC",
+        help="cud: the anchor pool (tofu:SPLIT, a file, or 'self'), disjoint from --data "
+        "(default for TOFU data: tofu:forget10, else tofu:retain90[3200:3600])",
+    )
     p.add_argument("--out", required=True, help="output JSON-lines file (plus OUT.meta.json, what the scorer recorded)")
     p.set_defaults(func=run)
 
@@ -65,10 +74,10 @@ def run(args) -> int:
         scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
         samples = load_split(args.data, args.tofu_dir)
         device = process_device(group, args.device)
-        model, tok = load_model(args.model, device=device, dtype=args.dtype,
-                                trust_remote_code=args.trust_remote_code)
-        journal = ScoreJournal(args.out, _settings_key(args, options, samples, model), samples,
-                               rank=0 if group is None else group.index)
+        model, tok = load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        journal = ScoreJournal(
+            args.out, _settings_key(args, options, samples, model), samples, rank=0 if group is None else group.index
+        )
         return scorer, samples, model, tok, journal
 
     with ExitStack() as stack:
@@ -79,23 +88,37 @@ def run(args) -> int:
             rows = score_rows(scorer, samples, model=model, tokenizer=tok, scorer_name=args.scorer, journal=journal)
             _write(args, scorer, rows, journal)
         else:
-            group.everywhere(lambda: stack.enter_context(file_lock(args.out, f"--out {args.out}")) if is_main else None,
-                             f"locking {args.out}")
+            group.everywhere(
+                lambda: stack.enter_context(file_lock(args.out, f"--out {args.out}")) if is_main else None,
+                f"locking {args.out}",
+            )
             result = {}
-            group.everywhere(lambda: result.update(zip(("scorer", "samples", "model", "tok", "journal"), setup())),
-                             "loading")
+            group.everywhere(
+                lambda: result.update(zip(("scorer", "samples", "model", "tok", "journal"), setup())), "loading"
+            )
             if is_main:
                 _say_resumed(result["journal"], len(result["samples"]))
-            rows = score_sharded(result["scorer"], result["samples"], model=result["model"], tokenizer=result["tok"],
-                                 group=group, scorer_name=args.scorer, journal=result["journal"])
-            group.everywhere(lambda: _write(args, result["scorer"], rows, result["journal"]) if is_main else None,
-                             f"writing {args.out}")
+            rows = score_sharded(
+                result["scorer"],
+                result["samples"],
+                model=result["model"],
+                tokenizer=result["tok"],
+                group=group,
+                scorer_name=args.scorer,
+                journal=result["journal"],
+            )
+            group.everywhere(
+                lambda: _write(args, result["scorer"], rows, result["journal"]) if is_main else None,
+                f"writing {args.out}",
+            )
             if not is_main:
                 return 0
     scores = [r["score"] for r in rows]
     where = f" ({group.count} processes)" if group is not None else ""
-    print(f"scored {len(rows)} samples with {args.scorer!r}{where}: min {min(scores):.4g}, "
-          f"mean {sum(scores) / len(scores):.4g}, max {max(scores):.4g} -> {args.out}")
+    print(
+        f"scored {len(rows)} samples with {args.scorer!r}{where}: min {min(scores):.4g}, "
+        f"mean {sum(scores) / len(scores):.4g}, max {max(scores):.4g} -> {args.out}"
+    )
     return 0
 
 
@@ -121,8 +144,12 @@ def _say_resumed(journal, total: int) -> None:
     import sys
 
     if journal.done:
-        print(f"notice: resuming an interrupted scoring: {len(journal.done)} of {total} samples already scored "
-              f"({journal.path.name})", file=sys.stderr, flush=True)
+        print(
+            f"notice: resuming an interrupted scoring: {len(journal.done)} of {total} samples already scored "
+            f"({journal.path.name})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _write(args, scorer, rows, journal) -> None:
@@ -134,16 +161,23 @@ def _write(args, scorer, rows, journal) -> None:
         write_jsonl(args.out, rows)
         write_json(metadata_path(args.out), _metadata(args, scorer, rows))
     except OSError as exc:
-        raise UnlearnError(f"--out {args.out}: cannot write ({exc.strerror or exc}); the {len(rows)} scores are kept "
-                           f"in {journal.path} and the same command writes them without scoring again") from None
+        raise UnlearnError(
+            f"--out {args.out}: cannot write ({exc.strerror or exc}); the {len(rows)} scores are kept "
+            f"in {journal.path} and the same command writes them without scoring again"
+        ) from None
     journal.remove()
 
 
 def _metadata(args, scorer, rows) -> dict:
     """The sidecar OUT.meta.json: what was scored, plus what the scorer recorded (``last_metadata``),
     e.g. cud's anchors and their votes; always written, so a stale one never describes new rows."""
-    return {"scorer": args.scorer, "model": args.model, "data": args.data, "rows": len(rows),
-            **(getattr(scorer, "last_metadata", None) or {})}
+    return {
+        "scorer": args.scorer,
+        "model": args.model,
+        "data": args.data,
+        "rows": len(rows),
+        **(getattr(scorer, "last_metadata", None) or {}),
+    }
 
 
 def _accepts(name: str, option: str) -> bool:

@@ -20,20 +20,35 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("stratify", help="write the N easiest and N hardest samples of a score file as TOFU splits",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "stratify",
+        help="write the N easiest and N hardest samples of a score file as TOFU splits",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("scores", help="JSON-lines output of `unlearn score`")
     p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples (groups with --group-by)")
     p.add_argument("--hard", type=int, required=True, help="number of highest-score samples (groups with --group-by)")
-    p.add_argument("--group-by", default=None, metavar="FIELD",
-                   help="rank groups of samples sharing this data field (e.g. user_id: easy / hard users) by the "
-                        "mean score of their samples; each split holds every sample of its groups")
-    p.add_argument("--objective", default=None,
-                   help="rank by this objective's CUD score (score files of cud with per_objective=true)")
+    p.add_argument(
+        "--group-by",
+        default=None,
+        metavar="FIELD",
+        help="rank groups of samples sharing this data field (e.g. user_id: easy / hard users) by the "
+        "mean score of their samples; each split holds every sample of its groups",
+    )
+    p.add_argument(
+        "--objective",
+        default=None,
+        help="rank by this objective's CUD score (score files of cud with per_objective=true)",
+    )
     add_data_options(p)
     p.add_argument("--out", required=True, help="folder for easy.json, hard.json, stratify.json")
-    p.add_argument("--plot", action="store_true",
-                   help="also write circuits.png (easy vs hard circuit edges by layer; needs cud scores)")
+    p.add_argument(
+        "--plot",
+        action="store_true",
+        help="also write circuits.png (easy vs hard circuit edges by layer; needs cud scores)",
+    )
     p.set_defaults(func=run)
 
 
@@ -58,18 +73,25 @@ def run(args) -> int:
     easy, hard = stratify(rows, samples, args.easy, args.hard, where=args.scores, meta=meta, objective=args.objective)
     _, dropped = split_anchor_rows(rows, samples, meta)
     if dropped:
-        print(f"dropped {len(dropped)} of {len(rows)} rows: CUD anchors (chosen by how they behaved under "
-              f"unlearning) never go into a split (indices {', '.join(str(r['index']) for r in dropped)})")
+        print(
+            f"dropped {len(dropped)} of {len(rows)} rows: CUD anchors (chosen by how they behaved under "
+            f"unlearning) never go into a split (indices {', '.join(str(r['index']) for r in dropped)})"
+        )
     out = Path(args.out)
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
     score_of = {r["index"]: r["score"] for r in rows}
-    write_json(out / "stratify.json", {
-        "scores": str(args.scores), "data": args.data, "objective": args.objective,
-        "dropped_anchors": [r["index"] for r in dropped],
-        "easy": [{"index": s.index, "score": score_of[s.index]} for s in easy],
-        "hard": [{"index": s.index, "score": score_of[s.index]} for s in hard],
-    })
+    write_json(
+        out / "stratify.json",
+        {
+            "scores": str(args.scores),
+            "data": args.data,
+            "objective": args.objective,
+            "dropped_anchors": [r["index"] for r in dropped],
+            "easy": [{"index": s.index, "score": score_of[s.index]} for s in easy],
+            "hard": [{"index": s.index, "score": score_of[s.index]} for s in hard],
+        },
+    )
     print(f"easy: {len(easy)} samples -> {out / 'easy.json'}; hard: {len(hard)} samples -> {out / 'hard.json'}")
     if args.plot:
         from ..circuits.plot import plot_easy_hard
@@ -87,17 +109,33 @@ def _run_groups(args, rows, samples, meta) -> int:
     from ..files import write_json
     from ..stratify import stratify_groups, write_split
 
-    easy, hard, easy_groups, hard_groups = stratify_groups(rows, samples, args.group_by, args.easy, args.hard,
-                                                           where=args.scores, meta=meta, objective=args.objective)
+    easy, hard, easy_groups, hard_groups = stratify_groups(
+        rows, samples, args.group_by, args.easy, args.hard, where=args.scores, meta=meta, objective=args.objective
+    )
     out = Path(args.out)
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
-    shown = lambda groups: [{"group": g["group"], "score": g["score"], "scored_samples": g["scored"],  # noqa: E731
-                             "samples": len(g["indices"])} for g in groups]
-    write_json(out / "stratify.json", {
-        "scores": str(args.scores), "data": args.data, "objective": args.objective, "group_by": args.group_by,
-        "aggregation": "mean", "easy": shown(easy_groups), "hard": shown(hard_groups),
-    })
-    print(f"easy: {len(easy_groups)} groups ({args.group_by}), {len(easy)} samples -> {out / 'easy.json'}; "
-          f"hard: {len(hard_groups)} groups, {len(hard)} samples -> {out / 'hard.json'}")
+
+    def shown(groups):
+        return [
+            {"group": g["group"], "score": g["score"], "scored_samples": g["scored"], "samples": len(g["indices"])}
+            for g in groups
+        ]
+
+    write_json(
+        out / "stratify.json",
+        {
+            "scores": str(args.scores),
+            "data": args.data,
+            "objective": args.objective,
+            "group_by": args.group_by,
+            "aggregation": "mean",
+            "easy": shown(easy_groups),
+            "hard": shown(hard_groups),
+        },
+    )
+    print(
+        f"easy: {len(easy_groups)} groups ({args.group_by}), {len(easy)} samples -> {out / 'easy.json'}; "
+        f"hard: {len(hard_groups)} groups, {len(hard)} samples -> {out / 'hard.json'}"
+    )
     return 0

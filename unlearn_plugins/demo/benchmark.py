@@ -36,8 +36,10 @@ SHIPPED_TOFU = Path(__file__).resolve().parent / "tofu_subset"
 #: its authors file: the last lines of TOFU's forget10_perturbed.json (authors 197-199)
 SHIPPED_AUTHORS_FILE = "authors_197-199_perturbed.json"
 #: TOFU file -> the shipped subset's file holding its first lines (Model Utility's options sets)
-SHIPPED_OPTIONS_FILES = {"real_authors_perturbed": "real_authors_1-20_perturbed.json",
-                         "world_facts_perturbed": "world_facts_1-20_perturbed.json"}
+SHIPPED_OPTIONS_FILES = {
+    "real_authors_perturbed": "real_authors_1-20_perturbed.json",
+    "world_facts_perturbed": "world_facts_1-20_perturbed.json",
+}
 
 
 @dataclass
@@ -69,9 +71,15 @@ class Benchmark:
             where = "TOFU (the subset shipped with unlearn-plugins: authors 197-199, real authors, world facts)"
         else:
             where = f"TOFU ({self.source_dir})"
-        return {"source": self.source, "source_dir": self.source_dir, "description": where,
-                "authors": self.authors, "forget_authors": self.forget_authors,
-                "retain_authors": self.retain_authors, "sizes": self.sizes}
+        return {
+            "source": self.source,
+            "source_dir": self.source_dir,
+            "description": where,
+            "authors": self.authors,
+            "forget_authors": self.forget_authors,
+            "retain_authors": self.retain_authors,
+            "sizes": self.sizes,
+        }
 
 
 def authors_file(tofu: Path) -> Path:
@@ -113,15 +121,19 @@ def find_tofu(data: str, tofu_dir: str | None, authors: int | None = None) -> Pa
             except DataError as exc:
                 if authors is None:
                     return SHIPPED_TOFU
-                raise DataError(f"--authors {authors}: the TOFU subset shipped with the package has "
-                                f"{shipped_authors()} authors; for more, {exc}") from None
+                raise DataError(
+                    f"--authors {authors}: the TOFU subset shipped with the package has "
+                    f"{shipped_authors()} authors; for more, {exc}"
+                ) from None
     except DataError:
         if data == "tofu":
             raise
         return None
     if not authors_file(folder).is_file():
         if data == "tofu":
-            raise DataError(f"{folder}: TOFU's {SOURCE_AUTHORS_SPLIT}.json is missing (the demo takes its authors from it)")
+            raise DataError(
+                f"{folder}: TOFU's {SOURCE_AUTHORS_SPLIT}.json is missing (the demo takes its authors from it)"
+            )
         return None
     return folder
 
@@ -140,8 +152,10 @@ def source_fingerprint(tofu: Path | None) -> str:
         from ..data import synthetic
 
         return f"generated-{file_digest(Path(synthetic.__file__))}"
-    parts = [file_digest(path) for path in
-             (authors_file(tofu), *(options_file(tofu, split) for split in SHIPPED_OPTIONS_FILES))]
+    parts = [
+        file_digest(path)
+        for path in (authors_file(tofu), *(options_file(tofu, split) for split in SHIPPED_OPTIONS_FILES))
+    ]
     return "tofu-" + "-".join(parts)
 
 
@@ -149,8 +163,9 @@ def _rows(path: Path, require=("question", "answer")) -> list[dict]:
     return [s.to_record() for s in read_jsonl(path, require=require)]
 
 
-def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_forget: int,
-                    eval_size: int) -> Benchmark:
+def build_benchmark(
+    folder: str | Path, *, tofu: Path | None, n_authors: int, n_forget: int, eval_size: int
+) -> Benchmark:
     """Write the benchmark folder (atomic files) and return its description."""
     if n_authors < 2:
         raise UnlearnError(f"the demo needs at least 2 authors (1 to forget, 1 to retain), got --authors {n_authors}")
@@ -163,15 +178,19 @@ def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_
         rows = _rows(authors_file(tofu), require=("question", "answer", "paraphrased_answer", "perturbed_answer"))
         available = len(rows) // QA_PER_AUTHOR
         first_author = 200 - available  # both files end with TOFU's last author (199)
-        real, world = (_rows(options_file(tofu, split), require=("question", "answer", "perturbed_answer"))
-                       for split in SHIPPED_OPTIONS_FILES)
+        real, world = (
+            _rows(options_file(tofu, split), require=("question", "answer", "perturbed_answer"))
+            for split in SHIPPED_OPTIONS_FILES
+        )
         for split, items in zip(SHIPPED_OPTIONS_FILES, (real, world)):
             # a full TOFU file is capped at what it has (100 real-author, 117 world-fact QA); the
             # shipped subset is not TOFU's whole file, so asking it for more is an error
             path = options_file(tofu, split)
             if len(items) < eval_size and path.name == SHIPPED_OPTIONS_FILES[split]:
-                raise DataError(f"{path}: {len(items)} QA, fewer than the {eval_size} Model "
-                                "Utility needs (eval_size); point UNLEARN_TOFU_DIR at a full TOFU folder")
+                raise DataError(
+                    f"{path}: {len(items)} QA, fewer than the {eval_size} Model "
+                    "Utility needs (eval_size); point UNLEARN_TOFU_DIR at a full TOFU folder"
+                )
         source, source_dir = "tofu", str(tofu)
     else:
         from ..data import synthetic
@@ -183,7 +202,7 @@ def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_
     if n_authors > available:
         raise UnlearnError(f"--authors {n_authors}: the {source} source has {available} authors with every field")
     chosen = list(range(available - n_authors, available))  # the last N
-    by_author = {a: rows[a * QA_PER_AUTHOR:(a + 1) * QA_PER_AUTHOR] for a in chosen}
+    by_author = {a: rows[a * QA_PER_AUTHOR : (a + 1) * QA_PER_AUTHOR] for a in chosen}
     forget_ids, retain_ids = chosen[-n_forget:], chosen[:-n_forget]
     forget = [r for a in forget_ids for r in by_author[a]]
     retain = [r for a in retain_ids for r in by_author[a]]
@@ -200,9 +219,15 @@ def build_benchmark(folder: str | Path, *, tofu: Path | None, n_authors: int, n_
     }
     for name, items in files.items():
         write_jsonl(folder / name, items)
-    bench = Benchmark(folder, source, source_dir, [first_author + a for a in chosen],
-                      [first_author + a for a in forget_ids], [first_author + a for a in retain_ids],
-                      {name.removesuffix(".json"): len(items) for name, items in files.items()})
+    bench = Benchmark(
+        folder,
+        source,
+        source_dir,
+        [first_author + a for a in chosen],
+        [first_author + a for a in forget_ids],
+        [first_author + a for a in retain_ids],
+        {name.removesuffix(".json"): len(items) for name, items in files.items()},
+    )
     write_json(folder / "benchmark.json", {"format": FORMAT, **bench.describe()})
     return bench
 
@@ -216,5 +241,12 @@ def load_benchmark(folder: str | Path) -> Benchmark | None:
         return None
     if info.get("format") != FORMAT or not all((folder / f"{n}.json").is_file() for n in info.get("sizes", {})):
         return None
-    return Benchmark(folder, info["source"], info["source_dir"], info["authors"], info["forget_authors"],
-                     info["retain_authors"], info["sizes"])
+    return Benchmark(
+        folder,
+        info["source"],
+        info["source_dir"],
+        info["authors"],
+        info["forget_authors"],
+        info["retain_authors"],
+        info["sizes"],
+    )

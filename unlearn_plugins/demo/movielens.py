@@ -82,23 +82,38 @@ REC_BUDGETS = {
     # (24 steps and two aggregator passes) and its unlearning ~90 s, the embedded model's first
     # conversion ~25 s: about 700 s.
     "default": RecBudget(
-        users=20, train_per_user=4, eval_per_user=2, history=5, forget_fraction=0.2, anchor_users=2,
+        users=20,
+        train_per_user=4,
+        eval_per_user=2,
+        history=5,
+        forget_fraction=0.2,
+        anchor_users=2,
         finetune={},  # recipes.RECIPE: LoRA r 16, lr 1e-3, 2 epochs, batch 8
         unlearn=dict(lr=5e-4, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=1),
         e2urec=dict(teacher_lr=1e-3, teacher_epochs=2.0, teacher_batch_size=8),
         anchor_unlearn=dict(lr=1e-3, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=2, grad_accum=1),
         cud=dict(steps=5, n_edges=75, objectives=["npo"], seeds=[0, 1, 2], k=2, stop_prob=0.1, check_steps=2),
-        shards=3, aggregator="attention", aggregator_prompts=32,
+        shards=3,
+        aggregator="attention",
+        aggregator_prompts=32,
     ),
     # --fast: every stage with minimal work (CI runs it on a tiny model)
     "fast": RecBudget(
-        users=8, train_per_user=4, eval_per_user=2, history=3, forget_fraction=0.25, anchor_users=1,
+        users=8,
+        train_per_user=4,
+        eval_per_user=2,
+        history=3,
+        forget_fraction=0.25,
+        anchor_users=1,
         finetune=dict(epochs=1.0, lora_r=4, lora_alpha=8.0, max_length=512),
         unlearn=dict(lr=1e-3, epochs=2.0, lora_r=4, lora_alpha=8.0, batch_size=4, grad_accum=1, max_length=512),
         e2urec=dict(teacher_lr=1e-3, teacher_epochs=1.0, teacher_batch_size=4, teacher_lora_r=4),
         anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=4, lora_alpha=8.0, batch_size=2, grad_accum=1),
         cud=dict(steps=2, n_edges=20, objectives=["npo"], seeds=[0, 1], k=1, stop_prob=0.1, check_steps=1),
-        shards=2, aggregator="attention", aggregator_prompts=8, aggregator_options={"epochs": 5},
+        shards=2,
+        aggregator="attention",
+        aggregator_prompts=8,
+        aggregator_options={"epochs": 5},
     ),
 }
 
@@ -132,8 +147,11 @@ class MovieLensDemoConfig:
     @property
     def budget(self) -> RecBudget:
         base = REC_BUDGETS["fast" if self.fast else "default"]
-        given = {name: getattr(self, name) for name in ("users", "train_per_user", "eval_per_user", "forget_fraction",
-                                                        "shards", "aggregator") if getattr(self, name) is not None}
+        given = {
+            name: getattr(self, name)
+            for name in ("users", "train_per_user", "eval_per_user", "forget_fraction", "shards", "aggregator")
+            if getattr(self, name) is not None
+        }
         return dataclasses.replace(base, **given)
 
 
@@ -168,15 +186,21 @@ def check_budget(b: RecBudget) -> None:
     if not 0 < b.forget_fraction < 1:
         raise UnlearnError(f"--forget-fraction {b.forget_fraction}: must be between 0 and 1 (exclusive)")
     if b.forget_users < 2:
-        raise UnlearnError(f"--forget-fraction {b.forget_fraction} of --users {b.users} forgets {b.forget_users} user; "
-                           f"CUD-easy vs CUD-hard needs at least 2 forgotten users")
+        raise UnlearnError(
+            f"--forget-fraction {b.forget_fraction} of --users {b.users} forgets {b.forget_users} user; "
+            f"CUD-easy vs CUD-hard needs at least 2 forgotten users"
+        )
     retained = b.users - b.forget_users
     if retained - b.anchor_users < 1:
-        raise UnlearnError(f"--users {b.users}: {b.forget_users} forgotten and {b.anchor_users} CUD anchor user(s) "
-                           f"leave no retained user to train on")
+        raise UnlearnError(
+            f"--users {b.users}: {b.forget_users} forgotten and {b.anchor_users} CUD anchor user(s) "
+            f"leave no retained user to train on"
+        )
     if b.anchor_users * b.train_per_user < 4:
-        raise UnlearnError(f"--train-per-user {b.train_per_user}: CUD's anchor pool ({b.anchor_users} user(s) x "
-                           f"{b.train_per_user} prompts) needs at least 4 prompts")
+        raise UnlearnError(
+            f"--train-per-user {b.train_per_user}: CUD's anchor pool ({b.anchor_users} user(s) x "
+            f"{b.train_per_user} prompts) needs at least 4 prompts"
+        )
     if not 1 <= b.shards <= retained:
         raise UnlearnError(f"--shards {b.shards}: must be between 1 and the {retained} retained users")
     if b.aggregator not in ("attention", "average"):
@@ -205,9 +229,15 @@ def benchmark_settings(config: MovieLensDemoConfig):
     from ..recommendation.benchmark import BenchmarkSettings
 
     b = config.budget
-    return BenchmarkSettings(history=b.history, forget_fraction=b.forget_fraction, seed=config.seed, users=b.users,
-                             max_train_per_user=b.train_per_user, max_eval_per_user=b.eval_per_user,
-                             anchor_users=b.anchor_users)
+    return BenchmarkSettings(
+        history=b.history,
+        forget_fraction=b.forget_fraction,
+        seed=config.seed,
+        users=b.users,
+        max_train_per_user=b.train_per_user,
+        max_eval_per_user=b.eval_per_user,
+        anchor_users=b.anchor_users,
+    )
 
 
 def _finetune(config: MovieLensDemoConfig, bench_dir: Path, part: str, dtype: str | None, out: Path) -> None:
@@ -215,13 +245,21 @@ def _finetune(config: MovieLensDemoConfig, bench_dir: Path, part: str, dtype: st
 
     train = recipes.train_target if part == "train" else recipes.train_retrain
     started = time.perf_counter()
-    train(bench_dir, out / "run", model=config.model, device=config.device, dtype=dtype, seed=config.seed,
-          **config.budget.finetune)
+    train(
+        bench_dir,
+        out / "run",
+        model=config.model,
+        device=config.device,
+        dtype=dtype,
+        seed=config.seed,
+        **config.budget.finetune,
+    )
     write_json(out / "timing.json", {"seconds": round(time.perf_counter() - started, 2)})
 
 
-def _unlearn(config: MovieLensDemoConfig, bench_dir: Path, target: str, method: Method, dtype: str | None,
-             out: Path) -> None:
+def _unlearn(
+    config: MovieLensDemoConfig, bench_dir: Path, target: str, method: Method, dtype: str | None, out: Path
+) -> None:
     from ..recommendation.benchmark import part_path
     from ..training import UnlearnConfig, run_unlearning
 
@@ -230,9 +268,19 @@ def _unlearn(config: MovieLensDemoConfig, bench_dir: Path, target: str, method: 
     if settings["objective"] == "e2urec":
         settings["objective_options"] = dict(b.e2urec)
     started = time.perf_counter()
-    run_unlearning(UnlearnConfig(out=str(out / "run"), model=target, forget=str(part_path(bench_dir, "train_forget")),
-                                 save_steps=0, seed=config.seed, device=config.device, dtype=dtype,
-                                 **{"max_length": 384, **b.unlearn}, **settings))
+    run_unlearning(
+        UnlearnConfig(
+            out=str(out / "run"),
+            model=target,
+            forget=str(part_path(bench_dir, "train_forget")),
+            save_steps=0,
+            seed=config.seed,
+            device=config.device,
+            dtype=dtype,
+            **{"max_length": 384, **b.unlearn},
+            **settings,
+        )
+    )
     write_json(out / "timing.json", {"seconds": round(time.perf_counter() - started, 2)})
 
 
@@ -246,26 +294,50 @@ def _score_cud(config: MovieLensDemoConfig, bench_dir: Path, target: str, dtype:
     b = config.budget
     cud = dict(b.cud)
     max_length = int(b.unlearn.get("max_length", 384))
-    anchor_options = {**b.anchor_unlearn, "retain": str(part_path(bench_dir, "anchor_retain")),
-                      "max_length": max_length, "save_steps": 0, **({"dtype": dtype} if dtype else {})}
-    scorer = CUDScorer(anchor_data=load_part(bench_dir, "anchor_pool"), objectives=cud.pop("objectives"),
-                       seeds=cud.pop("seeds"), model_spec=target, unlearn_options=anchor_options,
-                       max_length=max_length, answer_tokens=1, progress=True, **cud)
+    anchor_options = {
+        **b.anchor_unlearn,
+        "retain": str(part_path(bench_dir, "anchor_retain")),
+        "max_length": max_length,
+        "save_steps": 0,
+        **({"dtype": dtype} if dtype else {}),
+    }
+    scorer = CUDScorer(
+        anchor_data=load_part(bench_dir, "anchor_pool"),
+        objectives=cud.pop("objectives"),
+        seeds=cud.pop("seeds"),
+        model_spec=target,
+        unlearn_options=anchor_options,
+        max_length=max_length,
+        answer_tokens=1,
+        progress=True,
+        **cud,
+    )
     samples = load_part(bench_dir, "train_forget")
     model, tok = load_model(target, device=config.device)
     rows = score_samples(scorer, samples, model=model, tokenizer=tok, scorer_name="cud")
     del model
     write_jsonl(out / "scores.jsonl", rows)
-    meta = {"scorer": "cud", "data": str(part_path(bench_dir, "train_forget")), "rows": len(rows),
-            **scorer.last_metadata}
+    meta = {
+        "scorer": "cud",
+        "data": str(part_path(bench_dir, "train_forget")),
+        "rows": len(rows),
+        **scorer.last_metadata,
+    }
     write_json(metadata_path(out / "scores.jsonl"), meta)
     n = b.forget_users // 2
-    easy, hard, easy_users, hard_users = stratify_groups(rows, samples, "user_id", n, n,
-                                                         where=str(out / "scores.jsonl"), meta=meta)
+    easy, hard, easy_users, hard_users = stratify_groups(
+        rows, samples, "user_id", n, n, where=str(out / "scores.jsonl"), meta=meta
+    )
     write_split(out / "easy.json", easy)
     write_split(out / "hard.json", hard)
-    write_json(out / "users.json", {"easy": [g["group"] for g in easy_users], "hard": [g["group"] for g in hard_users],
-                                    "scores": group_scores(rows, samples, "user_id", meta=meta)})
+    write_json(
+        out / "users.json",
+        {
+            "easy": [g["group"] for g in easy_users],
+            "hard": [g["group"] for g in hard_users],
+            "scores": group_scores(rows, samples, "user_id", meta=meta),
+        },
+    )
 
 
 def _train_sharded(config: MovieLensDemoConfig, bench_dir: Path, dtype: str | None, out: Path) -> None:
@@ -273,10 +345,19 @@ def _train_sharded(config: MovieLensDemoConfig, bench_dir: Path, dtype: str | No
 
     b = config.budget
     started = time.perf_counter()
-    train_sharded(bench_dir, out / "sharded", model=config.model, shards=b.shards, partition="balanced",
-                  aggregator=b.aggregator, aggregator_options=dict(b.aggregator_options),
-                  aggregator_prompts=b.aggregator_prompts, seed=config.seed, device=config.device,
-                  **{**b.finetune, **({"dtype": dtype} if dtype else {})})
+    train_sharded(
+        bench_dir,
+        out / "sharded",
+        model=config.model,
+        shards=b.shards,
+        partition="balanced",
+        aggregator=b.aggregator,
+        aggregator_options=dict(b.aggregator_options),
+        aggregator_prompts=b.aggregator_prompts,
+        seed=config.seed,
+        device=config.device,
+        **{**b.finetune, **({"dtype": dtype} if dtype else {})},
+    )
     write_json(out / "timing.json", {"seconds": round(time.perf_counter() - started, 2)})
 
 
@@ -287,8 +368,16 @@ def _unlearn_sharded(config: MovieLensDemoConfig, trained: Path, users: list[int
     write_json(out / "timing.json", {"seconds": report.seconds, "report": report.to_json()})
 
 
-def _evaluate(config: MovieLensDemoConfig, bench_dir: Path, out: Path, *, model: str | None = None,
-              adapter: str | None = None, sharded: Path | None = None, reference: str | None = None) -> None:
+def _evaluate(
+    config: MovieLensDemoConfig,
+    bench_dir: Path,
+    out: Path,
+    *,
+    model: str | None = None,
+    adapter: str | None = None,
+    sharded: Path | None = None,
+    reference: str | None = None,
+) -> None:
     """The two MovieLens tasks through lm-eval (the library's evaluate, with the task metadata
     that `unlearn eval` has no flag for); ``reference`` None: save this model's forget
     predictions as the JSD reference (the retrain model)."""
@@ -300,8 +389,9 @@ def _evaluate(config: MovieLensDemoConfig, bench_dir: Path, out: Path, *, model:
 
     b = config.budget
     tokenizer = resolve_model(config.model if sharded else model)
-    prepared = runner.prepare(list(REC_TASKS), metadata={"tokenizer": tokenizer, "rec_dir": str(bench_dir),
-                                                         "retrain_reference": reference})
+    prepared = runner.prepare(
+        list(REC_TASKS), metadata={"tokenizer": tokenizer, "rec_dir": str(bench_dir), "retrain_reference": reference}
+    )
     if sharded is not None:
         from ..recommendation.sharded import ShardedRecommender
         from ..recommendation.sharded_lm import ShardedRecommenderLM
@@ -312,12 +402,18 @@ def _evaluate(config: MovieLensDemoConfig, bench_dir: Path, out: Path, *, model:
         loaded, tok = load_model(model, device=config.device, adapter=adapter)
         lm = HFLM(pretrained=loaded, tokenizer=tok, batch_size=b.eval_batch_size, softmax_dtype="float32")
         model_args = {"pretrained": model, **({"peft": adapter} if adapter else {})}
-    describe = {"model": model or str(sharded), "adapter": adapter, "device": pick_device(config.device),
-                "batch_size": b.eval_batch_size, "retrain_reference": reference}
+    describe = {
+        "model": model or str(sharded),
+        "adapter": adapter,
+        "device": pick_device(config.device),
+        "batch_size": b.eval_batch_size,
+        "retrain_reference": reference,
+    }
     evaluation = runner.evaluate(lm, prepared, describe=describe, model_args=model_args)
     if reference is None:
-        rm.reference_from_samples(evaluation.samples[FORGET_TASK], out / "reference.json", task=FORGET_TASK,
-                                  model=model, adapter=adapter)
+        rm.reference_from_samples(
+            evaluation.samples[FORGET_TASK], out / "reference.json", task=FORGET_TASK, model=model, adapter=adapter
+        )
     runner.write_outputs(out, evaluation)
 
 
@@ -366,8 +462,11 @@ def _run(config: MovieLensDemoConfig, *, stream=None) -> MovieLensDemoResult:
     # 1. the benchmark
     settings = benchmark_settings(config)
     bench_key = digest(movielens_fingerprint(config.movielens_dir), dataclasses.asdict(settings))
-    bench_dir = stages.run(f"MovieLens benchmark: {b.users} users, {b.forget_users} to forget",
-                           stages.folder("bench", "movielens", bench_key), lambda tmp: _build_benchmark(config, tmp))
+    bench_dir = stages.run(
+        f"MovieLens benchmark: {b.users} users, {b.forget_users} to forget",
+        stages.folder("bench", "movielens", bench_key),
+        lambda tmp: _build_benchmark(config, tmp),
+    )
     info = read_info(bench_dir)
     content = {part: file_digest(bench_dir / name) for part, name in FILES.items()}
     base_path = resolve_model(config.model)  # converts the embedded model once (cached)
@@ -378,8 +477,11 @@ def _run(config: MovieLensDemoConfig, *, stream=None) -> MovieLensDemoResult:
     models = {}
     for name, part in (("target", "train"), ("retrain", "train_retain")):
         key = digest(base_key, content[part], b.finetune, dtype, config.seed)
-        folder = stages.run(f"fine-tune the {name} model on {counts[part]} prompts", stages.folder("rec", name, key),
-                            lambda tmp, part=part: _finetune(config, bench_dir, part, dtype, tmp))
+        folder = stages.run(
+            f"fine-tune the {name} model on {counts[part]} prompts",
+            stages.folder("rec", name, key),
+            lambda tmp, part=part: _finetune(config, bench_dir, part, dtype, tmp),
+        )
         models[name] = {"key": key, "model": str(folder / "run" / "merged"), "folder": folder}
     target = models["target"]["model"]
 
@@ -387,51 +489,89 @@ def _run(config: MovieLensDemoConfig, *, stream=None) -> MovieLensDemoResult:
     evals = {}
     eval_settings = (list(REC_TASKS), b.eval_batch_size)
     key = digest(models["retrain"]["key"], bench_key, eval_settings)
-    evals["retrain"] = stages.run("evaluate the retrain model (and save the JSD reference)",
-                                  stages.folder("receval", "retrain", key),
-                                  lambda tmp: _evaluate(config, bench_dir, tmp, model=models["retrain"]["model"]))
+    evals["retrain"] = stages.run(
+        "evaluate the retrain model (and save the JSD reference)",
+        stages.folder("receval", "retrain", key),
+        lambda tmp: _evaluate(config, bench_dir, tmp, model=models["retrain"]["model"]),
+    )
     reference = str(evals["retrain"] / "reference.json")
     ref_key = digest(Path(reference).read_text())
 
     def evaluate(name: str, label: str, model_k: str, **where) -> None:
         key = digest(model_k, ref_key, bench_key, eval_settings)
-        evals[name] = stages.run(f"evaluate {label}", stages.folder("receval", name, key),
-                                 lambda tmp: _evaluate(config, bench_dir, tmp, reference=reference, **where))
+        evals[name] = stages.run(
+            f"evaluate {label}",
+            stages.folder("receval", name, key),
+            lambda tmp: _evaluate(config, bench_dir, tmp, reference=reference, **where),
+        )
 
     evaluate("target", "the target model", models["target"]["key"], model=target)
 
     # 4. CUD scores of the forget users' prompts, per user
-    cud_key = digest(models["target"]["key"], content["train_forget"], content["anchor_pool"],
-                     content["anchor_retain"], b.cud, b.anchor_unlearn, b.unlearn.get("max_length"), dtype)
-    cud_dir = stages.run(f"CUD scores of the {counts['train_forget']} prompts of the {b.forget_users} forget users",
-                         stages.folder("reccud", "forget", cud_key),
-                         lambda tmp: _score_cud(config, bench_dir, target, dtype, tmp))
+    cud_key = digest(
+        models["target"]["key"],
+        content["train_forget"],
+        content["anchor_pool"],
+        content["anchor_retain"],
+        b.cud,
+        b.anchor_unlearn,
+        b.unlearn.get("max_length"),
+        dtype,
+    )
+    cud_dir = stages.run(
+        f"CUD scores of the {counts['train_forget']} prompts of the {b.forget_users} forget users",
+        stages.folder("reccud", "forget", cud_key),
+        lambda tmp: _score_cud(config, bench_dir, target, dtype, tmp),
+    )
 
     # 5. unlearning with E2URec, NegGrad and the bad teacher (one budget), each evaluated
     runs = {}
     for method in REC_METHODS:
         extra = b.e2urec if method.settings["objective"] == "e2urec" else None
-        key = digest(models["target"]["key"], content["train_forget"], content["train_retain"], method.settings,
-                     extra, b.unlearn, dtype, config.seed)
-        folder = stages.run(f"unlearn with {method.label}", stages.folder("recrun", method.name, key),
-                            lambda tmp, m=method: _unlearn(config, bench_dir, target, m, dtype, tmp))
+        key = digest(
+            models["target"]["key"],
+            content["train_forget"],
+            content["train_retain"],
+            method.settings,
+            extra,
+            b.unlearn,
+            dtype,
+            config.seed,
+        )
+        folder = stages.run(
+            f"unlearn with {method.label}",
+            stages.folder("recrun", method.name, key),
+            lambda tmp, m=method: _unlearn(config, bench_dir, target, m, dtype, tmp),
+        )
         runs[method.name] = {"key": key, "adapter": str(folder / "run"), "folder": folder}
     for method in REC_METHODS:
-        evaluate(method.name, method.label, runs[method.name]["key"], model=target,
-                 adapter=runs[method.name]["adapter"])
+        evaluate(
+            method.name, method.label, runs[method.name]["key"], model=target, adapter=runs[method.name]["adapter"]
+        )
 
     # 6. RecEraser: shards, then the forget users unlearned from a copy
-    shard_settings = (b.shards, b.aggregator, b.aggregator_prompts, b.aggregator_options, b.finetune, dtype,
-                      config.seed)
+    shard_settings = (
+        b.shards,
+        b.aggregator,
+        b.aggregator_prompts,
+        b.aggregator_options,
+        b.finetune,
+        dtype,
+        config.seed,
+    )
     trained_key = digest(base_key, content["train"], shard_settings)
-    trained = stages.run(f"RecEraser: train {b.shards} shards ({b.aggregator} aggregator)",
-                         stages.folder("recshards", "trained", trained_key),
-                         lambda tmp: _train_sharded(config, bench_dir, dtype, tmp))
+    trained = stages.run(
+        f"RecEraser: train {b.shards} shards ({b.aggregator} aggregator)",
+        stages.folder("recshards", "trained", trained_key),
+        lambda tmp: _train_sharded(config, bench_dir, dtype, tmp),
+    )
     forget_users = list(info["forget_users"])
     unlearned_key = digest(trained_key, forget_users)
-    unlearned = stages.run(f"RecEraser: unlearn the {len(forget_users)} forget users (retrain their shards)",
-                           stages.folder("recshards", "unlearned", unlearned_key),
-                           lambda tmp: _unlearn_sharded(config, trained, forget_users, tmp))
+    unlearned = stages.run(
+        f"RecEraser: unlearn the {len(forget_users)} forget users (retrain their shards)",
+        stages.folder("recshards", "unlearned", unlearned_key),
+        lambda tmp: _unlearn_sharded(config, trained, forget_users, tmp),
+    )
     evaluate("receraser", "the RecEraser ensemble after unlearning", unlearned_key, sharded=unlearned / "sharded")
 
     # 7. report
@@ -439,18 +579,38 @@ def _run(config: MovieLensDemoConfig, *, stream=None) -> MovieLensDemoResult:
     print(f"[{stages.n}/{stages.total}] report -> {config.out}", file=stream, flush=True)
     seconds = {name: json.loads((m["folder"] / "timing.json").read_text())["seconds"] for name, m in models.items()}
     seconds.update({name: json.loads((r["folder"] / "timing.json").read_text())["seconds"] for name, r in runs.items()})
-    sharded_timing = {"trained": json.loads((trained / "timing.json").read_text()),
-                      "unlearned": json.loads((unlearned / "timing.json").read_text())}
+    sharded_timing = {
+        "trained": json.loads((trained / "timing.json").read_text()),
+        "unlearned": json.loads((unlearned / "timing.json").read_text()),
+    }
     seconds["receraser"] = sharded_timing["unlearned"]["seconds"]
     results, table, files = report.write_report(
-        Path(config.out), config=config, dtype=dtype, bench_dir=bench_dir, info=info, methods=REC_METHODS,
-        evals=evals, reference=reference, cud_dir=cud_dir, seconds=seconds, sharded=sharded_timing,
+        Path(config.out),
+        config=config,
+        dtype=dtype,
+        bench_dir=bench_dir,
+        info=info,
+        methods=REC_METHODS,
+        evals=evals,
+        reference=reference,
+        cud_dir=cud_dir,
+        seconds=seconds,
+        sharded=sharded_timing,
         models={k: {"key": v["key"], "model": v["model"]} for k, v in models.items()},
         runs={k: {"key": v["key"], "adapter": v["adapter"]} for k, v in runs.items()},
         sharded_dirs={"trained": str(trained / "sharded"), "unlearned": str(unlearned / "sharded")},
-        timings=stages.timings, wall_s=time.perf_counter() - started)
+        timings=stages.timings,
+        wall_s=time.perf_counter() - started,
+    )
     return MovieLensDemoResult(Path(config.out), results, table, files)
 
 
-__all__ = ["MovieLensDemoConfig", "run_movielens_demo", "REC_BUDGETS", "REC_METHODS", "RecBudget", "check_budget",
-           "training_dtype"]
+__all__ = [
+    "MovieLensDemoConfig",
+    "run_movielens_demo",
+    "REC_BUDGETS",
+    "REC_METHODS",
+    "RecBudget",
+    "check_budget",
+    "training_dtype",
+]

@@ -17,8 +17,15 @@ from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
 from .report import _fmt, _pyplot, _save
 
-COLUMNS = ("model", "test AUC", "forget AUC", "JSD to retrain", "time (s)", "forget AUC CUD-easy",
-           "forget AUC CUD-hard")
+COLUMNS = (
+    "model",
+    "test AUC",
+    "forget AUC",
+    "JSD to retrain",
+    "time (s)",
+    "forget AUC CUD-easy",
+    "forget AUC CUD-hard",
+)
 KEYS = ("test_auc", "forget_auc", "jsd_to_retrain", "seconds", "forget_auc_cud_easy", "forget_auc_cud_hard")
 
 
@@ -45,8 +52,16 @@ def subset_auc(rows: Sequence[dict], users: Sequence[int]) -> float | None:
         return _finite(rm.auc(items))
 
 
-def model_row(name: str, label: str, eval_dir: Path, *, easy: Sequence[int], hard: Sequence[int],
-              reference: str, seconds: float | None) -> dict[str, Any]:
+def model_row(
+    name: str,
+    label: str,
+    eval_dir: Path,
+    *,
+    easy: Sequence[int],
+    hard: Sequence[int],
+    reference: str,
+    seconds: float | None,
+) -> dict[str, Any]:
     """One model's numbers from its evaluation folder."""
     from ..evaluation import rec_metrics as rm
     from ..evaluation.lm_eval_runner import read_outputs
@@ -61,10 +76,13 @@ def model_row(name: str, label: str, eval_dir: Path, *, easy: Sequence[int], har
         keys = [r["jsd"][0] for r in rows]
         jsd = rm.mean_jsd([float(r["jsd"][1]) for r in rows], ref.aligned(keys, task="movielens_rec_forget"))
     return {
-        "name": name, "label": label,
-        "test_auc": _finite(test.get("auc")), "test_logloss": _finite(test.get("logloss")),
+        "name": name,
+        "label": label,
+        "test_auc": _finite(test.get("auc")),
+        "test_logloss": _finite(test.get("logloss")),
         "test_acc": _finite(test.get("acc")),
-        "forget_auc": _finite(forget.get("auc")), "forget_logloss": _finite(forget.get("logloss")),
+        "forget_auc": _finite(forget.get("auc")),
+        "forget_logloss": _finite(forget.get("logloss")),
         "forget_acc": _finite(forget.get("acc")),
         "jsd_to_retrain": jsd,
         "seconds": seconds,
@@ -99,9 +117,12 @@ def plot_auc(rows: Sequence[dict], path: Path) -> None:
     import numpy as np
 
     plt = _pyplot()
-    series = (("test_auc", "test AUC (retained users)", "tab:blue"), ("forget_auc", "forget AUC", "tab:orange"),
-              ("forget_auc_cud_easy", "forget AUC, CUD-easy users", "tab:green"),
-              ("forget_auc_cud_hard", "forget AUC, CUD-hard users", "tab:red"))
+    series = (
+        ("test_auc", "test AUC (retained users)", "tab:blue"),
+        ("forget_auc", "forget AUC", "tab:orange"),
+        ("forget_auc_cud_easy", "forget AUC, CUD-easy users", "tab:green"),
+        ("forget_auc_cud_hard", "forget AUC, CUD-hard users", "tab:red"),
+    )
     x = np.arange(len(rows))
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(8.0, 4.6))
@@ -129,8 +150,13 @@ def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
         if r["jsd_to_retrain"] is None or r["seconds"] is None:
             continue
         marker = "*" if r["name"] == "retrain" else "o"
-        ax.scatter(max(r["seconds"], 1e-2), r["jsd_to_retrain"], s=120 if marker == "*" else 70, marker=marker,
-                   label=r["label"])
+        ax.scatter(
+            max(r["seconds"], 1e-2),
+            r["jsd_to_retrain"],
+            s=120 if marker == "*" else 70,
+            marker=marker,
+            label=r["label"],
+        )
     ax.set_xscale("log")
     ax.set_xlabel("unlearning time, s (retrain: its fine-tune), log scale")
     ax.set_ylabel("JSD to the retrain model on the forget prompts")
@@ -160,9 +186,25 @@ def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[in
 # ----------------------------------------------------------------------------- the report
 
 
-def write_report(out: Path, *, config, dtype, bench_dir: Path, info: dict, methods, evals: dict, reference: str,
-                 cud_dir: Path, seconds: dict, sharded: dict, models: dict, runs: dict, sharded_dirs: dict,
-                 timings: dict, wall_s: float) -> tuple[dict, str, dict]:
+def write_report(
+    out: Path,
+    *,
+    config,
+    dtype,
+    bench_dir: Path,
+    info: dict,
+    methods,
+    evals: dict,
+    reference: str,
+    cud_dir: Path,
+    seconds: dict,
+    sharded: dict,
+    models: dict,
+    runs: dict,
+    sharded_dirs: dict,
+    timings: dict,
+    wall_s: float,
+) -> tuple[dict, str, dict]:
     from dataclasses import asdict
 
     users = json.loads((cud_dir / "users.json").read_text())
@@ -172,8 +214,18 @@ def write_report(out: Path, *, config, dtype, bench_dir: Path, info: dict, metho
     labels += [(m.name, m.label) for m in methods]
     method = "RecEraser" if config.budget.aggregator == "attention" else "SISA"  # the average aggregator
     labels.append(("receraser", f"{method} ({unlearned['shards_total']} shards, {config.budget.aggregator})"))
-    rows = [model_row(name, label, evals[name], easy=easy, hard=hard, reference=reference,
-                      seconds=None if name == "target" else seconds.get(name)) for name, label in labels]
+    rows = [
+        model_row(
+            name,
+            label,
+            evals[name],
+            easy=easy,
+            hard=hard,
+            reference=reference,
+            seconds=None if name == "target" else seconds.get(name),
+        )
+        for name, label in labels
+    ]
     table = format_table(rows)
     meta_path = cud_dir / "scores.jsonl.meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -189,19 +241,32 @@ def write_report(out: Path, *, config, dtype, bench_dir: Path, info: dict, metho
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
         "receraser": {"trained": sharded["trained"], "unlearning": unlearned, "folders": sharded_dirs},
         "retrain_reference": reference,
-        "cud": {"users": users["scores"], "easy_users": easy, "hard_users": hard,
-                "scores": [{k: r.get(k) for k in ("index", "score", "s_E", "s_H", "circuit_depth")} for r in scores],
-                "anchor_pool": meta.get("anchor_pool"), "anchor_votes": meta.get("anchors"),
-                "anchor_runs": [{k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
-                                for r in meta.get("runs") or []]},
+        "cud": {
+            "users": users["scores"],
+            "easy_users": easy,
+            "hard_users": hard,
+            "scores": [{k: r.get(k) for k in ("index", "score", "s_E", "s_H", "circuit_depth")} for r in scores],
+            "anchor_pool": meta.get("anchor_pool"),
+            "anchor_votes": meta.get("anchors"),
+            "anchor_runs": [
+                {k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
+                for r in meta.get("runs") or []
+            ],
+        },
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
     out = Path(out)
-    files = {"results.json": out / "results.json", "summary.md": out / "summary.md",
-             "auc.png": out / "auc.png", "jsd_vs_time.png": out / "jsd_vs_time.png",
-             "cud_users.png": out / "cud_users.png", "cud_scores.jsonl": out / "cud_scores.jsonl",
-             "cud_easy.json": out / "cud_easy.json", "cud_hard.json": out / "cud_hard.json"}
+    files = {
+        "results.json": out / "results.json",
+        "summary.md": out / "summary.md",
+        "auc.png": out / "auc.png",
+        "jsd_vs_time.png": out / "jsd_vs_time.png",
+        "cud_users.png": out / "cud_users.png",
+        "cud_scores.jsonl": out / "cud_scores.jsonl",
+        "cud_easy.json": out / "cud_easy.json",
+        "cud_hard.json": out / "cud_hard.json",
+    }
     write_json(files["results.json"], results)
     write_jsonl(files["cud_scores.jsonl"], scores)
     write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
@@ -240,7 +305,8 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         f"{sharded['shards_retrained']}"
         + (f", removed {sharded['shards_removed']}" if sharded["shards_removed"] else "")
         + f") and refitted its aggregator in {sharded['seconds']:.0f} s"
-        + (f" (the retrain model's fine-tune: {retrain_s:.0f} s)" if retrain_s is not None else "") + ".",
+        + (f" (the retrain model's fine-tune: {retrain_s:.0f} s)" if retrain_s is not None else "")
+        + ".",
         "",
         f"CUD: each forget prompt scored (EAP-IG on the Yes/No token; anchors chosen by "
         f"{' and '.join(objectives) or 'n/a'} x {len(runs) // max(1, len(objectives))} "
@@ -255,8 +321,10 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "![CUD scores of the forget users](cud_users.png)",
         "",
         f"Wall time {results['wall_time_s']:.0f} s; stages: "
-        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "")
-                    for k, v in results["stages"].items()) + ".",
+        + ", ".join(
+            f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in results["stages"].items()
+        )
+        + ".",
         "",
     ]
     return "\n".join(lines)

@@ -69,19 +69,25 @@ class Budget:
 BUDGETS = {
     # sized so a cold run of the embedded model fits 15 minutes on 2 CPU cores
     "default": Budget(
-        authors=3, eval_size=8, max_length=192,
+        authors=3,
+        eval_size=8,
+        max_length=192,
         finetune=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=8, grad_accum=1),
         unlearn=dict(lr=2.5e-4, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=2),
         # anchor runs: at most 3 epochs, each stopped at the first check (every 2 steps) where the
         # pool's mean answer probability is < 0.1 (about step 8 on the embedded model)
         anchor_unlearn=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=2, grad_accum=1),
-        cud=dict(steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=3, stop_prob=0.1,
-                 check_steps=2),
+        cud=dict(
+            steps=5, n_edges=75, objectives=["grad_diff", "npo"], seeds=[0, 1, 2], k=3, stop_prob=0.1, check_steps=2
+        ),
         easy_hard=5,
     ),
     # --fast: a smoke test of every stage (CI runs it on a tiny model)
     "fast": Budget(
-        authors=2, eval_size=4, max_length=128, gen_margin=4,
+        authors=2,
+        eval_size=4,
+        max_length=128,
+        gen_margin=4,
         finetune=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=8, grad_accum=1),
         unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
         anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=8, lora_alpha=16.0, batch_size=4, grad_accum=1),
@@ -127,39 +133,60 @@ class DemoConfig:
 
 # ----------------------------------------------------------------------------- cache helpers
 
+
 def model_key(spec: str) -> str:
     """The base model's identity: the alias/hub id, or a folder's file names, sizes and mtimes."""
     path = Path(spec).expanduser()
     if not path.is_dir():
         return digest("model", spec)
-    files = sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                   for p in path.rglob("*") if p.is_file())
+    files = sorted(
+        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()
+    )
     return digest("model-dir", str(path.resolve()), files)
 
 
-
 # ----------------------------------------------------------------------------- stages
+
 
 def _finetune(config: DemoConfig, data: Path, out: Path) -> None:
     from ..training import FinetuneConfig, run_finetune
 
     b = config.budget
-    run_finetune(FinetuneConfig(out=str(out / "run"), model=config.model, data=str(data), merge=True,
-                                save_steps=0, max_length=b.max_length, seed=config.seed, device=config.device,
-                                **b.finetune))
+    run_finetune(
+        FinetuneConfig(
+            out=str(out / "run"),
+            model=config.model,
+            data=str(data),
+            merge=True,
+            save_steps=0,
+            max_length=b.max_length,
+            seed=config.seed,
+            device=config.device,
+            **b.finetune,
+        )
+    )
 
 
-def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Method, out: Path,
-             budget: dict) -> None:
+def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Method, out: Path, budget: dict) -> None:
     from ..training import UnlearnConfig, run_unlearning
     from ..training.presets import preset
 
     settings = dict(method.settings)
     base = preset(settings.pop("preset")) if "preset" in settings else {}
     values = {**base, **settings, **budget}  # the shared budget wins over a preset's lr/epochs/rank
-    run_unlearning(UnlearnConfig(out=str(out / "run"), model=full_model, forget=str(bench.forget),
-                                 retain=str(bench.retain), save_steps=0, max_length=config.budget.max_length,
-                                 seed=config.seed, device=config.device, **values))
+    run_unlearning(
+        UnlearnConfig(
+            out=str(out / "run"),
+            model=full_model,
+            forget=str(bench.forget),
+            retain=str(bench.retain),
+            save_steps=0,
+            max_length=config.budget.max_length,
+            seed=config.seed,
+            device=config.device,
+            **values,
+        )
+    )
 
 
 def anchor_split(bench: Benchmark, size: int) -> tuple[str, str]:
@@ -180,9 +207,16 @@ def _cud_scorer(config: DemoConfig, bench: Benchmark, full_model: str):
     cud = dict(b.cud)
     pool, anchor_retain = anchor_split(bench, b.anchor_pool)
     anchor_options = {**b.anchor_unlearn, "retain": anchor_retain, "max_length": b.max_length, "save_steps": 0}
-    return CUDScorer(anchor_data=pool, objectives=cud.pop("objectives"), seeds=cud.pop("seeds"),
-                     model_spec=full_model, unlearn_options=anchor_options, max_length=b.max_length,
-                     progress=True, **cud)
+    return CUDScorer(
+        anchor_data=pool,
+        objectives=cud.pop("objectives"),
+        seeds=cud.pop("seeds"),
+        model_spec=full_model,
+        unlearn_options=anchor_options,
+        max_length=b.max_length,
+        progress=True,
+        **cud,
+    )
 
 
 def _score_cud(config: DemoConfig, bench: Benchmark, full_model: str, out: Path) -> None:
@@ -228,8 +262,9 @@ def _prepare_cud(config: DemoConfig, bench: Benchmark, full_model: str, run: int
     if run is None:
         scorer.score_matrices(samples, model=model, tokenizer=tok, model_fp=fingerprint)
     else:
-        scorer.anchor_loss_runs(scorer.anchor_pool(samples), model=model, tokenizer=tok, model_fp=fingerprint,
-                                only=[run])
+        scorer.anchor_loss_runs(
+            scorer.anchor_pool(samples), model=model, tokenizer=tok, model_fp=fingerprint, only=[run]
+        )
 
 
 def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
@@ -243,20 +278,36 @@ def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
     return longest + 1 + margin  # + the end token
 
 
-def _evaluate(config: DemoConfig, bench: Benchmark, model: str, adapter: str | None, out: Path,
-              references: list[str], save_reference: bool, max_gen_toks: int) -> None:
+def _evaluate(
+    config: DemoConfig,
+    bench: Benchmark,
+    model: str,
+    adapter: str | None,
+    out: Path,
+    references: list[str],
+    save_reference: bool,
+    max_gen_toks: int,
+) -> None:
     from ..evaluation import lm_eval_runner as runner
 
     evaluation = runner.evaluate_model(
-        model, list(EVAL_TASKS), adapter=adapter, device=config.device, batch_size=config.budget.eval_batch_size,
-        retain_references=references, tofu_dir=str(bench.folder), forget_split=str(bench.forget),
-        max_gen_toks=max_gen_toks)
+        model,
+        list(EVAL_TASKS),
+        adapter=adapter,
+        device=config.device,
+        batch_size=config.budget.eval_batch_size,
+        retain_references=references,
+        tofu_dir=str(bench.folder),
+        forget_split=str(bench.forget),
+        max_gen_toks=max_gen_toks,
+    )
     if save_reference:
         runner.save_reference(evaluation, out / "reference.json", model=model, adapter=adapter)
     runner.write_outputs(out, evaluation)
 
 
 # ----------------------------------------------------------------------------- the run
+
 
 @dataclass
 class DemoResult:
@@ -354,8 +405,7 @@ def build_stage(tmp: Path, p: dict) -> None:
     elif kind == "unlearn":
         _unlearn(config, bench, p["model"], p["method"], tmp, config.budget.unlearn)
     elif kind == "evaluate":
-        _evaluate(config, bench, p["model"], p["adapter"], tmp, p["references"], p["save_reference"],
-                  p["max_gen_toks"])
+        _evaluate(config, bench, p["model"], p["adapter"], tmp, p["references"], p["save_reference"], p["max_gen_toks"])
     else:
         raise UnlearnError(f"demo stage kind {kind!r}: unknown")
 
@@ -368,8 +418,13 @@ def run_in_order(steps: list[Step], stages: Stages) -> None:
     for step in steps:
         job = step.plan()
         stages.n = step.number - 1
-        run_stage(stages, job.label, job.folder, lambda tmp, job=job: build_stage(tmp, job.params),
-                  on_wait=lambda message, step=step: stages.say(step.number, f"{step.label}: waiting: {message}"))
+        run_stage(
+            stages,
+            job.label,
+            job.folder,
+            lambda tmp, job=job: build_stage(tmp, job.params),
+            on_wait=lambda message, step=step: stages.say(step.number, f"{step.label}: waiting: {message}"),
+        )
 
 
 def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path) -> None:
@@ -479,6 +534,7 @@ def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path)
 
 # ----------------------------------------------------------------------------- the run
 
+
 def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     from ..models import cache_dir, load_tokenizer, resolve_model
     from . import report
@@ -496,16 +552,18 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     tofu = find_tofu(config.data, config.tofu_dir, n_authors)
     notice = None
     if tofu is None:
-        notice = ("--data generated: using generated fictitious authors in TOFU's format" if config.data == "generated"
-                  else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
-                       f"--authors {n_authors} is more than the package ships and the hub is unreachable): using "
-                       "generated fictitious authors in TOFU's format")
+        notice = (
+            "--data generated: using generated fictitious authors in TOFU's format"
+            if config.data == "generated"
+            else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
+            f"--authors {n_authors} is more than the package ships and the hub is unreachable): using "
+            "generated fictitious authors in TOFU's format"
+        )
         print(f"notice: {notice}", file=stream, flush=True)
     bench_key = digest(source_fingerprint(tofu), n_authors, config.forget_authors, b.eval_size)
 
     def build_bench(tmp: Path) -> None:
-        build_benchmark(tmp, tofu=tofu, n_authors=n_authors, n_forget=config.forget_authors,
-                        eval_size=b.eval_size)
+        build_benchmark(tmp, tofu=tofu, n_authors=n_authors, n_forget=config.forget_authors, eval_size=b.eval_size)
 
     bench_label = f"benchmark: {n_authors} authors, {config.forget_authors} to forget"
     bench_dir = stages.run(bench_label, stages.folder("bench", "tofu" if tofu else "generated", bench_key), build_bench)
@@ -523,10 +581,20 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     common = {"config": config, "bench": bench}
     steps: list[Step] = []
 
-    def add(name: str, label: str, needs: tuple[str, ...], folder: Callable[[], Path], params: dict, priority: int,
-            parts: Callable[[], list[Job]] | None = None) -> None:
-        steps.append(Step(name, len(steps) + 2, label, needs, lambda: Job(label, folder(), {**common, **params}),
-                          priority, parts))
+    def add(
+        name: str,
+        label: str,
+        needs: tuple[str, ...],
+        folder: Callable[[], Path],
+        params: dict,
+        priority: int,
+        parts: Callable[[], list[Job]] | None = None,
+    ) -> None:
+        steps.append(
+            Step(
+                name, len(steps) + 2, label, needs, lambda: Job(label, folder(), {**common, **params}), priority, parts
+            )
+        )
 
     # 2. target models
     targets = {}
@@ -534,54 +602,111 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         key = digest(base_key, content[name], b.finetune, b.max_length, config.seed)
         folder = stages.folder("target", name, key)
         targets[name] = {"key": key, "model": str(folder / "run" / "merged")}
-        add(f"target-{name}", f"fine-tune the {name} model on {bench.sizes[name]} QA", (),
-            lambda folder=folder: folder, {"kind": "finetune", "data": str(data)}, priority=len(steps))
+        add(
+            f"target-{name}",
+            f"fine-tune the {name} model on {bench.sizes[name]} QA",
+            (),
+            lambda folder=folder: folder,
+            {"kind": "finetune", "data": str(data)},
+            priority=len(steps),
+        )
     full_model = targets["full"]["model"]
 
     # 3. CUD scores of the forget samples (run in parallel: its anchor runs and matrices first)
-    cud_key = digest(targets["full"]["key"], content["forget"], content["retain"], b.cud, b.anchor_unlearn,
-                     b.easy_hard, b.max_length, b.anchor_pool)
+    cud_key = digest(
+        targets["full"]["key"],
+        content["forget"],
+        content["retain"],
+        b.cud,
+        b.anchor_unlearn,
+        b.easy_hard,
+        b.max_length,
+        b.anchor_pool,
+    )
     cud_dir = stages.folder("cud", "forget", cud_key)
 
     def cud_parts() -> list[Job]:
         part = {**common, "kind": "cud_part", "model": full_model}
-        jobs = [Job(f"CUD anchor run {objective}/seed {seed}", stages.folder("cudpart", f"run{j}", cud_key),
-                    {**part, "run": j}) for j, (objective, seed) in enumerate(cud_anchor_runs(config))]
-        return jobs + [Job(f"CUD score matrices of the {bench.sizes['forget']} forget samples",
-                           stages.folder("cudpart", "matrices", cud_key), {**part, "run": None})]
+        jobs = [
+            Job(
+                f"CUD anchor run {objective}/seed {seed}",
+                stages.folder("cudpart", f"run{j}", cud_key),
+                {**part, "run": j},
+            )
+            for j, (objective, seed) in enumerate(cud_anchor_runs(config))
+        ]
+        return jobs + [
+            Job(
+                f"CUD score matrices of the {bench.sizes['forget']} forget samples",
+                stages.folder("cudpart", "matrices", cud_key),
+                {**part, "run": None},
+            )
+        ]
 
-    add("cud", f"CUD scores of the {bench.sizes['forget']} forget samples", ("target-full",), lambda: cud_dir,
-        {"kind": "cud", "model": full_model}, priority=2, parts=cud_parts)
+    add(
+        "cud",
+        f"CUD scores of the {bench.sizes['forget']} forget samples",
+        ("target-full",),
+        lambda: cud_dir,
+        {"kind": "cud", "model": full_model},
+        priority=2,
+        parts=cud_parts,
+    )
 
     # 4. unlearning, same budget for every method
     runs = {}
     for method in METHODS:
-        key = digest(targets["full"]["key"], content["forget"], content["retain"], method.settings, b.unlearn,
-                     b.max_length, config.seed)
+        key = digest(
+            targets["full"]["key"],
+            content["forget"],
+            content["retain"],
+            method.settings,
+            b.unlearn,
+            b.max_length,
+            config.seed,
+        )
         folder = stages.folder("run", method.name, key)
         runs[method.name] = {"key": key, "adapter": str(folder / "run")}
-        add(f"run-{method.name}", f"unlearn with {method.label}", ("target-full",), lambda folder=folder: folder,
-            {"kind": "unlearn", "model": full_model, "method": method}, priority=4)
+        add(
+            f"run-{method.name}",
+            f"unlearn with {method.label}",
+            ("target-full",),
+            lambda folder=folder: folder,
+            {"kind": "unlearn", "model": full_model, "method": method},
+            priority=4,
+        )
 
     # 5. evaluation: the retain model first (its truth ratios are the Forget Quality reference)
     evaluate = {"kind": "evaluate", "max_gen_toks": max_gen_toks}
     key = digest(targets["retain"]["key"], bench_key, eval_settings)
     evals = {"retain": stages.folder("eval", "retain", key)}
     reference = str(evals["retain"] / "reference.json")
-    add("eval-retain", "evaluate the retain model (and save the Forget Quality reference)", ("target-retain",),
-        lambda: evals["retain"], {**evaluate, "model": targets["retain"]["model"], "adapter": None, "references": [],
-                                  "save_reference": True}, priority=3)
+    add(
+        "eval-retain",
+        "evaluate the retain model (and save the Forget Quality reference)",
+        ("target-retain",),
+        lambda: evals["retain"],
+        {**evaluate, "model": targets["retain"]["model"], "adapter": None, "references": [], "save_reference": True},
+        priority=3,
+    )
     models = [("full", "the full model", None, targets["full"]["key"], "target-full")]
     models += [(m.name, m.label, runs[m.name]["adapter"], runs[m.name]["key"], f"run-{m.name}") for m in METHODS]
     for name, label, adapter, model_k, made_by in models:
+
         def folder(name=name, model_k=model_k) -> Path:  # keyed on the reference: read once it exists
-            evals[name] = stages.folder("eval", name, digest(model_k, key_of_reference(reference), bench_key,
-                                                             eval_settings))
+            evals[name] = stages.folder(
+                "eval", name, digest(model_k, key_of_reference(reference), bench_key, eval_settings)
+            )
             return evals[name]
 
-        add(f"eval-{name}", f"evaluate {label}", (made_by, "eval-retain"), folder,
+        add(
+            f"eval-{name}",
+            f"evaluate {label}",
+            (made_by, "eval-retain"),
+            folder,
             {**evaluate, "model": full_model, "adapter": adapter, "references": [reference], "save_reference": False},
-            priority=5)
+            priority=5,
+        )
 
     if config.workers > 1:
         run_in_parallel(steps, stages, config.workers, Path(config.out) / "logs")
@@ -594,10 +719,19 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     # 6. report
     stages.say(stages.total, f"report -> {config.out}")
     results, table, files = report.write_report(
-        Path(config.out), config=config, bench=bench, notice=notice, targets=targets, runs=runs,
-        methods=METHODS, evals=evals, cud_dir=cud_dir, timings=stages.timings,
+        Path(config.out),
+        config=config,
+        bench=bench,
+        notice=notice,
+        targets=targets,
+        runs=runs,
+        methods=METHODS,
+        evals=evals,
+        cud_dir=cud_dir,
+        timings=stages.timings,
         evaluation={"tasks": list(EVAL_TASKS), "batch_size": b.eval_batch_size, "max_gen_toks": max_gen_toks},
-        wall_s=time.perf_counter() - started)
+        wall_s=time.perf_counter() - started,
+    )
     return DemoResult(Path(config.out), results, table, files)
 
 

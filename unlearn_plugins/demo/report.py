@@ -14,8 +14,15 @@ from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
 
-COLUMNS = ("model", "Forget Quality", "Model Utility", "forget prob", "forget ROUGE-L",
-           "prob CUD-easy", "prob CUD-hard")
+COLUMNS = (
+    "model",
+    "Forget Quality",
+    "Model Utility",
+    "forget prob",
+    "forget ROUGE-L",
+    "prob CUD-easy",
+    "prob CUD-hard",
+)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -47,7 +54,8 @@ def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: 
         fq = tm.forget_quality(ratios, ratios)
     probs = _per_sample(written.samples, "tofu_forget_prob", "prob")
     return {
-        "name": name, "label": label,
+        "name": name,
+        "label": label,
         "forget_quality": fq,
         "model_utility": summary["model_utility"]["value"],
         "model_utility_parts": summary["model_utility"]["parts"],
@@ -70,8 +78,14 @@ def _fmt(value: Any) -> str:
 
 
 #: the row keys of the table's columns after the model's label
-VALUES = ("forget_quality", "model_utility", "forget_prob", "forget_rougeL_recall", "forget_prob_cud_easy",
-          "forget_prob_cud_hard")
+VALUES = (
+    "forget_quality",
+    "model_utility",
+    "forget_prob",
+    "forget_rougeL_recall",
+    "forget_prob_cud_easy",
+    "forget_prob_cud_hard",
+)
 
 
 def _cells(r: dict) -> list[str]:
@@ -87,6 +101,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------- plots
+
 
 def _pyplot():
     import matplotlib
@@ -125,14 +140,22 @@ def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
 def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    groups = {"CUD-easy": [r["score"] for r in scores if r["index"] in set(easy)],
-              "CUD-hard": [r["score"] for r in scores if r["index"] in set(hard)],
-              "other": [r["score"] for r in scores if r["index"] not in set(easy) | set(hard)]}
+    groups = {
+        "CUD-easy": [r["score"] for r in scores if r["index"] in set(easy)],
+        "CUD-hard": [r["score"] for r in scores if r["index"] in set(hard)],
+        "other": [r["score"] for r in scores if r["index"] not in set(easy) | set(hard)],
+    }
     bins = [i / 20 for i in range(21)]
-    ax.hist([groups["CUD-easy"], groups["other"], groups["CUD-hard"]], bins=bins, stacked=True,
-            label=[f"{k} (n={len(v)})" for k, v in (("CUD-easy", groups["CUD-easy"]), ("other", groups["other"]),
-                                                    ("CUD-hard", groups["CUD-hard"]))],
-            color=["tab:green", "tab:gray", "tab:red"])
+    ax.hist(
+        [groups["CUD-easy"], groups["other"], groups["CUD-hard"]],
+        bins=bins,
+        stacked=True,
+        label=[
+            f"{k} (n={len(v)})"
+            for k, v in (("CUD-easy", groups["CUD-easy"]), ("other", groups["other"]), ("CUD-hard", groups["CUD-hard"]))
+        ],
+        color=["tab:green", "tab:gray", "tab:red"],
+    )
     ax.set_xlabel("CUD score (0 = like the easy anchors, 1 = like the hard anchors)")
     ax.set_ylabel("forget samples")
     ax.set_title("CUD difficulty of the forget samples")
@@ -166,8 +189,22 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
 
 # ----------------------------------------------------------------------------- the report
 
-def write_report(out: Path, *, config, bench, notice, targets, runs, methods, evals, cud_dir: Path,
-                 timings: dict, wall_s: float, evaluation: dict) -> tuple[dict, str, dict]:
+
+def write_report(
+    out: Path,
+    *,
+    config,
+    bench,
+    notice,
+    targets,
+    runs,
+    methods,
+    evals,
+    cud_dir: Path,
+    timings: dict,
+    wall_s: float,
+    evaluation: dict,
+) -> tuple[dict, str, dict]:
     from dataclasses import asdict
 
     scores = _jsonl(cud_dir / "scores.jsonl")
@@ -190,22 +227,34 @@ def write_report(out: Path, *, config, bench, notice, targets, runs, methods, ev
         "evaluation": evaluation,
         "targets": targets,
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
-        "cud": {"scores": [{k: r[k] for k in ("index", "score", "s_E", "s_H", "anchor", "circuit_depth")}
-                           for r in scores],
-                "easy": easy, "hard": hard, "anchors": {k: anchors.get(k) for k in ("easy", "hard")},
-                "anchor_pool": meta.get("anchor_pool"), "anchor_votes": meta.get("anchors"),
-                "anchor_runs": [{k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
-                                for r in meta.get("runs") or []],
-                "seed_agreement": {o: a.get("mean_spearman") for o, a in (meta.get("seed_agreement") or {}).items()},
-                "objective_agreement": meta.get("objective_agreement")},
+        "cud": {
+            "scores": [{k: r[k] for k in ("index", "score", "s_E", "s_H", "anchor", "circuit_depth")} for r in scores],
+            "easy": easy,
+            "hard": hard,
+            "anchors": {k: anchors.get(k) for k in ("easy", "hard")},
+            "anchor_pool": meta.get("anchor_pool"),
+            "anchor_votes": meta.get("anchors"),
+            "anchor_runs": [
+                {k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
+                for r in meta.get("runs") or []
+            ],
+            "seed_agreement": {o: a.get("mean_spearman") for o, a in (meta.get("seed_agreement") or {}).items()},
+            "objective_agreement": meta.get("objective_agreement"),
+        },
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
     out = Path(out)
-    files = {"results.json": out / "results.json", "summary.md": out / "summary.md",
-             "fq_vs_mu.png": out / "fq_vs_mu.png", "cud_histogram.png": out / "cud_histogram.png",
-             "circuit_depth.png": out / "circuit_depth.png", "cud_scores.jsonl": out / "cud_scores.jsonl",
-             "cud_easy.json": out / "cud_easy.json", "cud_hard.json": out / "cud_hard.json"}
+    files = {
+        "results.json": out / "results.json",
+        "summary.md": out / "summary.md",
+        "fq_vs_mu.png": out / "fq_vs_mu.png",
+        "cud_histogram.png": out / "cud_histogram.png",
+        "circuit_depth.png": out / "circuit_depth.png",
+        "cud_scores.jsonl": out / "cud_scores.jsonl",
+        "cud_easy.json": out / "cud_easy.json",
+        "cud_hard.json": out / "cud_hard.json",
+    }
     write_json(files["results.json"], results)
     write_jsonl(files["cud_scores.jsonl"], scores)
     write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
@@ -249,8 +298,10 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "![Circuit depth, easy vs hard](circuit_depth.png)",
         "",
         f"Wall time {results['wall_time_s']:.0f} s; stages: "
-        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "")
-                    for k, v in results["stages"].items()) + ".",
+        + ", ".join(
+            f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in results["stages"].items()
+        )
+        + ".",
         "",
     ]
     return "\n".join(lines)
@@ -267,8 +318,11 @@ def _cud_anchor_lines(cud: dict) -> list[str]:
     span = "n/a" if not steps else str(steps[0]) if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
     agree = ", ".join(f"{o} {v:.2f}" for o, v in cud["seed_agreement"].items() if v is not None) or "n/a"
     votes = cud.get("anchor_votes", {}).get("all", {})
-    return ["", f"CUD anchors were chosen on {pool['size']} retain-author QA that are not scored "
-                f"({len(votes.get('easy', []))} easy, {len(votes.get('hard', []))} hard), by "
-                f"{' and '.join(objectives)} x {seeds} seeds (kept when chosen by at least half the seeds of an "
-                f"objective and half the objectives); the anchor runs stopped after {span} steps; seed-to-seed "
-                f"Spearman of their losses: {agree}."]
+    return [
+        "",
+        f"CUD anchors were chosen on {pool['size']} retain-author QA that are not scored "
+        f"({len(votes.get('easy', []))} easy, {len(votes.get('hard', []))} hard), by "
+        f"{' and '.join(objectives)} x {seeds} seeds (kept when chosen by at least half the seeds of an "
+        f"objective and half the objectives); the anchor runs stopped after {span} steps; seed-to-seed "
+        f"Spearman of their losses: {agree}.",
+    ]

@@ -198,8 +198,11 @@ def evaluate(
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
-    prepared = tasks if isinstance(tasks, Prepared) else prepare(
-        tasks, metadata=metadata, retain_references=retain_references, limit=limit)
+    prepared = (
+        tasks
+        if isinstance(tasks, Prepared)
+        else prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
+    )
     tracker = EvaluationTracker()  # lm-eval's timer starts here; write_outputs gives it the folder
     started = time.perf_counter()
     out = lm_eval.simple_evaluate(
@@ -220,8 +223,12 @@ def evaluate(
     model_args = dict(model_args or {"pretrained": out.get("config", {}).get("model")})
     out.setdefault("config", {})["model_args"] = model_args
     tracker.general_config_tracker.log_experiment_args(
-        model_source="hf", model_args=model_args, system_instruction=None, chat_template=None,
-        fewshot_as_multiturn=False)
+        model_source="hf",
+        model_args=model_args,
+        system_instruction=None,
+        chat_template=None,
+        fewshot_as_multiturn=False,
+    )
     results = _json_safe(out)
     summary = summarize(results, prepared.tasks, describe=describe)
     summary["elapsed_s"] = round(elapsed, 3)
@@ -253,8 +260,9 @@ def metrics_of(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def summarize(results: dict[str, Any], leaves: dict[str, Any] | None = None, *,
-              describe: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(
+    results: dict[str, Any], leaves: dict[str, Any] | None = None, *, describe: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Task metrics plus Forget Quality (per forget truth-ratio task) and Model Utility."""
     from .tofu_tasks import TofuForgetTruthRatioTask
 
@@ -264,8 +272,11 @@ def summarize(results: dict[str, Any], leaves: dict[str, Any] | None = None, *,
         if not isinstance(task, TofuForgetTruthRatioTask):
             continue
         value = metrics.get(name, {}).get("forget_quality")
-        entry = {"value": value, "split": task.split_label,
-                 "reference": task.reference.path if task.reference else None}
+        entry = {
+            "value": value,
+            "split": task.split_label,
+            "reference": task.reference.path if task.reference else None,
+        }
         if value is None:
             entry["note"] = "unavailable: no retain reference; " + HINT.format(task=name)
         fq[name] = entry
@@ -280,8 +291,11 @@ def summarize(results: dict[str, Any], leaves: dict[str, Any] | None = None, *,
         "metrics": metrics,
         "forget_quality": fq,
         "model_utility": mu,
-        "versions": {"lm_eval": results.get("versions", {}), "lm_eval_package": _version("lm_eval"),
-                     "unlearn_plugins": _version("unlearn-plugins")},
+        "versions": {
+            "lm_eval": results.get("versions", {}),
+            "lm_eval_package": _version("lm_eval"),
+            "unlearn_plugins": _version("unlearn-plugins"),
+        },
     }
 
 
@@ -306,7 +320,7 @@ def reference_rows(evaluation: Evaluation) -> tuple[str, str, list[str], list[fl
             f"--save-reference needs exactly one forget truth-ratio task in the run (found: {found}); "
             "e.g. --tasks tofu_forget01_truth_ratio"
         )
-    (task, samples), = rows.items()
+    ((task, samples),) = rows.items()
     samples = sorted(samples, key=lambda s: s["doc_id"])
     keys = [s["forget_quality"][0] for s in samples]
     ratios = [float(s["forget_quality"][1]) for s in samples]
@@ -314,8 +328,9 @@ def reference_rows(evaluation: Evaluation) -> tuple[str, str, list[str], list[fl
     return task, split, keys, ratios
 
 
-def save_reference(evaluation: Evaluation, path: str | Path, *, model: str | None = None,
-                   adapter: str | None = None) -> str:
+def save_reference(
+    evaluation: Evaluation, path: str | Path, *, model: str | None = None, adapter: str | None = None
+) -> str:
     task, split, keys, ratios = reference_rows(evaluation)
     write_reference(path, task=task, split=split, keys=keys, truth_ratios=ratios, model=model, adapter=adapter)
     return task
@@ -395,8 +410,12 @@ def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Any]
     tracker = evaluation.tracker or EvaluationTracker()
     if evaluation.tracker is None:  # an Evaluation made by hand: name the model from its summary
         tracker.general_config_tracker.log_experiment_args(
-            model_source="hf", model_args={"pretrained": str(evaluation.summary.get("model") or "model")},
-            system_instruction=None, chat_template=None, fewshot_as_multiturn=False)
+            model_source="hf",
+            model_args={"pretrained": str(evaluation.summary.get("model") or "model")},
+            system_instruction=None,
+            chat_template=None,
+            fewshot_as_multiturn=False,
+        )
     tracker.output_path = str(staging)
     model_dir = _model_folder_name(tracker)
     results = {**copy.deepcopy(evaluation.results), SUMMARY_KEY: _json_safe(evaluation.summary)}
@@ -492,8 +511,15 @@ def tofu_table(summary: dict[str, Any]) -> str:
         rows.append(["Forget Quality", task, _fmt(entry["value"]) if entry["value"] is not None else "unavailable"])
     mu = summary.get("model_utility", {})
     if mu.get("value") is not None or mu.get("missing"):
-        rows.append(["Model Utility", "harmonic mean of 9", _fmt(mu["value"]) if mu.get("value") is not None
-                     else f"unavailable ({len(mu['missing'])} parts missing)"])
+        rows.append(
+            [
+                "Model Utility",
+                "harmonic mean of 9",
+                _fmt(mu["value"])
+                if mu.get("value") is not None
+                else f"unavailable ({len(mu['missing'])} parts missing)",
+            ]
+        )
     if not rows:
         return ""
     notes = [e["note"] for e in summary.get("forget_quality", {}).values() if e.get("note")]
@@ -545,19 +571,51 @@ def evaluate_model(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UnlearnError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     where = resolve_model(model)
-    metadata = {**(metadata or {}), "tokenizer": where, "trust_remote_code": trust_remote_code or None,
-                "tofu_dir": tofu_dir, "forget_split": forget_split, "mmlu_dir": mmlu_dir, "wmdp_dir": wmdp_dir,
-                "system_prompt": system_prompt}
+    metadata = {
+        **(metadata or {}),
+        "tokenizer": where,
+        "trust_remote_code": trust_remote_code or None,
+        "tofu_dir": tofu_dir,
+        "forget_split": forget_split,
+        "mmlu_dir": mmlu_dir,
+        "wmdp_dir": wmdp_dir,
+        "system_prompt": system_prompt,
+    }
     prepared = prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
-    loaded, tokenizer = loaded or load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                                             adapter=adapter, allow_other_base=allow_other_base)
+    loaded, tokenizer = loaded or load_model(
+        model,
+        device=device,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        adapter=adapter,
+        allow_other_base=allow_other_base,
+    )
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
-    lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size, trust_remote_code=trust_remote_code,
-              softmax_dtype="float32")
+    lm = HFLM(
+        pretrained=loaded,
+        tokenizer=tokenizer,
+        batch_size=batch_size,
+        trust_remote_code=trust_remote_code,
+        softmax_dtype="float32",
+    )
     chosen = pick_device(device)
-    describe = {"model": model, "adapter": adapter, "device": chosen, "dtype": str(pick_dtype(chosen, dtype)),
-                "limit": limit, "batch_size": batch_size, "retain_references": list(retain_references),
-                "max_gen_toks": max_gen_toks}
+    describe = {
+        "model": model,
+        "adapter": adapter,
+        "device": chosen,
+        "dtype": str(pick_dtype(chosen, dtype)),
+        "limit": limit,
+        "batch_size": batch_size,
+        "retain_references": list(retain_references),
+        "max_gen_toks": max_gen_toks,
+    }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
-    return evaluate(lm, prepared, num_fewshot=num_fewshot, describe=describe, max_gen_toks=max_gen_toks,
-                    model_args=model_args, use_cache=use_cache)
+    return evaluate(
+        lm,
+        prepared,
+        num_fewshot=num_fewshot,
+        describe=describe,
+        max_gen_toks=max_gen_toks,
+        model_args=model_args,
+        use_cache=use_cache,
+    )

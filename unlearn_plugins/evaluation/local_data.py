@@ -41,7 +41,9 @@ def _read_utf8(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+        raise DataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- MMLU
@@ -100,8 +102,13 @@ def mmlu_dataset(*, mmlu_subject: str, mmlu_dir: str | None = None, **_metadata:
     ``<dir>/test/<subject>_test.csv`` and ``<dir>/dev/<subject>_dev.csv``."""
     import datasets
 
-    folder = _folder(mmlu_dir, "UNLEARN_MMLU_DIR", "mmlu_dir", f"MMLU subject {mmlu_subject}",
-                     "a folder with test/<subject>_test.csv and dev/<subject>_dev.csv")
+    folder = _folder(
+        mmlu_dir,
+        "UNLEARN_MMLU_DIR",
+        "mmlu_dir",
+        f"MMLU subject {mmlu_subject}",
+        "a folder with test/<subject>_test.csv and dev/<subject>_dev.csv",
+    )
     test = read_mmlu_csv(folder / "test" / f"{mmlu_subject}_test.csv", mmlu_subject)
     dev = read_mmlu_csv(folder / "dev" / f"{mmlu_subject}_dev.csv", mmlu_subject)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(test), "dev": datasets.Dataset.from_list(dev)})
@@ -167,8 +174,13 @@ def wmdp_dataset(*, wmdp_config: str, wmdp_dir: str | None = None, **_metadata: 
 
     if wmdp_config not in WMDP_CONFIGS:
         raise DataError(f"wmdp_config must be one of {', '.join(WMDP_CONFIGS)}, got {wmdp_config!r}")
-    folder = _folder(wmdp_dir, "UNLEARN_WMDP_DIR", "wmdp_dir", f"WMDP {wmdp_config}",
-                     "a folder with wmdp-bio.jsonl, wmdp-chem.jsonl, wmdp-cyber.jsonl (cais/wmdp schema)")
+    folder = _folder(
+        wmdp_dir,
+        "UNLEARN_WMDP_DIR",
+        "wmdp_dir",
+        f"WMDP {wmdp_config}",
+        "a folder with wmdp-bio.jsonl, wmdp-chem.jsonl, wmdp-cyber.jsonl (cais/wmdp schema)",
+    )
     for name in (f"{wmdp_config}.jsonl", f"{wmdp_config}.json"):
         if (folder / name).is_file():
             return datasets.DatasetDict({"test": datasets.Dataset.from_list(read_wmdp_json(folder / name))})

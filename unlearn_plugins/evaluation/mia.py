@@ -52,8 +52,16 @@ def _forward(model, examples: Sequence[dict], pad_token_id: int):
     return logits, batch
 
 
-def sample_statistics(model, examples: Sequence[dict], pad_token_id: int, *, attacks: Sequence[str] = ATTACKS[:4],
-                      k: float = 0.4, texts: Sequence[str] | None = None, batch_size: int = 8) -> dict[str, list[float]]:
+def sample_statistics(
+    model,
+    examples: Sequence[dict],
+    pad_token_id: int,
+    *,
+    attacks: Sequence[str] = ATTACKS[:4],
+    k: float = 0.4,
+    texts: Sequence[str] | None = None,
+    batch_size: int = 8,
+) -> dict[str, list[float]]:
     """Per-sample scores of the forward-only attacks (``loss``, ``zlib``, ``min_k``, ``min_k++``)
     for encoded examples (``encode_qa`` rows); ``zlib`` needs the answer ``texts``."""
     import torch
@@ -61,8 +69,9 @@ def sample_statistics(model, examples: Sequence[dict], pad_token_id: int, *, att
 
     unknown = [a for a in attacks if a not in ("loss", "zlib", "min_k", "min_k++")]
     if unknown:
-        raise UnlearnError(f"membership inference: {unknown[0]!r} is not a forward-only attack "
-                           "(loss, zlib, min_k, min_k++)")
+        raise UnlearnError(
+            f"membership inference: {unknown[0]!r} is not a forward-only attack (loss, zlib, min_k, min_k++)"
+        )
     if "zlib" in attacks and (texts is None or len(texts) != len(examples)):
         raise UnlearnError("membership inference: the zlib attack needs one answer text per sample")
     if not 0 < k <= 1:
@@ -70,7 +79,7 @@ def sample_statistics(model, examples: Sequence[dict], pad_token_id: int, *, att
     out: dict[str, list[float]] = {a: [] for a in attacks}
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
-            logits, batch = _forward(model, examples[start:start + batch_size], pad_token_id)
+            logits, batch = _forward(model, examples[start : start + batch_size], pad_token_id)
             logp = F.log_softmax(logits[:, :-1, :], dim=-1)
             labels = batch["labels"]
             shifted = labels[:, 1:]
@@ -172,8 +181,9 @@ def privleak(auc_model: float, auc_retain: float) -> float:
     return (model - ref) / (ref + 1e-10) * 100.0
 
 
-def reference_scores(model, reference, examples: Sequence[dict], pad_token_id: int, *,
-                     batch_size: int = 8) -> list[float]:
+def reference_scores(
+    model, reference, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8
+) -> list[float]:
     """The reference attack: the model's answer loss minus the reference (retain) model's."""
     own = sample_statistics(model, examples, pad_token_id, attacks=["loss"], batch_size=batch_size)["loss"]
     ref = sample_statistics(reference, examples, pad_token_id, attacks=["loss"], batch_size=batch_size)["loss"]
@@ -188,7 +198,7 @@ def exact_memorization(model, examples: Sequence[dict], pad_token_id: int, *, ba
     out = []
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
-            logits, batch = _forward(model, examples[start:start + batch_size], pad_token_id)
+            logits, batch = _forward(model, examples[start : start + batch_size], pad_token_id)
             pred = logits[:, :-1, :].argmax(-1)
             tokens = batch["input_ids"][:, 1:]
             for j in range(logits.shape[0]):

@@ -23,9 +23,11 @@ from .reference import load_reference_file
 FORMAT = "unlearn-plugins/tofu-mia-reference"
 VERSION = 1
 MEMBERS = ("forget", "holdout")
-HINT = ("make one by evaluating the retain model (trained without the forget split) with the same splits and "
-        "--limit: unlearn eval --model RETAIN_MODEL --tasks tofu_mia --forget-split F --holdout-split H --mia "
-        "--save-mia-reference mia_ref.json")
+HINT = (
+    "make one by evaluating the retain model (trained without the forget split) with the same splits and "
+    "--limit: unlearn eval --model RETAIN_MODEL --tasks tofu_mia --forget-split F --holdout-split H --mia "
+    "--save-mia-reference mia_ref.json"
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class MIAReference:
     aucs: dict[str, float]
 
     def describe(self) -> str:
-        return (f"forget {self.forget_split!r} vs holdout {self.holdout_split!r}, {len(self.keys)} samples")
+        return f"forget {self.forget_split!r} vs holdout {self.holdout_split!r}, {len(self.keys)} samples"
 
     def loss_of(self) -> dict[str, float]:
         return dict(zip(self.keys, self.losses))
@@ -52,28 +54,48 @@ class MIAReference:
         """Refuse a reference whose samples differ from the ones evaluated."""
         if sorted(keys) == sorted(self.keys):
             return
-        raise DataError(f"MIA reference {self.path} covers {len(self.keys)} samples ({self.describe()}) but {task} "
-                        f"evaluated {len(keys)} others: use the --limit the reference was made with, or {HINT}")
+        raise DataError(
+            f"MIA reference {self.path} covers {len(self.keys)} samples ({self.describe()}) but {task} "
+            f"evaluated {len(keys)} others: use the --limit the reference was made with, or {HINT}"
+        )
 
 
 def mismatch(ref: MIAReference, task: str, forget_split: str, holdout_split: str, n: int) -> str:
     """Why ``ref`` does not fit the documents a task evaluates."""
-    return (f"task {task} evaluates forget {forget_split!r} vs holdout {holdout_split!r} ({n} samples) but the MIA "
-            f"reference {ref.path} was made on {ref.describe()}; {HINT}")
+    return (
+        f"task {task} evaluates forget {forget_split!r} vs holdout {holdout_split!r} ({n} samples) but the MIA "
+        f"reference {ref.path} was made on {ref.describe()}; {HINT}"
+    )
 
 
-def write_mia_reference(path: str | os.PathLike, *, forget_split: str, holdout_split: str, keys: Sequence[str],
-                        members: Sequence[str], losses: Sequence[float], aucs: dict[str, float],
-                        model: str | None = None, adapter: str | None = None) -> None:
+def write_mia_reference(
+    path: str | os.PathLike,
+    *,
+    forget_split: str,
+    holdout_split: str,
+    keys: Sequence[str],
+    members: Sequence[str],
+    losses: Sequence[float],
+    aucs: dict[str, float],
+    model: str | None = None,
+    adapter: str | None = None,
+) -> None:
     if not (len(keys) == len(members) == len(losses)) or not keys:
         raise ValueError("an MIA reference needs one member label and loss per sample, and at least one sample")
-    write_json(path, {
-        "format": FORMAT, "version": VERSION, "forget_split": forget_split, "holdout_split": holdout_split,
-        "model": model, "adapter": adapter,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "auc": {name: float(value) for name, value in aucs.items()},
-        "samples": [{"key": k, "member": m, "loss": float(v)} for k, m, v in zip(keys, members, losses)],
-    })
+    write_json(
+        path,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "forget_split": forget_split,
+            "holdout_split": holdout_split,
+            "model": model,
+            "adapter": adapter,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "auc": {name: float(value) for name, value in aucs.items()},
+            "samples": [{"key": k, "member": m, "loss": float(v)} for k, m, v in zip(keys, members, losses)],
+        },
+    )
 
 
 def _number(value: Any) -> bool:
@@ -82,12 +104,18 @@ def _number(value: Any) -> bool:
 
 def read_mia_reference(path: str | os.PathLike) -> MIAReference:
     """Load and validate an MIA reference file; errors name the file and the field."""
-    path, data, _ = load_reference_file(path, what="MIA reference", format=FORMAT, version=VERSION,
-                                        strings=("forget_split", "holdout_split"),
-                                        made_by="unlearn eval --save-mia-reference")
+    path, data, _ = load_reference_file(
+        path,
+        what="MIA reference",
+        format=FORMAT,
+        version=VERSION,
+        strings=("forget_split", "holdout_split"),
+        made_by="unlearn eval --save-mia-reference",
+    )
     aucs = data.get("auc")
-    if not isinstance(aucs, dict) or not all(isinstance(k, str) and _number(v) and 0 <= v <= 1
-                                             for k, v in aucs.items()):
+    if not isinstance(aucs, dict) or not all(
+        isinstance(k, str) and _number(v) and 0 <= v <= 1 for k, v in aucs.items()
+    ):
         raise DataError(f"MIA reference {path}: field 'auc' must map attack names to AUCs in [0, 1]")
     keys, members, losses = [], [], []
     for i, item in enumerate(data["samples"]):
@@ -98,5 +126,6 @@ def read_mia_reference(path: str | os.PathLike) -> MIAReference:
         keys.append(item["key"])
         members.append(item["member"])
         losses.append(float(item["loss"]))
-    return MIAReference(str(path), data["forget_split"], data["holdout_split"], tuple(keys), tuple(members),
-                        tuple(losses), dict(aucs))
+    return MIAReference(
+        str(path), data["forget_split"], data["holdout_split"], tuple(keys), tuple(members), tuple(losses), dict(aucs)
+    )

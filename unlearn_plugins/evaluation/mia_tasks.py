@@ -66,17 +66,20 @@ GREEDY = {"until": [], "max_gen_toks": 1, "do_sample": False, "temperature": 0.0
 def load_qa_split(split: str, tofu_dir: str | None, what: str) -> tuple[list[QASample], str]:
     """(samples, label) of a split named in metadata: a split of the TOFU folder or a JSON-lines file."""
     if not split:
-        raise DataError(f"the MIA tasks read the {what} split from metadata '{what}_split' (a TOFU split name or a "
-                        f"JSON-lines file in TOFU's format): unlearn eval --{what}-split X, or lm_eval --metadata "
-                        f"'{{\"{what}_split\": \"X\"}}'")
+        raise DataError(
+            f"the MIA tasks read the {what} split from metadata '{what}_split' (a TOFU split name or a "
+            f"JSON-lines file in TOFU's format): unlearn eval --{what}-split X, or lm_eval --metadata "
+            f'\'{{"{what}_split": "X"}}\''
+        )
     folder = resolve_tofu_dir(tofu_dir) if (tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")) else None
     path = _split_path(split, folder)
     is_file = split.endswith((".json", ".jsonl")) or Path(split).expanduser().is_file()
     return read_jsonl(path), (str(path) if is_file else path.stem)
 
 
-def mia_documents(forget_split: str, holdout_split: str, tofu_dir: str | None = None
-                  ) -> list[tuple[QASample, str, str]]:
+def mia_documents(
+    forget_split: str, holdout_split: str, tofu_dir: str | None = None
+) -> list[tuple[QASample, str, str]]:
     """(sample, "forget" | "holdout", split label) for both splits, interleaved (forget 0, holdout
     0, forget 1, ...; the longer split's rest at the end), so lm-eval's --limit N keeps about as
     many of each. A sample in both splits is refused: it cannot be a member and a non-member."""
@@ -85,9 +88,11 @@ def mia_documents(forget_split: str, holdout_split: str, tofu_dir: str | None = 
     forget_keys = {sample_key(s.question, s.answer): s for s in forget}
     shared = next((s for s in holdout if sample_key(s.question, s.answer) in forget_keys), None)
     if shared is not None:
-        raise DataError(f"{shared.where}: this holdout sample is also in the forget split "
-                        f"({forget_keys[sample_key(shared.question, shared.answer)].where}); the holdout split must "
-                        "be QA the model never trained on")
+        raise DataError(
+            f"{shared.where}: this holdout sample is also in the forget split "
+            f"({forget_keys[sample_key(shared.question, shared.answer)].where}); the holdout split must "
+            "be QA the model never trained on"
+        )
     docs = []
     for i in range(max(len(forget), len(holdout))):
         if i < len(forget):
@@ -115,7 +120,7 @@ def _answer_tokens(tok, prompt: str, continuation: str, where: str) -> tuple[str
         cut = len(prompt.rstrip())
         prompt, continuation = prompt[:cut], prompt[cut:] + continuation
         p = _encode(tok, prompt)
-    return prompt, continuation, full[len(p):], ws_sub
+    return prompt, continuation, full[len(p) :], ws_sub
 
 
 def _prefix_offsets(tok, prompt: str, continuation: str, answer: list[int]) -> list[int | None]:
@@ -146,15 +151,20 @@ def token_plan(tok, prompt: str, continuation: str, where: str) -> dict[str, Any
     singles: list[list[int]] = []  # [position, first position covered, text start, text end]
     for k in range(n - 1):
         lo, hi = offsets[k], offsets[k + 1]
-        if lo is None or hi is None or continuation[lo:hi] != _decode(tok, answer[k:k + 1]):
+        if lo is None or hi is None or continuation[lo:hi] != _decode(tok, answer[k : k + 1]):
             continue
         context = (prompt + continuation[:lo]).rstrip()
         kept = _encode(tok, context)
         if kept != (p + answer)[: len(kept)]:
             continue  # lm-eval would not split the tokens here
         singles.append([k, len(kept) - len(p), lo, hi])
-    return {"score_prompt": prompt, "score_continuation": continuation, "n_tokens": [n], "ws_sub": [ws_sub],
-            "singles": singles}
+    return {
+        "score_prompt": prompt,
+        "score_continuation": continuation,
+        "n_tokens": [n],
+        "ws_sub": [ws_sub],
+        "singles": singles,
+    }
 
 
 def _docs(tok, rows: Sequence[tuple[QASample, str, str]], system_prompt: str | None, plan) -> list[dict]:
@@ -166,16 +176,31 @@ def _docs(tok, rows: Sequence[tuple[QASample, str, str]], system_prompt: str | N
     for sample, member, label in rows:
         _refuse_control_tokens({"question": sample.question, "answer": sample.answer}, specials, sample.where)
         prompt = prompt_text(tok, sample.question, system_prompt)
-        doc = {"key": sample_key(sample.question, sample.answer), "member": member, "split": label,
-               "where": sample.where, "question": sample.question, "answer": sample.answer, "prompt": prompt}
+        doc = {
+            "key": sample_key(sample.question, sample.answer),
+            "member": member,
+            "split": label,
+            "where": sample.where,
+            "question": sample.question,
+            "answer": sample.answer,
+            "prompt": prompt,
+        }
         doc.update(plan(tok, prompt, sample.answer + eos, sample.where))
         docs.append(doc)
     return docs
 
 
-def mia_dataset(*, forget_split: str | None = None, holdout_split: str | None = None, tofu_dir: str | None = None,
-                tokenizer: Any = None, pretrained: Any = None, trust_remote_code: Any = False,
-                system_prompt: str | None = None, **_other_metadata: Any):
+def mia_dataset(
+    *,
+    forget_split: str | None = None,
+    holdout_split: str | None = None,
+    tofu_dir: str | None = None,
+    tokenizer: Any = None,
+    pretrained: Any = None,
+    trust_remote_code: Any = False,
+    system_prompt: str | None = None,
+    **_other_metadata: Any,
+):
     """lm-eval ``custom_dataset`` of ``tofu_mia``: forget and holdout documents, interleaved."""
     import datasets
 
@@ -189,14 +214,25 @@ def memorization_plan(tok, prompt: str, continuation: str, where: str) -> dict[s
     prompt, continuation, answer, _ = _answer_tokens(tok, prompt, continuation, where)
     offsets = _prefix_offsets(tok, prompt, continuation, answer)
     positions = [k for k in range(len(answer) - 1) if offsets[k] is not None]
-    return {"score_prompt": prompt, "score_continuation": continuation, "n_tokens": [len(answer)],
-            "em_offsets": [offsets[k] for k in positions],
-            "em_targets": [_decode(tok, answer[k:k + 1]) for k in positions]}
+    return {
+        "score_prompt": prompt,
+        "score_continuation": continuation,
+        "n_tokens": [len(answer)],
+        "em_offsets": [offsets[k] for k in positions],
+        "em_targets": [_decode(tok, answer[k : k + 1]) for k in positions],
+    }
 
 
-def memorization_dataset(*, forget_split: str | None = None, tofu_dir: str | None = None, tokenizer: Any = None,
-                         pretrained: Any = None, trust_remote_code: Any = False, system_prompt: str | None = None,
-                         **_other_metadata: Any):
+def memorization_dataset(
+    *,
+    forget_split: str | None = None,
+    tofu_dir: str | None = None,
+    tokenizer: Any = None,
+    pretrained: Any = None,
+    trust_remote_code: Any = False,
+    system_prompt: str | None = None,
+    **_other_metadata: Any,
+):
     """lm-eval ``custom_dataset`` of ``tofu_forget_exact_memorization``."""
     import datasets
 
@@ -231,7 +267,7 @@ def token_logprobs(doc: dict, results: Sequence) -> tuple[list[float], int]:
     ws = lls[1] if doc["ws_sub"][0] else 0.0
     total = lls[0] - ws
     known: dict[int, float] = {}
-    for (k, first, _, _), ll in zip(doc["singles"], lls[2 if doc["ws_sub"][0] else 1:]):
+    for (k, first, _, _), ll in zip(doc["singles"], lls[2 if doc["ws_sub"][0] else 1 :]):
         covered = range(max(first, 0), k)
         if all(t in known for t in covered):
             known[k] = ll - sum(known[t] for t in covered) - (ws if first < 0 else 0.0)
@@ -282,13 +318,21 @@ class TofuMIATask(TofuTask):
     def process_results(self, doc, results):
         logps, shared = token_logprobs(doc, results)
         if shared:
-            log.warning("%s: %s: %d answer tokens could not be scored one by one (their prefix does not re-tokenise "
-                        "to the same tokens); they share the log-probability the others leave", self.config.task,
-                        doc["where"], shared)
+            log.warning(
+                "%s: %s: %d answer tokens could not be scored one by one (their prefix does not re-tokenise "
+                "to the same tokens); they share the log-probability the others leave",
+                self.config.task,
+                doc["where"],
+                shared,
+            )
         loss = -sum(logps) / len(logps)
-        scores = {"auc_loss": loss, "auc_zlib": loss / len(zlib.compress(doc["answer"].encode("utf-8"))),
-                  "auc_min_k": mia.min_k_score(logps[:-1], self.k), "auc_reference": loss,
-                  "privleak": mia.min_k_score(logps[:-1], self.k)}
+        scores = {
+            "auc_loss": loss,
+            "auc_zlib": loss / len(zlib.compress(doc["answer"].encode("utf-8"))),
+            "auc_min_k": mia.min_k_score(logps[:-1], self.k),
+            "auc_reference": loss,
+            "privleak": mia.min_k_score(logps[:-1], self.k),
+        }
         return {name: [doc["key"], doc["member"], value] for name, value in scores.items()}
 
     def _auc(self, items) -> float:
@@ -317,8 +361,13 @@ class TofuMIATask(TofuTask):
         return mia.privleak(self._auc(items), self.reference.aucs["min_k"])
 
     def aggregation(self):
-        return {"auc_loss": self._auc, "auc_zlib": self._auc, "auc_min_k": self._auc,
-                "auc_reference": self._auc_reference, "privleak": self._privleak}
+        return {
+            "auc_loss": self._auc,
+            "auc_zlib": self._auc,
+            "auc_min_k": self._auc,
+            "auc_reference": self._auc_reference,
+            "privleak": self._privleak,
+        }
 
 
 class TofuExactMemorizationTask(TofuTask):
@@ -331,8 +380,10 @@ class TofuExactMemorizationTask(TofuTask):
         self._check_context(doc, ctx)
         meta = _request_metadata(kwargs)
         prompt, cont = doc["score_prompt"], doc["score_continuation"]
-        return [Instance("generate_until", doc, (prompt + cont[:offset], dict(GREEDY)), i, metadata=meta)
-                for i, offset in enumerate(doc["em_offsets"])]
+        return [
+            Instance("generate_until", doc, (prompt + cont[:offset], dict(GREEDY)), i, metadata=meta)
+            for i, offset in enumerate(doc["em_offsets"])
+        ]
 
     def process_results(self, doc, results):
         hits = [got == target for got, target in zip(results, doc["em_targets"])]

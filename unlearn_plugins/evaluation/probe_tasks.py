@@ -33,10 +33,19 @@ def _plain(question: str, answer: str | None = None) -> str:
     return f"Question: {question}\nAnswer:" + (f" {answer}\n\n" if answer is not None else "")
 
 
-def probe_dataset(*, probe: str = "paraphrase", forget_split: str | None = None, tofu_dir: str | None = None,
-                  tokenizer: Any = None, pretrained: Any = None, trust_remote_code: Any = False,
-                  system_prompt: str | None = None, probe_shot_split: str = SHOT_SPLIT, probe_shots: int = SHOTS,
-                  **_other_metadata: Any):
+def probe_dataset(
+    *,
+    probe: str = "paraphrase",
+    forget_split: str | None = None,
+    tofu_dir: str | None = None,
+    tokenizer: Any = None,
+    pretrained: Any = None,
+    trust_remote_code: Any = False,
+    system_prompt: str | None = None,
+    probe_shot_split: str = SHOT_SPLIT,
+    probe_shots: int = SHOTS,
+    **_other_metadata: Any,
+):
     """lm-eval ``custom_dataset`` of the probe tasks (``dataset_kwargs.probe``)."""
     import os
 
@@ -54,12 +63,15 @@ def probe_dataset(*, probe: str = "paraphrase", forget_split: str | None = None,
         try:
             samples = read_jsonl(path, require=("question", "answer", "paraphrased_question"))
         except DataError as exc:
-            raise DataError(f"{exc} (the paraphrase probe asks TOFU's paraphrased questions: the forget split, or "
-                            "NAME_perturbed.json beside it, must have the field)") from None
+            raise DataError(
+                f"{exc} (the paraphrase probe asks TOFU's paraphrased questions: the forget split, or "
+                "NAME_perturbed.json beside it, must have the field)"
+            ) from None
         eos = tok.eos_token
         if not eos:
-            raise DataError(f"tokenizer {getattr(tok, 'name_or_path', '?')} has no eos token: TOFU scores the end "
-                            "token")
+            raise DataError(
+                f"tokenizer {getattr(tok, 'name_or_path', '?')} has no eos token: TOFU scores the end token"
+            )
         for s in samples:
             question = s.extra["paraphrased_question"]
             if not isinstance(question, str) or not question.strip():
@@ -75,8 +87,10 @@ def probe_dataset(*, probe: str = "paraphrase", forget_split: str | None = None,
             pool, _ = load_qa_split(probe_shot_split, tofu_dir, "probe_shot")
             shots = [s for s in pool if sample_key(s.question, s.answer) not in forget_keys][:probe_shots]
             if len(shots) < probe_shots:
-                raise DataError(f"metadata 'probe_shot_split' {probe_shot_split!r}: {len(shots)} QA outside the "
-                                f"forget split, {probe_shots} needed (metadata 'probe_shots')")
+                raise DataError(
+                    f"metadata 'probe_shot_split' {probe_shot_split!r}: {len(shots)} QA outside the "
+                    f"forget split, {probe_shots} needed (metadata 'probe_shots')"
+                )
         prefix = "".join(_plain(s.question, s.answer) for s in shots)
         for s in samples:
             _refuse_control_tokens({"question": s.question, "answer": s.answer}, specials, s.where)
@@ -86,6 +100,14 @@ def probe_dataset(*, probe: str = "paraphrase", forget_split: str | None = None,
 
 def _doc(tok, sample, label: str, prompt: str, continuation: str) -> dict:
     n, ws = _score_plan(tok, prompt, continuation, sample.where)
-    return {"key": sample_key(sample.question, sample.answer), "split": label, "where": sample.where,
-            "question": sample.question, "answer": sample.answer, "prompt": prompt, "continuations": [continuation],
-            "n_tokens": [n], "ws_sub": [ws]}
+    return {
+        "key": sample_key(sample.question, sample.answer),
+        "split": label,
+        "where": sample.where,
+        "question": sample.question,
+        "answer": sample.answer,
+        "prompt": prompt,
+        "continuations": [continuation],
+        "n_tokens": [n],
+        "ws_sub": [ws],
+    }

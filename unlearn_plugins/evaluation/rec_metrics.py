@@ -33,8 +33,10 @@ from .reference import references_from as retain_references_from
 
 FORMAT = "unlearn-plugins/rec-prediction-reference"
 VERSION = 1
-HINT = ("make one from the retrained model (trained without the forgotten users): evaluate it with {task} "
-        "and the same --limit, then unlearn_plugins.evaluation.rec_metrics.reference_from_samples(...)")
+HINT = (
+    "make one from the retrained model (trained without the forgotten users): evaluate it with {task} "
+    "and the same --limit, then unlearn_plugins.evaluation.rec_metrics.reference_from_samples(...)"
+)
 
 
 def p_yes(loglik_yes: float, loglik_no: float) -> float:
@@ -60,8 +62,11 @@ def auc(items: Iterable[Sequence[float]]) -> float:
 
     labels, probs = _pairs(items)
     if len(set(labels)) < 2:
-        warnings.warn(f"AUC is undefined: all {len(labels)} labels are {labels[0] if labels else '-'}", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"AUC is undefined: all {len(labels)} labels are {labels[0] if labels else '-'}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return float("nan")
     return float(roc_auc_score(labels, probs))
 
@@ -118,30 +123,49 @@ class PredictionReference:
         by_key = dict(zip(self.keys, self.p_yes))
         missing = sum(k not in by_key for k in keys)
         if missing:
-            raise DataError(f"prediction reference {self.path} ({self.describe()}) lacks {missing} of the {len(keys)} "
-                            f"samples {task} evaluated: make it on the same samples (and --limit), or "
-                            f"{HINT.format(task=task)}")
+            raise DataError(
+                f"prediction reference {self.path} ({self.describe()}) lacks {missing} of the {len(keys)} "
+                f"samples {task} evaluated: make it on the same samples (and --limit), or "
+                f"{HINT.format(task=task)}"
+            )
         return [by_key[k] for k in keys]
 
 
-def write_prediction_reference(path: str | os.PathLike, *, task: str, split: str, keys: Sequence[str],
-                               p_yes: Sequence[float], model: str | None = None, adapter: str | None = None) -> None:
+def write_prediction_reference(
+    path: str | os.PathLike,
+    *,
+    task: str,
+    split: str,
+    keys: Sequence[str],
+    p_yes: Sequence[float],
+    model: str | None = None,
+    adapter: str | None = None,
+) -> None:
     """Write a reference file atomically (one P(Yes) in [0, 1] per sample key)."""
     if len(keys) != len(p_yes) or not keys:
         raise ValueError("a prediction reference needs one P(Yes) per sample, and at least one sample")
     if len(set(keys)) != len(keys):
         raise ValueError("a prediction reference needs distinct sample keys")
-    write_json(path, {
-        "format": FORMAT, "version": VERSION, "task": task, "split": split, "model": model, "adapter": adapter,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "samples": [{"key": k, "p_yes": float(p)} for k, p in zip(keys, p_yes)],
-    })
+    write_json(
+        path,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "task": task,
+            "split": split,
+            "model": model,
+            "adapter": adapter,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "samples": [{"key": k, "p_yes": float(p)} for k, p in zip(keys, p_yes)],
+        },
+    )
 
 
 def read_prediction_reference(path: str | os.PathLike) -> PredictionReference:
     """Load and validate a reference file; errors name the file and the field."""
-    path, data, samples = load_reference_file(path, what="prediction reference", format=FORMAT, version=VERSION,
-                                              strings=("task", "split"))
+    path, data, samples = load_reference_file(
+        path, what="prediction reference", format=FORMAT, version=VERSION, strings=("task", "split")
+    )
     keys, probs = [], []
     for i, item in enumerate(samples):
         p = item.get("p_yes")
@@ -159,8 +183,9 @@ def references_from(value: Any) -> list[PredictionReference]:
     return retain_references_from(value, read_prediction_reference, "retrain_reference")
 
 
-def reference_from_samples(samples: Sequence[dict], path: str | os.PathLike, *, task: str,
-                           model: str | None = None, adapter: str | None = None) -> None:
+def reference_from_samples(
+    samples: Sequence[dict], path: str | os.PathLike, *, task: str, model: str | None = None, adapter: str | None = None
+) -> None:
     """Write a reference from lm-eval's logged samples of a MovieLens task (one dict per
     document with ``doc_id``, ``doc`` and the ``jsd`` field (key, P(Yes)) its
     process_results returns), e.g. ``Evaluation.samples[task]`` or a samples_*.jsonl file's rows."""
@@ -168,5 +193,12 @@ def reference_from_samples(samples: Sequence[dict], path: str | os.PathLike, *, 
     if not rows or "jsd" not in rows[0]:
         raise DataError(f"no MovieLens forget-task samples with a 'jsd' field to make a reference from (task {task})")
     split = rows[0]["doc"].get("split", "?") if isinstance(rows[0].get("doc"), dict) else "?"
-    write_prediction_reference(path, task=task, split=split, keys=[r["jsd"][0] for r in rows],
-                               p_yes=[float(r["jsd"][1]) for r in rows], model=model, adapter=adapter)
+    write_prediction_reference(
+        path,
+        task=task,
+        split=split,
+        keys=[r["jsd"][0] for r in rows],
+        p_yes=[float(r["jsd"][1]) for r in rows],
+        model=model,
+        adapter=adapter,
+    )

@@ -66,25 +66,37 @@ class Reference:
         )
 
 
-def write_reference(path: str | os.PathLike, *, task: str, split: str, keys: Sequence[str],
-                    truth_ratios: Sequence[float], model: str | None = None, adapter: str | None = None) -> None:
+def write_reference(
+    path: str | os.PathLike,
+    *,
+    task: str,
+    split: str,
+    keys: Sequence[str],
+    truth_ratios: Sequence[float],
+    model: str | None = None,
+    adapter: str | None = None,
+) -> None:
     """Write a reference file atomically."""
     if len(keys) != len(truth_ratios) or not keys:
         raise ValueError("a reference needs one truth ratio per sample, and at least one sample")
-    write_json(path, {
-        "format": FORMAT,
-        "version": VERSION,
-        "task": task,
-        "split": split,
-        "model": model,
-        "adapter": adapter,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "samples": [{"key": k, "truth_ratio": float(tr)} for k, tr in zip(keys, truth_ratios)],
-    })
+    write_json(
+        path,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "task": task,
+            "split": split,
+            "model": model,
+            "adapter": adapter,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "samples": [{"key": k, "truth_ratio": float(tr)} for k, tr in zip(keys, truth_ratios)],
+        },
+    )
 
 
-def load_reference_file(path: str | os.PathLike, *, what: str, format: str, version: int,
-                        strings: Sequence[str], made_by: str | None = None) -> tuple[Path, dict, list]:
+def load_reference_file(
+    path: str | os.PathLike, *, what: str, format: str, version: int, strings: Sequence[str], made_by: str | None = None
+) -> tuple[Path, dict, list]:
     """The checks every reference file shares (retain truth ratios, MIA losses, MovieLens
     predictions): JSON, ``format``, ``version``, string fields and a non-empty ``samples``
     list. Returns (path, data, samples); errors name the file and the field."""
@@ -116,8 +128,14 @@ def load_reference_file(path: str | os.PathLike, *, what: str, format: str, vers
 
 def read_reference(path: str | os.PathLike) -> Reference:
     """Load and validate a reference file; errors name the file and the field."""
-    path, data, samples = load_reference_file(path, what="retain reference", format=FORMAT, version=VERSION,
-                                              strings=("task", "split"), made_by="unlearn eval --save-reference")
+    path, data, samples = load_reference_file(
+        path,
+        what="retain reference",
+        format=FORMAT,
+        version=VERSION,
+        strings=("task", "split"),
+        made_by="unlearn eval --save-reference",
+    )
     keys, ratios = [], []
     for i, item in enumerate(samples):
         tr = item.get("truth_ratio")

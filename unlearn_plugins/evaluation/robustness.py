@@ -22,8 +22,10 @@ from typing import Any, Callable
 from ..errors import UnlearnError
 
 PLAIN_TASKS = ("tofu_forget_prob", "tofu_forget_rouge")
-PROBE_TASKS = {"paraphrase": ("tofu_forget_paraphrase_prob", "tofu_forget_paraphrase_rouge"),
-               "format": ("tofu_forget_format_prob", "tofu_forget_format_rouge")}
+PROBE_TASKS = {
+    "paraphrase": ("tofu_forget_paraphrase_prob", "tofu_forget_paraphrase_rouge"),
+    "format": ("tofu_forget_format_prob", "tofu_forget_format_rouge"),
+}
 #: metric -> (its place in a (prob task, ROUGE task) pair, the metric's name in that task)
 METRICS = {"prob": (0, "prob"), "rougeL_recall": (1, "rougeL_recall")}
 
@@ -40,8 +42,9 @@ def attack_options(pairs: dict[str, Any], names: list[str]) -> dict[str, dict[st
         if not sep or not key:
             raise UnlearnError(f"--attack-option {dotted}={value!r}: expected NAME.KEY=VALUE, e.g. quantize.bits=8")
         if name not in out:
-            raise UnlearnError(f"--attack-option {dotted}: {name!r} is not one of the attacks run "
-                               f"({', '.join(names) or 'none'})")
+            raise UnlearnError(
+                f"--attack-option {dotted}: {name!r} is not one of the attacks run ({', '.join(names) or 'none'})"
+            )
         out[name][key] = value
     return out
 
@@ -54,10 +57,23 @@ def _value(evaluation, task: str, metric: str) -> float | None:
     return evaluation.summary["metrics"].get(task, {}).get(metric)
 
 
-def run_attacks(out: Path, names: list[str], options: dict[str, dict[str, Any]], *, evaluate: Callable,
-                model: str, adapter: str | None, forget_split: str, tofu_dir: str | None, device: str | None,
-                dtype: str | None, trust_remote_code: bool, allow_other_base: bool, keep_models: bool,
-                write: Callable) -> dict[str, Any]:
+def run_attacks(
+    out: Path,
+    names: list[str],
+    options: dict[str, dict[str, Any]],
+    *,
+    evaluate: Callable,
+    model: str,
+    adapter: str | None,
+    forget_split: str,
+    tofu_dir: str | None,
+    device: str | None,
+    dtype: str | None,
+    trust_remote_code: bool,
+    allow_other_base: bool,
+    keep_models: bool,
+    write: Callable,
+) -> dict[str, Any]:
     """Attack the model with each named attack, evaluate each attacked model with the plain tasks
     (``evaluate(model_dir, forget_split) -> Evaluation``) and write it under ``out/attacks/NAME``.
     Returns {name: (Evaluation, attack record) or an error line}."""
@@ -65,23 +81,37 @@ def run_attacks(out: Path, names: list[str], options: dict[str, dict[str, Any]],
     from ..data.tofu import parse_spec
 
     name, _ = parse_spec(forget_split)
-    forget = forget_split if name.endswith((".json", ".jsonl")) or Path(name).expanduser().is_file() \
+    forget = (
+        forget_split
+        if name.endswith((".json", ".jsonl")) or Path(name).expanduser().is_file()
         else f"tofu:{forget_split}"
+    )
     results: dict[str, Any] = {}
     for attack in names:
         folder = out / "attacks" / attack
         try:
-            attacked = run_attack(attack, model=model, out=folder / "model", options=options.get(attack, {}),
-                                  adapter=adapter, forget=forget, tofu_dir=tofu_dir, device=device, dtype=dtype,
-                                  trust_remote_code=trust_remote_code, allow_other_base=allow_other_base,
-                                  overwrite=True)
+            attacked = run_attack(
+                attack,
+                model=model,
+                out=folder / "model",
+                options=options.get(attack, {}),
+                adapter=adapter,
+                forget=forget,
+                tofu_dir=tofu_dir,
+                device=device,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                allow_other_base=allow_other_base,
+                overwrite=True,
+            )
             evaluation = evaluate(str(attacked.folder), attacked.measure_split or forget_split)
             evaluation.summary["attack"] = attacked.record
             write(folder, evaluation)
             results[attack] = (evaluation, attacked.record)
         except UnlearnError as exc:
-            warnings.warn(f"--robustness: attack {attack!r} failed: {exc}; the other attacks go on", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"--robustness: attack {attack!r} failed: {exc}; the other attacks go on", RuntimeWarning, stacklevel=2
+            )
             results[attack] = f"{exc}"
         finally:
             if not keep_models:
@@ -120,8 +150,11 @@ def robustness_summary(plain, attacked: dict[str, Any]) -> dict[str, Any]:
                 entry["attacks"][attack] = {"value": None, "kind": "attack", "error": result}
                 continue
             evaluation, record = result
-            row: dict[str, Any] = {"value": _value(evaluation, plain_task, name), "kind": "attack",
-                                   "options": record["attack"]["options"]}
+            row: dict[str, Any] = {
+                "value": _value(evaluation, plain_task, name),
+                "kind": "attack",
+                "options": record["attack"]["options"],
+            }
             if record.get("measure_split"):
                 keys = list(_per_key(evaluation, plain_task, name))
                 same = [plain_by_key[k] for k in keys if k in plain_by_key]
@@ -131,13 +164,18 @@ def robustness_summary(plain, attacked: dict[str, Any]) -> dict[str, Any]:
         scored = [(row["value"], label) for label, row in entry["attacks"].items() if row.get("value") is not None]
         if scored:
             value, label = max(scored)
-            entry["worst"] = {"attack": label, "value": value, "above_plain": (value - entry["plain"])
-                              if entry["plain"] is not None else None}
+            entry["worst"] = {
+                "attack": label,
+                "value": value,
+                "above_plain": (value - entry["plain"]) if entry["plain"] is not None else None,
+            }
         metrics[metric] = entry
-    return {"metrics": metrics,
-            "note": "worst = the highest forget value over the probes and attacks (attack-aware); an attack shown "
-                    "part of the forget set (relearn) is measured on the rest, with the plain value on the same "
-                    "samples beside it"}
+    return {
+        "metrics": metrics,
+        "note": "worst = the highest forget value over the probes and attacks (attack-aware); an attack shown "
+        "part of the forget set (relearn) is measured on the rest, with the plain value on the same "
+        "samples beside it",
+    }
 
 
 def robustness_table(summary: dict[str, Any]) -> str:
@@ -160,6 +198,13 @@ def robustness_table(summary: dict[str, Any]) -> str:
             cells.append(cell)
         kind = next(entry["attacks"][label].get("kind") for entry in metrics.values() if label in entry["attacks"])
         rows.append([f"{label} ({kind})", *cells])
-    rows.append(["worst case (attack-aware)", *(f"{fmt(e['worst']['value'])} ({e['worst']['attack']})"
-                                                if e.get("worst") else "n/a" for e in metrics.values())])
+    rows.append(
+        [
+            "worst case (attack-aware)",
+            *(
+                f"{fmt(e['worst']['value'])} ({e['worst']['attack']})" if e.get("worst") else "n/a"
+                for e in metrics.values()
+            ),
+        ]
+    )
     return lm_eval_table(["Robustness", "forget prob", "forget ROUGE-L recall"], rows) + "\nnote: " + summary["note"]

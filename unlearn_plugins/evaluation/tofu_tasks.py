@@ -70,7 +70,7 @@ def resolve_tokenizer(tokenizer: Any = None, pretrained: Any = None, trust_remot
     if source in (None, ""):
         raise DataError(
             "TOFU tasks need the model's tokenizer to compute TOFU's per-token means: with lm_eval pass "
-            "--model_args pretrained=MODEL (or --metadata '{\"tokenizer\": \"MODEL\"}'); in Python pass "
+            '--model_args pretrained=MODEL (or --metadata \'{"tokenizer": "MODEL"}\'); in Python pass '
             "TaskManager(metadata={'tokenizer': ...})"
         )
     if hasattr(source, "encode") and hasattr(source, "decode") and hasattr(source, "eos_token"):
@@ -78,7 +78,9 @@ def resolve_tokenizer(tokenizer: Any = None, pretrained: Any = None, trust_remot
     if not isinstance(source, (str, os.PathLike)):
         name = getattr(source, "name_or_path", None) or getattr(getattr(source, "config", None), "_name_or_path", None)
         if not name:
-            raise DataError(f"TOFU tasks: cannot find a tokenizer for a {type(source).__name__}; pass metadata 'tokenizer'")
+            raise DataError(
+                f"TOFU tasks: cannot find a tokenizer for a {type(source).__name__}; pass metadata 'tokenizer'"
+            )
         source = name
     return _load_tokenizer(str(source), bool(trust_remote_code in (True, "True", "true", "1", 1)))
 
@@ -123,7 +125,7 @@ def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list
     """
     p = _encode(tokenizer, prompt)
     full = _encode(tokenizer, prompt + continuation)
-    answer = full[len(p):]
+    answer = full[len(p) :]
     contexts, conts, starts = [], [], []
     seen = set()
     for k in range(len(answer)):
@@ -156,8 +158,10 @@ def _refuse_control_tokens(fields: dict[str, Any], specials: Sequence[str], wher
         for text in value if isinstance(value, list) else [value]:
             found = control_token_in(text, specials) if isinstance(text, str) else None
             if found:
-                raise DataError(f"{where}: field '{key}' contains the tokenizer's control token {found!r}, which "
-                                f"lm-eval would read as a control token, not text; remove it from the data")
+                raise DataError(
+                    f"{where}: field '{key}' contains the tokenizer's control token {found!r}, which "
+                    f"lm-eval would read as a control token, not text; remove it from the data"
+                )
 
 
 def _split_path(split: str, folder: Path | None) -> Path:
@@ -203,7 +207,7 @@ def tofu_dataset(
             raise DataError(
                 "the generic tofu_forget_* tasks read their split from metadata 'forget_split' "
                 "(a TOFU split name such as forget05, or a JSON-lines file in TOFU's format): "
-                "unlearn eval --forget-split X, or lm_eval --metadata '{\"forget_split\": \"X\"}'"
+                'unlearn eval --forget-split X, or lm_eval --metadata \'{"forget_split": "X"}\''
             )
         path = _perturbed_path(forget_split, folder) if tofu_role == "perturbed" else _split_path(forget_split, folder)
     else:
@@ -224,8 +228,11 @@ def tofu_dataset(
     specials = control_tokens(tok)
     for s in samples:
         where = s.where
-        _refuse_control_tokens({"question": s.question, "answer": s.answer,
-                                **{k: s.extra.get(k) for k in _REQUIRED[tofu_role][2:]}}, specials, where)
+        _refuse_control_tokens(
+            {"question": s.question, "answer": s.answer, **{k: s.extra.get(k) for k in _REQUIRED[tofu_role][2:]}},
+            specials,
+            where,
+        )
         prompt = prompt_text(tok, s.question, system_prompt)
         if tofu_role == "perturbed":
             answers = [s.extra["paraphrased_answer"], *s.extra["perturbed_answer"]]
@@ -379,8 +386,11 @@ class TofuForgetTruthRatioTask(TofuTruthRatioTask):
 
     def _forget_quality(self, items) -> float:
         if self.reference is None:
-            log.warning("%s: forget_quality unavailable: no retain reference; %s", self.config.task,
-                        HINT.format(task=self.config.task))
+            log.warning(
+                "%s: forget_quality unavailable: no retain reference; %s",
+                self.config.task,
+                HINT.format(task=self.config.task),
+            )
             return float("nan")
         keys = [k for k, _ in items]
         self.reference.check_evaluated(keys, task=self.config.task, split=self.split_label)
@@ -413,7 +423,11 @@ class TofuRougeTask(TofuTask):
     def construct_requests(self, doc, ctx, **kwargs):
         self._check_context(doc, ctx)
         gen = dict(self.config.generation_kwargs or {}) or {
-            "until": [], "max_gen_toks": ROUGE_MAX_NEW_TOKENS, "do_sample": False, "temperature": 0.0}
+            "until": [],
+            "max_gen_toks": ROUGE_MAX_NEW_TOKENS,
+            "do_sample": False,
+            "temperature": 0.0,
+        }
         return [Instance("generate_until", doc, (doc["prompt"], gen), 0, metadata=_request_metadata(kwargs))]
 
     def process_results(self, doc, results):

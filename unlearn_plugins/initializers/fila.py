@@ -37,8 +37,17 @@ def seeded(seed: int):
         yield
 
 
-def weighted_lowrank(weight, importance, r: int, scaling: float, *, svd: str = "randomized", niter: int = 4,
-                     oversample: int = 8, seed: int = 0):
+def weighted_lowrank(
+    weight,
+    importance,
+    r: int,
+    scaling: float,
+    *,
+    svd: str = "randomized",
+    niter: int = 4,
+    oversample: int = 8,
+    seed: int = 0,
+):
     """FILA's decomposition: (A (r x d_in), B (d_out x r)) from W and an importance map.
 
     ``svd="randomized"``: torch.svd_lowrank with r + ``oversample`` columns and ``niter`` power
@@ -141,8 +150,9 @@ class FILAInit:
         self,
         batch_size: Annotated[int, "forget examples per importance batch"] = 4,
         passes: Annotated[int, "passes over the forget data (each a fresh shuffle)"] = 1,
-        retain: Annotated[str, "'paired': one drawn retain example per forget example; 'all': the whole "
-                               "retain split"] = "paired",
+        retain: Annotated[
+            str, "'paired': one drawn retain example per forget example; 'all': the whole retain split"
+        ] = "paired",
         svd: Annotated[str, "'randomized' (torch.svd_lowrank) or 'exact'"] = "randomized",
         niter: Annotated[int, "power iterations of the randomized SVD"] = 4,
         oversample: Annotated[int, "extra columns of the randomized SVD"] = 8,
@@ -163,8 +173,9 @@ class FILAInit:
             raise UnlearnError(f"initializer {self.name!r}: option {option!r} must be {expected}, got {value!r}")
 
     def plan(self, forget, retain):
-        return sample_batches(len(forget), len(retain), batch_size=self.batch_size, passes=self.passes,
-                              retain=self.retain, seed=self.seed)
+        return sample_batches(
+            len(forget), len(retain), batch_size=self.batch_size, passes=self.passes, retain=self.retain, seed=self.seed
+        )
 
     def _counted(self, nf, nr):
         if nf == 0 or nr == 0:
@@ -188,8 +199,16 @@ class FILAInit:
         importance = self.importance(peft_model, forget, retain, tokenizer.pad_token_id)
         for name, module in lora_layers(peft_model):
             w0 = module.get_base_layer().weight
-            a, b = weighted_lowrank(w0, importance.pop(name), module.r[adapter], module.scaling[adapter],
-                                    svd=self.svd, niter=self.niter, oversample=self.oversample, seed=self.seed)
+            a, b = weighted_lowrank(
+                w0,
+                importance.pop(name),
+                module.r[adapter],
+                module.scaling[adapter],
+                svd=self.svd,
+                niter=self.niter,
+                oversample=self.oversample,
+                seed=self.seed,
+            )
             write_residual(module, adapter, a, b)
         sync_from_rank0(peft_model)
         return InitResult(residual=True, info={"init": self.name})

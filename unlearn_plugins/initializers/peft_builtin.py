@@ -72,8 +72,9 @@ class PiSSAInit(_LayerMethodInit):
 
     method = "pissa"
 
-    def __init__(self, niter: Annotated[int | None, "power iterations of a fast randomized SVD (None: exact "
-                                                    "SVD)"] = None):
+    def __init__(
+        self, niter: Annotated[int | None, "power iterations of a fast randomized SVD (None: exact SVD)"] = None
+    ):
         if niter is not None and (not isinstance(niter, int) or isinstance(niter, bool) or niter < 0):
             raise ValueError(f"pissa option niter must be an integer >= 0, got {niter!r}")
         self.niter = niter
@@ -108,8 +109,12 @@ class CorDAInit:
 
     residual = True
 
-    def __init__(self, mode: Annotated[str, "'kpm': covariance of the retain data (keep what it uses); 'ipm': of "
-                                            "the forget data"] = "kpm"):
+    def __init__(
+        self,
+        mode: Annotated[
+            str, "'kpm': covariance of the retain data (keep what it uses); 'ipm': of the forget data"
+        ] = "kpm",
+    ):
         if mode not in ("kpm", "ipm"):
             raise ValueError(f"corda mode must be 'kpm' or 'ipm', got {mode!r}")
         self.mode = mode
@@ -134,8 +139,12 @@ class CorDAInit:
         ranks = {module.r[adapter] for _, module in modules}
         if len(ranks) != 1:
             raise ValueError(f"corda needs one LoRA rank for every module, got {sorted(ranks)}")
-        config = LoraConfig(r=ranks.pop(), target_modules=pattern, init_lora_weights="corda",
-                            corda_config=CordaConfig(corda_method=self.mode, verbose=False))
+        config = LoraConfig(
+            r=ranks.pop(),
+            target_modules=pattern,
+            init_lora_weights="corda",
+            corda_config=CordaConfig(corda_method=self.mode, verbose=False),
+        )
 
         def run_model():
             with peft_model.disable_adapter():
@@ -155,9 +164,12 @@ class EVAInit:
 
     residual = False
 
-    def __init__(self, data: Annotated[str, "examples whose inputs are decomposed: forget, retain or both"] = "forget",
-                 batch_size: Annotated[int, "examples per forward pass"] = 8,
-                 rho: Annotated[float, "EVA's rank redistribution (1: the configured rank everywhere)"] = 1.0):
+    def __init__(
+        self,
+        data: Annotated[str, "examples whose inputs are decomposed: forget, retain or both"] = "forget",
+        batch_size: Annotated[int, "examples per forward pass"] = 8,
+        rho: Annotated[float, "EVA's rank redistribution (1: the configured rank everywhere)"] = 1.0,
+    ):
         if data not in ("forget", "retain", "both"):
             raise ValueError(f"eva data must be forget, retain or both, got {data!r}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

@@ -114,11 +114,15 @@ def _pad_batches(examples, pad_id: int, batch_size: int, device, pad_to: int):
     for batch in batches(examples, pad_id, batch_size, device):
         extra = pad_to - batch["input_ids"].shape[1]
         if extra < 0:
-            raise ConfigError(f"rila option pad_to={pad_to} is shorter than an example "
-                              f"({batch['input_ids'].shape[1]} tokens); raise it to at least --max-length")
-        yield {"input_ids": F.pad(batch["input_ids"], (0, extra), value=pad_id),
-               "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
-               "labels": F.pad(batch["labels"], (0, extra), value=IGNORE_INDEX)}
+            raise ConfigError(
+                f"rila option pad_to={pad_to} is shorter than an example "
+                f"({batch['input_ids'].shape[1]} tokens); raise it to at least --max-length"
+            )
+        yield {
+            "input_ids": F.pad(batch["input_ids"], (0, extra), value=pad_id),
+            "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
+            "labels": F.pad(batch["labels"], (0, extra), value=IGNORE_INDEX),
+        }
 
 
 def _count_rows(examples, mode: str) -> int:
@@ -137,8 +141,7 @@ def choose_path(module, n_rows: int) -> str:
     return "factored" if factored else "dense"
 
 
-def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", batch_size=8, path=None,
-                  pad_to=None):
+def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", batch_size=8, path=None, pad_to=None):
     """{module name: (forget _Stats, retain _Stats)} from one no-grad pass over each split,
     with the adapter disabled and the LM head skipped."""
     import torch
@@ -157,12 +160,16 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
     for name, m in modules:
         base = m.get_base_layer()
         if stats[name][0].path == "factored":
+
             def pre(_mod, args, _name=name):
                 stats[_name][state["split"]].add(state["pool"](args[0]))
+
             handles.append(base.register_forward_pre_hook(pre))
         else:
+
             def post(_mod, _args, output, _name=name):
                 stats[_name][state["split"]].add(state["pool"](output))
+
             handles.append(base.register_forward_hook(post))
     backbone = getattr(peft_model.get_base_model(), "model", None)  # decoder without LM head
     run = backbone if backbone is not None and hasattr(backbone, "layers") else peft_model
@@ -171,8 +178,11 @@ def collect_stats(peft_model, forget, retain, pad_token_id, *, mode="faithful", 
         with torch.no_grad(), peft_model.disable_adapter():
             for split, examples in enumerate((forget, retain)):
                 state["split"] = split
-                split_batches = (_pad_batches(examples, pad_token_id, batch_size, device, pad_to) if padded
-                                 else batches(examples, pad_token_id, batch_size, device))
+                split_batches = (
+                    _pad_batches(examples, pad_token_id, batch_size, device, pad_to)
+                    if padded
+                    else batches(examples, pad_token_id, batch_size, device)
+                )
                 for batch in split_batches:
                     state["pool"] = _Pooling(batch, mode, padded)
                     run(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
@@ -297,7 +307,7 @@ def solve_in_stacks(items: dict, beta: float, r: dict, k: dict, *, chunk_bytes: 
     for names in groups.values():
         per = max(1, chunk_bytes // max(1, _solve_bytes(*items[names[0]])))
         for start in range(0, len(names), per):
-            chunk = names[start: start + per]
+            chunk = names[start : start + per]
             solutions = solve([items[n] for n in chunk], beta, [r[n] for n in chunk], [k[n] for n in chunk])
             for name, solution in zip(chunk, solutions):
                 del items[name]
@@ -327,13 +337,17 @@ class RILAInit:
     def __init__(
         self,
         beta: Annotated[float, "retain weight in Delta = (1 - beta) Cf - beta Cr, in [0, 1]"] = 0.7,
-        mode: Annotated[str, "'faithful': one row per sequence (sum over its tokens); 'token': one per answer "
-                             "token"] = "faithful",
-        n_samples: Annotated[int | str | None, "forget examples measured, each with one drawn retain partner; "
-                                               "\"all\": every example of both splits"] = 256,
+        mode: Annotated[
+            str, "'faithful': one row per sequence (sum over its tokens); 'token': one per answer token"
+        ] = "faithful",
+        n_samples: Annotated[
+            int | str | None,
+            'forget examples measured, each with one drawn retain partner; "all": every example of both splits',
+        ] = 256,
         seed: Annotated[int, "seed of the retain partners' draw"] = 0,
-        pad_to: Annotated[int | None, "pad every sequence to this many tokens (faithful pooling of TOFU-format "
-                                      "data)"] = None,
+        pad_to: Annotated[
+            int | None, "pad every sequence to this many tokens (faithful pooling of TOFU-format data)"
+        ] = None,
         rol_rank: Annotated[int, "k of the retain basis handed to the rol regulariser"] = 128,
         batch_size: Annotated[int, "examples per forward pass while measuring"] = 8,
         path: Annotated[str | None, "force one exact path: dense, rows or factored (None: cheapest)"] = None,
@@ -348,8 +362,11 @@ class RILAInit:
             bad("beta", beta, "in [0, 1]")
         if mode not in ("faithful", "token"):
             bad("mode", mode, "'faithful' or 'token'")
-        if not (n_samples is None or n_samples == "all" or (
-                isinstance(n_samples, int) and not isinstance(n_samples, bool) and n_samples >= 1)):
+        if not (
+            n_samples is None
+            or n_samples == "all"
+            or (isinstance(n_samples, int) and not isinstance(n_samples, bool) and n_samples >= 1)
+        ):
             bad("n_samples", n_samples, 'an integer >= 1 or "all"')
         if pad_to is not None and (mode != "faithful" or not isinstance(pad_to, int) or pad_to < 1):
             bad("pad_to", pad_to, "a positive token count, with mode=faithful")
@@ -367,9 +384,19 @@ class RILAInit:
         adapter = peft_model.active_adapter
         forget, retain = select_examples(forget, retain, self.n_samples, self.seed)
         # TOFU-format data pads with the end token
-        pad_id = tokenizer.eos_token_id if self.pad_to and tokenizer.eos_token_id is not None else tokenizer.pad_token_id
-        stats = collect_stats(peft_model, forget, retain, pad_id, mode=self.mode,
-                              batch_size=self.batch_size, path=self.path, pad_to=self.pad_to)
+        pad_id = (
+            tokenizer.eos_token_id if self.pad_to and tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+        )
+        stats = collect_stats(
+            peft_model,
+            forget,
+            retain,
+            pad_id,
+            mode=self.mode,
+            batch_size=self.batch_size,
+            path=self.path,
+            pad_to=self.pad_to,
+        )
         modules = dict(lora_layers(peft_model))
         items = {name: (*stats.pop(name), module.get_base_layer().weight) for name, module in modules.items()}
         ranks = {name: module.r[adapter] for name, module in modules.items()}
@@ -392,9 +419,20 @@ class RILAInit:
             warnings.warn(
                 f"rila: fewer than r positive eigenvalues of Delta in {len(short)} module(s), e.g. "
                 f"{', '.join(short[:3])}; there the adapter also spans directions the forget data does not "
-                f"favour (more forget data or a smaller r helps)", RuntimeWarning, stacklevel=2)
+                f"favour (more forget data or a smaller r helps)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         sync_from_rank0(peft_model)
-        return InitResult(retain_basis=bases, residual=True,
-                          info={"init": "rila", "beta": self.beta, "mode": self.mode, "paths": paths,
-                                "samples": {"forget": len(forget), "retain": len(retain)},
-                                "modules_short_of_rank": len(short)})
+        return InitResult(
+            retain_basis=bases,
+            residual=True,
+            info={
+                "init": "rila",
+                "beta": self.beta,
+                "mode": self.mode,
+                "paths": paths,
+                "samples": {"forget": len(forget), "retain": len(retain)},
+                "modules_short_of_rank": len(short),
+            },
+        )

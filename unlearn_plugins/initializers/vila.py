@@ -56,9 +56,11 @@ class VILAInit(FILAInit):
         if retain_weight is not None:
             raise UnlearnError(
                 "initializer 'vila': option 'retain_weight' was removed: VILA's 1.3 (lcoef) weights the retain "
-                "loss, not the importance; set it on the objective (--objective-option alpha=1.3)")
-        super().__init__(batch_size=batch_size, passes=passes, retain=retain, svd=svd, niter=niter,
-                         oversample=oversample, seed=seed)
+                "loss, not the importance; set it on the objective (--objective-option alpha=1.3)"
+            )
+        super().__init__(
+            batch_size=batch_size, passes=passes, retain=retain, svd=svd, niter=niter, oversample=oversample, seed=seed
+        )
         self._check("std", std, isinstance(std, (int, float)) and std > 0, "a number > 0")
         self._check("dropout", dropout, isinstance(dropout, (int, float)) and 0 <= dropout < 1, "a number in [0, 1)")
         self.std, self.dropout = float(std), float(dropout)

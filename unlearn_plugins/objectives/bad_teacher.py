@@ -26,10 +26,20 @@ class FlippedView:
         self.items = []
         for s in samples:
             if s.answer not in FLIP:
-                raise DataError(f"{getattr(s, 'where', '<memory>')}: objective 'bad_teacher' flips Yes/No answers; "
-                                f"answer {s.answer!r} is neither")
-            self.items.append(encode_qa(tokenizer, s.question, FLIP[s.answer], max_length=max_length,
-                                        system_prompt=system_prompt, where=getattr(s, "where", "<memory>")))
+                raise DataError(
+                    f"{getattr(s, 'where', '<memory>')}: objective 'bad_teacher' flips Yes/No answers; "
+                    f"answer {s.answer!r} is neither"
+                )
+            self.items.append(
+                encode_qa(
+                    tokenizer,
+                    s.question,
+                    FLIP[s.answer],
+                    max_length=max_length,
+                    system_prompt=system_prompt,
+                    where=getattr(s, "where", "<memory>"),
+                )
+            )
 
     def __len__(self) -> int:
         return len(self.items)
@@ -55,8 +65,14 @@ class BadTeacher:
         return f"{self.name}(weight={self.weight!r})"
 
     def prepare(self, context: ObjectiveContext) -> dict[str, FlippedView]:
-        return {"forget_flipped": FlippedView(context.forget_samples, context.tokenizer, max_length=context.max_length,
-                                              system_prompt=context.system_prompt)}
+        return {
+            "forget_flipped": FlippedView(
+                context.forget_samples,
+                context.tokenizer,
+                max_length=context.max_length,
+                system_prompt=context.system_prompt,
+            )
+        }
 
     def loss(self, model, batch, reference_model=None):
         if "forget_flipped" not in batch:

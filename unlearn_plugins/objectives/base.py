@@ -160,12 +160,15 @@ class ForgetRetainObjective:
     default_alpha = 1.0
     forget_needs_reference = False
 
-    def __init__(self, *,
-                 gamma: Annotated[float | None, "weight of the forget term (None: the objective's default)"] = None,
-                 alpha: Annotated[float | None, "weight of the retain term; 0 trains without retain data "
-                                                "(None: the objective's default)"] = None,
-                 retain_loss: Annotated[str, "retain term: 'nll' on retain answers, or 'kl' to the reference "
-                                             "model"] = "nll"):
+    def __init__(
+        self,
+        *,
+        gamma: Annotated[float | None, "weight of the forget term (None: the objective's default)"] = None,
+        alpha: Annotated[
+            float | None, "weight of the retain term; 0 trains without retain data (None: the objective's default)"
+        ] = None,
+        retain_loss: Annotated[str, "retain term: 'nll' on retain answers, or 'kl' to the reference model"] = "nll",
+    ):
         self.gamma = float(self.default_gamma if gamma is None else gamma)
         self.alpha = float(self.default_alpha if alpha is None else alpha)
         check_option(self.name, "gamma", gamma, self.gamma >= 0, "a number >= 0")
@@ -194,7 +197,9 @@ class ForgetRetainObjective:
         terms = {"forget": forget.detach()}
         if self.alpha > 0:
             if batch.get("retain") is None:
-                raise UnlearnError(f"objective {self.name!r} has a retain term (alpha={self.alpha}) but the batch has no retain data")
+                raise UnlearnError(
+                    f"objective {self.name!r} has a retain term (alpha={self.alpha}) but the batch has no retain data"
+                )
             retain = self.retain_loss_value(model, batch, reference_model)
             total = total + self.alpha * retain
             terms["retain"] = retain.detach()
@@ -203,8 +208,13 @@ class ForgetRetainObjective:
 
     def options(self) -> dict[str, Any]:
         """The option values in use (recorded in run.json)."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in ("last_terms", "control", "pairs")
-                and isinstance(v, (int, float, str, bool, list, type(None)))}
+        return {
+            k: v
+            for k, v in vars(self).items()
+            if not k.startswith("_")
+            and k not in ("last_terms", "control", "pairs")
+            and isinstance(v, (int, float, str, bool, list, type(None)))
+        }
 
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if not isinstance(v, list))
@@ -220,14 +230,20 @@ def check_loss_value(value, label: str, *, needs_grad: bool = True):
 
     if not isinstance(value, torch.Tensor):
         kind = "a Python float" if isinstance(value, (int, float)) else f"a {type(value).__name__}"
-        raise PluginError(f"{label}: loss() returned {kind} ({value!r:.60}), not a torch tensor; return the "
-                          f"scalar tensor itself (no .item() or float()) so it can be backpropagated")
+        raise PluginError(
+            f"{label}: loss() returned {kind} ({value!r:.60}), not a torch tensor; return the "
+            f"scalar tensor itself (no .item() or float()) so it can be backpropagated"
+        )
     if value.numel() != 1 or value.dim() > 1:
-        raise PluginError(f"{label}: loss() returned a tensor of shape {tuple(value.shape)}, not a scalar; "
-                          f"reduce it (e.g. .mean()) to one value")
+        raise PluginError(
+            f"{label}: loss() returned a tensor of shape {tuple(value.shape)}, not a scalar; "
+            f"reduce it (e.g. .mean()) to one value"
+        )
     if needs_grad and torch.is_grad_enabled() and not value.requires_grad:
-        raise PluginError(f"{label}: loss() returned a tensor without a gradient (detached, or computed under "
-                          f"no_grad / from the reference model only): training would not change the model")
+        raise PluginError(
+            f"{label}: loss() returned a tensor without a gradient (detached, or computed under "
+            f"no_grad / from the reference model only): training would not change the model"
+        )
     return value.reshape(())
 
 
@@ -248,13 +264,22 @@ class CombinedObjective:
 
     regularizer = False
 
-    def __init__(self, objective, regularizers: Sequence[Any] = (), *, labels: Sequence[str] | None = None,
-                 records: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        objective,
+        regularizers: Sequence[Any] = (),
+        *,
+        labels: Sequence[str] | None = None,
+        records: Sequence[Mapping[str, Any]] | None = None,
+    ):
         self.objective = objective
         self.regularizers = list(regularizers)
         parts = (objective, *self.regularizers)
-        self.labels = list(labels) if labels is not None else [
-            f"objective {getattr(p, 'name', type(p).__name__)!r}" for p in parts]
+        self.labels = (
+            list(labels)
+            if labels is not None
+            else [f"objective {getattr(p, 'name', type(p).__name__)!r}" for p in parts]
+        )
         self.records = list(records) if records is not None else [None] * len(parts)
         self.last_terms: dict[str, Any] = {}
 
@@ -281,8 +306,7 @@ class CombinedObjective:
             if not getattr(part, "needs_retain_data", False):
                 continue
             if isinstance(part, ForgetRetainObjective):  # our objectives: a retain term weighted by alpha
-                reasons.append(f"{label} has a retain term (alpha={part.alpha}; --objective-option alpha=0 "
-                               f"drops it)")
+                reasons.append(f"{label} has a retain term (alpha={part.alpha}; --objective-option alpha=0 drops it)")
             else:
                 reasons.append(f"{label} needs retain data (its needs_retain_data is true)")
         return reasons
@@ -305,7 +329,8 @@ class CombinedObjective:
 
     def __repr__(self) -> str:
         parts = [_describe(self.records[0], self.objective)] + [
-            f"{getattr(r, 'weight', 1.0)} * {_describe(rec, r)}" for r, rec in zip(self.regularizers, self.records[1:])]
+            f"{getattr(r, 'weight', 1.0)} * {_describe(rec, r)}" for r, rec in zip(self.regularizers, self.records[1:])
+        ]
         return " + ".join(parts)
 
     def _part_loss(self, part, label, model, batch, reference_model):

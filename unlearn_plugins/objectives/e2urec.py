@@ -58,32 +58,59 @@ class E2URec:
     regularizer = False
     needs_reference_model = True
 
-    def __init__(self, *,
-                 alpha: Annotated[float, "forgetting-teacher strength: logits z_o - alpha * relu(z_a - z_o)"] = 1.0,
-                 weight: Annotated[float, "share of the retain term: weight * retain + (1 - weight) * forget"] = 0.5,
-                 forget_epochs: Annotated[int, "first epochs with the forget term alone"] = 1,
-                 augmented_model: Annotated[str | None, "the augmented teacher: a model folder, hub id or alias "
-                                                        "(None: trained on the forget data in prepare)"] = None,
-                 augmented_adapter: Annotated[str | None, "the augmented teacher: a LoRA adapter on the unlearned "
-                                                          "model's base"] = None,
-                 teacher_epochs: Annotated[float, "epochs of the augmented teacher's fine-tune"] = 1.5,
-                 teacher_lr: Annotated[float, "learning rate of the augmented teacher's fine-tune"] = 1e-4,
-                 teacher_batch_size: Annotated[int, "batch size of the augmented teacher's fine-tune"] = 16,
-                 teacher_lora_r: Annotated[int, "LoRA rank of the augmented teacher's fine-tune"] = 16):
-        check_option(self.name, "alpha", alpha, isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0,
-                     "a number >= 0")
-        check_option(self.name, "weight", weight, isinstance(weight, (int, float)) and 0 <= weight <= 1,
-                     "a number in [0, 1]")
-        check_option(self.name, "forget_epochs", forget_epochs,
-                     isinstance(forget_epochs, int) and not isinstance(forget_epochs, bool) and forget_epochs >= 0,
-                     "an integer >= 0")
-        check_option(self.name, "teacher_epochs", teacher_epochs,
-                     isinstance(teacher_epochs, (int, float)) and teacher_epochs > 0, "a number > 0")
-        check_option(self.name, "teacher_lr", teacher_lr, isinstance(teacher_lr, (int, float)) and teacher_lr > 0,
-                     "a number > 0")
+    def __init__(
+        self,
+        *,
+        alpha: Annotated[float, "forgetting-teacher strength: logits z_o - alpha * relu(z_a - z_o)"] = 1.0,
+        weight: Annotated[float, "share of the retain term: weight * retain + (1 - weight) * forget"] = 0.5,
+        forget_epochs: Annotated[int, "first epochs with the forget term alone"] = 1,
+        augmented_model: Annotated[
+            str | None,
+            "the augmented teacher: a model folder, hub id or alias (None: trained on the forget data in prepare)",
+        ] = None,
+        augmented_adapter: Annotated[
+            str | None, "the augmented teacher: a LoRA adapter on the unlearned model's base"
+        ] = None,
+        teacher_epochs: Annotated[float, "epochs of the augmented teacher's fine-tune"] = 1.5,
+        teacher_lr: Annotated[float, "learning rate of the augmented teacher's fine-tune"] = 1e-4,
+        teacher_batch_size: Annotated[int, "batch size of the augmented teacher's fine-tune"] = 16,
+        teacher_lora_r: Annotated[int, "LoRA rank of the augmented teacher's fine-tune"] = 16,
+    ):
+        check_option(
+            self.name,
+            "alpha",
+            alpha,
+            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0,
+            "a number >= 0",
+        )
+        check_option(
+            self.name, "weight", weight, isinstance(weight, (int, float)) and 0 <= weight <= 1, "a number in [0, 1]"
+        )
+        check_option(
+            self.name,
+            "forget_epochs",
+            forget_epochs,
+            isinstance(forget_epochs, int) and not isinstance(forget_epochs, bool) and forget_epochs >= 0,
+            "an integer >= 0",
+        )
+        check_option(
+            self.name,
+            "teacher_epochs",
+            teacher_epochs,
+            isinstance(teacher_epochs, (int, float)) and teacher_epochs > 0,
+            "a number > 0",
+        )
+        check_option(
+            self.name, "teacher_lr", teacher_lr, isinstance(teacher_lr, (int, float)) and teacher_lr > 0, "a number > 0"
+        )
         for option, value in (("teacher_batch_size", teacher_batch_size), ("teacher_lora_r", teacher_lora_r)):
-            check_option(self.name, option, value, isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                         "an integer >= 1")
+            check_option(
+                self.name,
+                option,
+                value,
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                "an integer >= 1",
+            )
         if augmented_model is not None and augmented_adapter is not None:
             raise UnlearnError("objective 'e2urec': give option 'augmented_model' or 'augmented_adapter', not both")
         self.alpha, self.weight, self.forget_epochs = float(alpha), float(weight), int(forget_epochs)
@@ -130,8 +157,12 @@ class E2URec:
         return {"e2urec_epoch": EpochView(self, len(context.forget))}
 
     def teacher_options(self) -> dict[str, Any]:
-        return {"epochs": self.teacher_epochs, "lr": self.teacher_lr, "batch_size": self.teacher_batch_size,
-                "lora_r": self.teacher_lora_r}
+        return {
+            "epochs": self.teacher_epochs,
+            "lr": self.teacher_lr,
+            "batch_size": self.teacher_batch_size,
+            "lora_r": self.teacher_lora_r,
+        }
 
     def _train_augmented(self, model, context: ObjectiveContext):
         """The original fine-tuned on the forget answers (LoRA, plain NLL) with the transformers
@@ -150,16 +181,30 @@ class E2URec:
         if not context.forget:
             raise UnlearnError("objective 'e2urec': no forget examples to train the augmented teacher on")
         device = next(model.parameters()).device
-        lora = build_lora_model(model, r=self.teacher_lora_r, alpha=2.0 * self.teacher_lora_r, dropout=0.0,
-                                target_modules=None)
+        lora = build_lora_model(
+            model, r=self.teacher_lora_r, alpha=2.0 * self.teacher_lora_r, dropout=0.0, target_modules=None
+        )
         with tempfile.TemporaryDirectory(prefix="e2urec-teacher-") as tmp:
-            config = FinetuneConfig(out=tmp, device=device.type, lr=self.teacher_lr, epochs=self.teacher_epochs,
-                                    batch_size=self.teacher_batch_size, grad_accum=1, seed=context.seed,
-                                    save_steps=0, lr_scheduler="constant")
+            config = FinetuneConfig(
+                out=tmp,
+                device=device.type,
+                lr=self.teacher_lr,
+                epochs=self.teacher_epochs,
+                batch_size=self.teacher_batch_size,
+                grad_accum=1,
+                seed=context.seed,
+                save_steps=0,
+                lr_scheduler="constant",
+            )
             args = training_arguments(config, train_size=len(context.forget))
             args.disable_tqdm = True
-            trainer = UnlearningTrainer(model=lora, args=args, train_dataset=list(context.forget),
-                                        data_collator=PaddingCollator(context.tokenizer.pad_token_id), objective=NLL())
+            trainer = UnlearningTrainer(
+                model=lora,
+                args=args,
+                train_dataset=list(context.forget),
+                data_collator=PaddingCollator(context.tokenizer.pad_token_id),
+                objective=NLL(),
+            )
             trainer.remove_callback(PrinterCallback)  # no progress bar and no log dicts on stdout for this inner run
             trainer.train()
         return lora.merge_and_unload()
@@ -190,8 +235,10 @@ class E2URec:
             total = forget
         else:
             if batch.get("retain") is None:
-                raise UnlearnError(f"objective 'e2urec' has a retain term (weight={self.weight}) but the batch has no "
-                                   f"retain data: give --retain, or set its weight to 0")
+                raise UnlearnError(
+                    f"objective 'e2urec' has a retain term (weight={self.weight}) but the batch has no "
+                    f"retain data: give --retain, or set its weight to 0"
+                )
             retain = self.retain_term(model, batch["retain"], reference_model)
             total = self.weight * retain + (1.0 - self.weight) * forget
             terms["retain"] = retain.detach()

@@ -21,8 +21,9 @@ def read_refusals(path: str | os.PathLike) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise UnlearnError(f"objective 'idk_dpo': cannot read the refusal list {path} "
-                           f"({exc.strerror or exc})") from None
+        raise UnlearnError(
+            f"objective 'idk_dpo': cannot read the refusal list {path} ({exc.strerror or exc})"
+        ) from None
     answers = [line.strip() for line in lines if line.strip()]
     if not answers:
         raise UnlearnError(f"objective 'idk_dpo': the refusal list {path} has no non-blank line")
@@ -91,8 +92,16 @@ class RefusalView:
     run draws the same refusals. Encoded like any answer (chat template, end token), on
     first use."""
 
-    def __init__(self, samples: Sequence[Any], answers: Sequence[str], tokenizer, *, seed: int = 0,
-                 max_length: int = 512, system_prompt: str | None = None):
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        answers: Sequence[str],
+        tokenizer,
+        *,
+        seed: int = 0,
+        max_length: int = 512,
+        system_prompt: str | None = None,
+    ):
         self.samples, self.answers, self.tokenizer = list(samples), list(answers), tokenizer
         self.seed, self.max_length, self.system_prompt = seed, max_length, system_prompt
         self.epoch = 0
@@ -115,8 +124,14 @@ class RefusalView:
         k = self.answer_index(i)
         if (i, k) not in self._encoded:
             s = self.samples[i]
-            self._encoded[(i, k)] = encode_qa(self.tokenizer, s.question, self.answers[k], max_length=self.max_length,
-                                              system_prompt=self.system_prompt, where=getattr(s, "where", "<memory>"))
+            self._encoded[(i, k)] = encode_qa(
+                self.tokenizer,
+                s.question,
+                self.answers[k],
+                max_length=self.max_length,
+                system_prompt=self.system_prompt,
+                where=getattr(s, "where", "<memory>"),
+            )
         return self._encoded[(i, k)]
 
 
@@ -131,17 +146,28 @@ class IdkDPO(ForgetRetainObjective):
     name = "idk_dpo"
     forget_needs_reference = True
 
-    def __init__(self, *, beta: float = 0.1, idk_answers: list[str] | None = None, idk_file: str | None = None,
-                 **kwargs):
+    def __init__(
+        self, *, beta: float = 0.1, idk_answers: list[str] | None = None, idk_file: str | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         check_option(self.name, "beta", beta, beta > 0, "a number > 0")
         if idk_answers is not None:
-            check_option(self.name, "idk_answers", idk_answers,
-                         isinstance(idk_answers, (list, tuple)) and bool(idk_answers)
-                         and all(isinstance(a, str) and a.strip() for a in idk_answers),
-                         "a non-empty list of non-empty strings")
-        check_option(self.name, "idk_file", idk_file, idk_file is None or isinstance(idk_file, (str, os.PathLike)),
-                     "a path to a file with one refusal per line")
+            check_option(
+                self.name,
+                "idk_answers",
+                idk_answers,
+                isinstance(idk_answers, (list, tuple))
+                and bool(idk_answers)
+                and all(isinstance(a, str) and a.strip() for a in idk_answers),
+                "a non-empty list of non-empty strings",
+            )
+        check_option(
+            self.name,
+            "idk_file",
+            idk_file,
+            idk_file is None or isinstance(idk_file, (str, os.PathLike)),
+            "a path to a file with one refusal per line",
+        )
         if idk_answers is not None and idk_file is not None:
             raise UnlearnError("objective 'idk_dpo': give either option 'idk_answers' or option 'idk_file', not both")
         self.beta = float(beta)
@@ -156,8 +182,16 @@ class IdkDPO(ForgetRetainObjective):
             path = find_refusal_file(context.forget_samples)
             answers, source = read_refusals(path), str(path)
         context.info["idk_refusals"] = {"source": source, "count": len(answers)}
-        return {"forget_idk": RefusalView(context.forget_samples, answers, context.tokenizer, seed=context.seed,
-                                          max_length=context.max_length, system_prompt=context.system_prompt)}
+        return {
+            "forget_idk": RefusalView(
+                context.forget_samples,
+                answers,
+                context.tokenizer,
+                seed=context.seed,
+                max_length=context.max_length,
+                system_prompt=context.system_prompt,
+            )
+        }
 
     def forget_loss(self, model, batch, reference_model=None):
         import torch.nn.functional as F

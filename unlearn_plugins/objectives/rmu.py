@@ -47,12 +47,15 @@ class RMU(ForgetRetainObjective):
 
     def __init__(self, *, layer: int | None = None, steering_coeff: float = 2.0, seed: int | None = None, **kwargs):
         if "retain_loss" in kwargs:
-            raise UnlearnError("objective 'rmu': option 'retain_loss' does not apply (its retain term is the "
-                               "activation MSE to the reference model)")
+            raise UnlearnError(
+                "objective 'rmu': option 'retain_loss' does not apply (its retain term is the "
+                "activation MSE to the reference model)"
+            )
         super().__init__(**kwargs)
         self.retain_loss = "activation_mse"
-        check_option(self.name, "layer", layer, layer is None or (isinstance(layer, int) and layer >= 0),
-                     "a layer index >= 0")
+        check_option(
+            self.name, "layer", layer, layer is None or (isinstance(layer, int) and layer >= 0), "a layer index >= 0"
+        )
         check_option(self.name, "steering_coeff", steering_coeff, steering_coeff > 0, "a number > 0")
         self.layer = layer
         self.steering_coeff = float(steering_coeff)

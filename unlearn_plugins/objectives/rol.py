@@ -28,8 +28,15 @@ def top_eigenvectors(moment, k: int):
     return vectors[:, order].float().contiguous()
 
 
-def retain_basis_from_data(model, modules: Sequence[tuple[str, Any]], examples: Sequence[dict], *, rank: int,
-                           pad_token_id: int, batch_size: int = 8) -> dict[str, Any]:
+def retain_basis_from_data(
+    model,
+    modules: Sequence[tuple[str, Any]],
+    examples: Sequence[dict],
+    *,
+    rank: int,
+    pad_token_id: int,
+    batch_size: int = 8,
+) -> dict[str, Any]:
     """Top-``rank`` retain directions of each module's base-layer outputs (name -> d_out x k)."""
     import torch
 
@@ -61,6 +68,7 @@ def retain_basis_from_data(model, modules: Sequence[tuple[str, Any]], examples: 
                 stats[name] = part if name not in stats else stats[name] + part
             else:
                 stats.setdefault(name, []).append(part.cpu())
+
         return hook
 
     for name, module in modules:
@@ -70,7 +78,7 @@ def retain_basis_from_data(model, modules: Sequence[tuple[str, Any]], examples: 
     try:
         with torch.no_grad():
             for start in range(0, len(examples), batch_size):
-                batch = pad_batch(list(examples[start:start + batch_size]), pad_token_id)
+                batch = pad_batch(list(examples[start : start + batch_size]), pad_token_id)
                 current_mask["mask"] = batch["attention_mask"]
                 model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
     finally:
@@ -103,8 +111,9 @@ class ROL:
     def __init__(self, *, weight: float = 0.5, rank: int = 128, max_samples: int = 256, batch_size: int = 8):
         check_option(self.name, "weight", weight, isinstance(weight, (int, float)) and weight >= 0, "a number >= 0")
         check_option(self.name, "rank", rank, isinstance(rank, int) and rank > 0, "an integer > 0")
-        check_option(self.name, "max_samples", max_samples, isinstance(max_samples, int) and max_samples > 0,
-                     "an integer > 0")
+        check_option(
+            self.name, "max_samples", max_samples, isinstance(max_samples, int) and max_samples > 0, "an integer > 0"
+        )
         self.weight = float(weight)
         self.rank = rank
         self.max_samples = max_samples
@@ -128,8 +137,9 @@ class ROL:
                 raise UnlearnError(f"rol: no retain basis for LoRA module {name!r}")
             p = torch.as_tensor(by_name[name]).to(device=weight.device, dtype=torch.float32)
             if p.shape[0] != weight.shape[0]:
-                raise UnlearnError(f"rol: retain basis for {name!r} has {p.shape[0]} rows, the module has "
-                                   f"{weight.shape[0]} outputs")
+                raise UnlearnError(
+                    f"rol: retain basis for {name!r} has {p.shape[0]} rows, the module has {weight.shape[0]} outputs"
+                )
             pairs.append((weight, p))
         self.pairs = pairs
 
@@ -142,11 +152,21 @@ class ROL:
         missing = [(name, module) for name, module in modules if name not in basis]
         if missing:
             if not context.retain:
-                raise UnlearnError("regularizer 'rol': the initializer gives no retain basis and there is no retain "
-                                   "data to compute one (--retain)")
+                raise UnlearnError(
+                    "regularizer 'rol': the initializer gives no retain basis and there is no retain "
+                    "data to compute one (--retain)"
+                )
             pad = context.tokenizer.pad_token_id
-            basis.update(retain_basis_from_data(context.model, missing, list(context.retain)[: self.max_samples],
-                                                rank=self.rank, pad_token_id=pad, batch_size=self.batch_size))
+            basis.update(
+                retain_basis_from_data(
+                    context.model,
+                    missing,
+                    list(context.retain)[: self.max_samples],
+                    rank=self.rank,
+                    pad_token_id=pad,
+                    batch_size=self.batch_size,
+                )
+            )
         self.set_basis(context.model, basis)
         context.info["rol_basis"] = {"from_initializer": len(modules) - len(missing), "from_retain_data": len(missing)}
         return None
@@ -155,7 +175,9 @@ class ROL:
         import torch
 
         if not self.pairs:
-            raise UnlearnError("regularizer 'rol' has no retain basis: call prepare() (the trainer does) or set_basis()")
+            raise UnlearnError(
+                "regularizer 'rol' has no retain basis: call prepare() (the trainer does) or set_basis()"
+            )
         total = torch.zeros((), device=self.pairs[0][0].device, dtype=torch.float32)
         for weight, p in self.pairs:
             total = total + (weight.float().T @ p.to(weight.device)).pow(2).sum()

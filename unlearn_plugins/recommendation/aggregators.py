@@ -56,14 +56,26 @@ class AttentionAggregator:
 
     name = "attention"
 
-    def __init__(self, *, trans_dim: int = 64, epochs: int = 50, lr: float = 1e-2, batch_size: int = 256,
-                 weight_decay: float = 1e-5, seed: int = 0):
+    def __init__(
+        self,
+        *,
+        trans_dim: int = 64,
+        epochs: int = 50,
+        lr: float = 1e-2,
+        batch_size: int = 256,
+        weight_decay: float = 1e-5,
+        seed: int = 0,
+    ):
         for option, value in (("trans_dim", trans_dim), ("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < (2 if option == "trans_dim" else 1):
-                raise UnlearnError(f"aggregator 'attention': option {option!r} must be an integer >= "
-                                   f"{2 if option == 'trans_dim' else 1}, got {value!r}")
+                raise UnlearnError(
+                    f"aggregator 'attention': option {option!r} must be an integer >= "
+                    f"{2 if option == 'trans_dim' else 1}, got {value!r}"
+                )
         if not lr > 0 or weight_decay < 0:
-            raise UnlearnError(f"aggregator 'attention': lr must be > 0 and weight_decay >= 0, got {lr}, {weight_decay}")
+            raise UnlearnError(
+                f"aggregator 'attention': lr must be > 0 and weight_decay >= 0, got {lr}, {weight_decay}"
+            )
         self.trans_dim, self.epochs, self.lr = trans_dim, epochs, float(lr)
         self.batch_size, self.weight_decay, self.seed = batch_size, float(weight_decay), seed
         self.params: dict[str, Any] | None = None
@@ -79,8 +91,13 @@ class AttentionAggregator:
             return torch.randn(*shape, generator=g) * (2.0 / (fan_in + fan_out)) ** 0.5
 
         wa = torch.fmod(torch.randn(t, a, generator=g), 2.0) * (2.0 / (a + t)) ** 0.5  # truncated normal
-        return {"trans_W": glorot(shards, dim, t), "trans_B": glorot(shards, t), "WA": wa,
-                "BA": torch.zeros(a), "HA": torch.full((a, 1), 0.01)}
+        return {
+            "trans_W": glorot(shards, dim, t),
+            "trans_B": glorot(shards, t),
+            "WA": wa,
+            "BA": torch.zeros(a),
+            "HA": torch.full((a, 1), 0.01),
+        }
 
     def weights(self, features, params=None):
         """(n, shards) attention weights of standardised features."""
@@ -109,8 +126,13 @@ class AttentionAggregator:
         flat = feats.reshape(-1, dim)
         params = {k: v.requires_grad_(True) for k, v in self._init(shards, dim).items()}
         fixed = {"mean": flat.mean(0), "std": flat.std(0).clamp_min(1e-6)}
-        opt = torch.optim.Adam([{"params": [params["trans_W"], params["trans_B"]], "weight_decay": self.weight_decay},
-                                {"params": [params["WA"], params["BA"], params["HA"]], "weight_decay": 0.0}], lr=self.lr)
+        opt = torch.optim.Adam(
+            [
+                {"params": [params["trans_W"], params["trans_B"]], "weight_decay": self.weight_decay},
+                {"params": [params["WA"], params["BA"], params["HA"]], "weight_decay": 0.0},
+            ],
+            lr=self.lr,
+        )
         g = torch.Generator().manual_seed(self.seed)
         y = torch.as_tensor(labels, dtype=torch.float32)
         odds = log_odds.float()
@@ -119,7 +141,7 @@ class AttentionAggregator:
             perm = torch.randperm(n, generator=g)
             total = 0.0
             for start in range(0, n, self.batch_size):
-                idx = perm[start:start + self.batch_size]
+                idx = perm[start : start + self.batch_size]
                 out = self.combine(feats[idx], odds[idx], {**params, **fixed})
                 loss = F.binary_cross_entropy_with_logits(out, y[idx])
                 opt.zero_grad()

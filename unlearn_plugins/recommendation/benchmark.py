@@ -97,9 +97,17 @@ class RecBenchmark:
     parts: dict[str, list[QASample]] = field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": 1, "settings": dataclasses.asdict(self.settings), "source": self.source,
-                "users": self.users, "forget_users": self.forget_users, "anchor_users": self.anchor_users,
-                "counts": {name: len(items) for name, items in self.parts.items()}, "files": FILES}
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "settings": dataclasses.asdict(self.settings),
+            "source": self.source,
+            "users": self.users,
+            "forget_users": self.forget_users,
+            "anchor_users": self.anchor_users,
+            "counts": {name: len(items) for name, items in self.parts.items()},
+            "files": FILES,
+        }
 
     def write(self, folder: str | os.PathLike) -> Path:
         """Every part as a JSON-lines file (temp-then-rename), then benchmark.json."""
@@ -115,8 +123,15 @@ class RecBenchmark:
 
 
 def _sample(prompt: str, rating, part: str, forgotten: bool, index: int) -> QASample:
-    extra = {"user_id": rating.user_id, "item_id": rating.item_id, "rating": rating.rating,
-             "timestamp": rating.timestamp, "part": part, "label": int(liked(rating.rating)), "forgotten": forgotten}
+    extra = {
+        "user_id": rating.user_id,
+        "item_id": rating.item_id,
+        "rating": rating.rating,
+        "timestamp": rating.timestamp,
+        "part": part,
+        "label": int(liked(rating.rating)),
+        "forgotten": forgotten,
+    }
     return QASample(prompt, answer_for(rating.rating), index, "<movielens>", 0, extra)
 
 
@@ -141,10 +156,13 @@ def build_benchmark(movielens, settings: BenchmarkSettings | None = None) -> Rec
         for t, (rating, part) in enumerate(zip(timeline, parts)):
             if t < settings.min_history:
                 continue
-            history = [(movielens.movies[r.item_id], r.rating) for r in timeline[max(0, t - settings.history):t]]
+            history = [(movielens.movies[r.item_id], r.rating) for r in timeline[max(0, t - settings.history) : t]]
             rows[part].append((user, build_prompt(history, movielens.movies[rating.item_id]), rating))
-        caps = {"train": settings.max_train_per_user, "valid": settings.max_eval_per_user,
-                "test": settings.max_eval_per_user}
+        caps = {
+            "train": settings.max_train_per_user,
+            "valid": settings.max_eval_per_user,
+            "test": settings.max_eval_per_user,
+        }
         for part, items in rows.items():
             cap = caps[part]
             by_part[part].extend(items[-cap:] if cap else items)  # the most recent ones
@@ -173,13 +191,18 @@ def build_benchmark(movielens, settings: BenchmarkSettings | None = None) -> Rec
 
         from ..data.tofu import DataWarning
 
-        warnings.warn(f"{shared} forget prompt(s) equal a retained user's prompt (question and answer): `unlearn run` "
-                      f"refuses such overlaps; raise min_history (now {settings.min_history})", DataWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"{shared} forget prompt(s) equal a retained user's prompt (question and answer): `unlearn run` "
+            f"refuses such overlaps; raise min_history (now {settings.min_history})",
+            DataWarning,
+            stacklevel=2,
+        )
     for name in ("train_forget", "test_retain", "test_forget", "anchor_pool"):
         if not parts[name]:
-            raise DataError(f"benchmark part {name!r} is empty: too few users or ratings for these settings "
-                            f"({dataclasses.asdict(settings)})")
+            raise DataError(
+                f"benchmark part {name!r} is empty: too few users or ratings for these settings "
+                f"({dataclasses.asdict(settings)})"
+            )
     return RecBenchmark(settings, movielens.describe(), users, forget_users, anchor_users, parts)
 
 
@@ -189,8 +212,10 @@ def read_info(folder: str | os.PathLike) -> dict[str, Any]:
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DataError(f"{path}: not found; {folder} is not a MovieLens benchmark folder (write one with "
-                        f"unlearn_plugins.recommendation.benchmark.build_benchmark(...).write(folder))") from None
+        raise DataError(
+            f"{path}: not found; {folder} is not a MovieLens benchmark folder (write one with "
+            f"unlearn_plugins.recommendation.benchmark.build_benchmark(...).write(folder))"
+        ) from None
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: unreadable ({exc})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:

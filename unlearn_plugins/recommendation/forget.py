@@ -38,6 +38,8 @@ def choose_anchor_users(users: Iterable[int], forget_users: Sequence[int], count
     forgotten = set(forget_users)
     pool = sorted(u for u in set(users) if u not in forgotten)
     if not 1 <= count < len(pool):
-        raise DataError(f"anchor users: asked for {count} of the {len(pool)} retained users; the anchor runs also "
-                        f"need retained users outside the pool (count must be between 1 and {len(pool) - 1})")
+        raise DataError(
+            f"anchor users: asked for {count} of the {len(pool)} retained users; the anchor runs also "
+            f"need retained users outside the pool (count must be between 1 and {len(pool) - 1})"
+        )
     return sorted(random.Random(f"anchor:{seed}").sample(pool, count))

@@ -28,8 +28,9 @@ DEFAULT_EMBEDDING_DIM = 16
 PARTITIONS = ("balanced", "random")
 
 
-def user_embeddings(interactions: Mapping[int, Sequence[tuple[int, float]]], dim: int = DEFAULT_EMBEDDING_DIM
-                    ) -> dict[int, "list[float]"]:
+def user_embeddings(
+    interactions: Mapping[int, Sequence[tuple[int, float]]], dim: int = DEFAULT_EMBEDDING_DIM
+) -> dict[int, "list[float]"]:
     """A ``dim``-dimensional embedding per user from (item, label) pairs, label 1 liked / 0 not:
     truncated SVD of the +1/-1 users x items matrix (fewer dimensions when the matrix is smaller)."""
     import numpy as np
@@ -51,8 +52,14 @@ def user_embeddings(interactions: Mapping[int, Sequence[tuple[int, float]]], dim
     return {user: vectors[r].tolist() for r, user in enumerate(users)}
 
 
-def balanced_partition(embeddings: Mapping[int, Sequence[float]], shards: int, *, iterations: int = DEFAULT_ITERATIONS,
-                       seed: int = 0, capacity: float = CAPACITY) -> list[list[int]]:
+def balanced_partition(
+    embeddings: Mapping[int, Sequence[float]],
+    shards: int,
+    *,
+    iterations: int = DEFAULT_ITERATIONS,
+    seed: int = 0,
+    capacity: float = CAPACITY,
+) -> list[list[int]]:
     """RecEraser's user-based balanced partition: ``shards`` lists of users (sorted)."""
     import numpy as np
 

@@ -43,7 +43,7 @@ def _with_answer(prompt: Sequence[int], answer: Sequence[int], max_length: int) 
     """Prompt tokens (cut from the left to fit) + answer tokens; labels on the answer only."""
     from ..data.tofu import IGNORE_INDEX
 
-    prompt = list(prompt)[-max(1, max_length - len(answer)):]
+    prompt = list(prompt)[-max(1, max_length - len(answer)) :]
     ids = prompt + list(answer)
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": [IGNORE_INDEX] * len(prompt) + list(answer)}
 
@@ -54,23 +54,52 @@ def prompt_token_ids(tokenizer, samples: Sequence[Any], system_prompt: str | Non
     from ..data.tofu import _has_chat_template, control_tokens, prompt_ids
 
     specials = control_tokens(tokenizer)
-    prompts = [prompt_ids(tokenizer, s.question, system_prompt, where=getattr(s, "where", "<memory>"),
-                          specials=specials) for s in samples]
-    if tokenizer.bos_token_id is not None and not _has_chat_template(tokenizer) and getattr(tokenizer, "add_bos_token",
-                                                                                            False):
+    prompts = [
+        prompt_ids(tokenizer, s.question, system_prompt, where=getattr(s, "where", "<memory>"), specials=specials)
+        for s in samples
+    ]
+    if (
+        tokenizer.bos_token_id is not None
+        and not _has_chat_template(tokenizer)
+        and getattr(tokenizer, "add_bos_token", False)
+    ):
         prompts = [[tokenizer.bos_token_id] + p for p in prompts]
     return prompts
 
 
-def predict(model, tokenizer, samples: Sequence[Any], *, batch_size: int = 8, max_length: int = 512,
-            system_prompt: str | None = None, hidden: bool = False, progress: bool = False) -> Predictions:
+def predict(
+    model,
+    tokenizer,
+    samples: Sequence[Any],
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    system_prompt: str | None = None,
+    hidden: bool = False,
+    progress: bool = False,
+) -> Predictions:
     """P(Yes) of each sample (anything with ``.question``), in order (:func:`predict_prompts`)."""
-    return predict_prompts(model, tokenizer, prompt_token_ids(tokenizer, samples, system_prompt),
-                           batch_size=batch_size, max_length=max_length, hidden=hidden, progress=progress)
+    return predict_prompts(
+        model,
+        tokenizer,
+        prompt_token_ids(tokenizer, samples, system_prompt),
+        batch_size=batch_size,
+        max_length=max_length,
+        hidden=hidden,
+        progress=progress,
+    )
 
 
-def predict_prompts(model, tokenizer, prompts: Sequence[Sequence[int]], *, batch_size: int = 8, max_length: int = 512,
-                    hidden: bool = False, progress: bool = False) -> Predictions:
+def predict_prompts(
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 8,
+    max_length: int = 512,
+    hidden: bool = False,
+    progress: bool = False,
+) -> Predictions:
     """P(Yes) after each tokenised prompt (chat template applied).
 
     One forward per prompt when both answers are single tokens (both logits are read at the
@@ -91,7 +120,7 @@ def predict_prompts(model, tokenizer, prompts: Sequence[Sequence[int]], *, batch
     feats = [None] * n
     encoded = {a: [_with_answer(p, ids, max_length) for p in prompts] for a, ids in answers.items()}
     order = sorted(range(n), key=lambda i: len(encoded[YES][i]["input_ids"]))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
         from tqdm.auto import tqdm
 
@@ -103,8 +132,11 @@ def predict_prompts(model, tokenizer, prompts: Sequence[Sequence[int]], *, batch
             for idx in batches:
                 for a in answers:
                     batch = {k: v.to(device) for k, v in pad_batch([encoded[a][i] for i in idx], pad).items()}
-                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                output_hidden_states=hidden and a == YES)
+                    out = model(
+                        input_ids=batch["input_ids"],
+                        attention_mask=batch["attention_mask"],
+                        output_hidden_states=hidden and a == YES,
+                    )
                     logits = out.logits[:, :-1, :].float().log_softmax(-1)
                     target = batch["labels"][:, 1:]
                     mask = target != IGNORE_INDEX

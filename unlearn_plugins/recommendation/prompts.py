@@ -20,8 +20,10 @@ LIKE_THRESHOLD = 3.0
 #: K, the number of most recent rated movies shown (E2URec's "_10_" prompts)
 DEFAULT_HISTORY = 10
 YES, NO = "Yes", "No"
-INSTRUCTION = ("Given the user's preference and unpreference, identify whether the user will like the target "
-               f"movie by answering \"{YES}\" or \"{NO}\".")
+INSTRUCTION = (
+    "Given the user's preference and unpreference, identify whether the user will like the target "
+    f'movie by answering "{YES}" or "{NO}".'
+)
 
 
 def liked(rating: float) -> bool:
@@ -35,7 +37,7 @@ def answer_for(rating: float) -> str:
 
 
 def _quoted(movies: Sequence[Movie]) -> str:
-    return ", ".join(f"\"{m.label}\"" for m in movies) if movies else "none"
+    return ", ".join(f'"{m.label}"' for m in movies) if movies else "none"
 
 
 def build_prompt(history: Sequence[tuple[Movie, float]], target: Movie) -> str:
@@ -43,7 +45,9 @@ def build_prompt(history: Sequence[tuple[Movie, float]], target: Movie) -> str:
     the last K)."""
     preferred = [m for m, r in history if liked(r)]
     unpreferred = [m for m, r in history if not liked(r)]
-    return (f"{INSTRUCTION}\n"
-            f"User Preference: {_quoted(preferred)}\n"
-            f"User Unpreference: {_quoted(unpreferred)}\n"
-            f"Whether the user will like the target movie \"{target.label}\"?")
+    return (
+        f"{INSTRUCTION}\n"
+        f"User Preference: {_quoted(preferred)}\n"
+        f"User Unpreference: {_quoted(unpreferred)}\n"
+        f'Whether the user will like the target movie "{target.label}"?'
+    )

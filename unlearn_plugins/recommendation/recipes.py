@@ -40,8 +40,14 @@ RECIPE: dict[str, Any] = {
 BUDGET_SETTINGS = BenchmarkSettings(users=100, max_train_per_user=10, max_eval_per_user=5)
 
 
-def finetune_config(benchmark_dir: str | os.PathLike, out: str | os.PathLike, *, part: str,
-                    model: str = "smollm2-135m", **overrides: Any) -> FinetuneConfig:
+def finetune_config(
+    benchmark_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    part: str,
+    model: str = "smollm2-135m",
+    **overrides: Any,
+) -> FinetuneConfig:
     """The recipe on one part of a written benchmark; ``overrides``: any FinetuneConfig field."""
     read_info(benchmark_dir)  # a benchmark folder, or a clear error
     options = {**RECIPE, **overrides}

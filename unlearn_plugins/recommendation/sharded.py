@@ -107,8 +107,9 @@ class ShardedRecommender:
 
         base, tok = load_model(self.info["model"], device=device)
         shards = self.shards
-        model = PeftModel.from_pretrained(base, str(_shard_dir(self.folder, shards[0]["id"])),
-                                          adapter_name=f"shard-{shards[0]['id']}")
+        model = PeftModel.from_pretrained(
+            base, str(_shard_dir(self.folder, shards[0]["id"])), adapter_name=f"shard-{shards[0]['id']}"
+        )
         for s in shards[1:]:
             model.load_adapter(str(_shard_dir(self.folder, s["id"])), adapter_name=f"shard-{s['id']}")
         model.eval()
@@ -118,8 +119,15 @@ class ShardedRecommender:
         """(the base model with every shard's adapter, tokenizer): load once, pass as ``loaded``."""
         return self._load(device)
 
-    def shard_outputs(self, samples: Sequence[Any], *, device: str | None = None, batch_size: int = 8,
-                      loaded=None, prompts: Sequence[Sequence[int]] | None = None):
+    def shard_outputs(
+        self,
+        samples: Sequence[Any],
+        *,
+        device: str | None = None,
+        batch_size: int = 8,
+        loaded=None,
+        prompts: Sequence[Sequence[int]] | None = None,
+    ):
         """(features (n, shards, d), log-odds (n, shards)) of every shard in the ensemble, for
         ``samples`` (or already tokenised chat ``prompts``)."""
         import torch
@@ -131,14 +139,22 @@ class ShardedRecommender:
         feats, odds = [], []
         for s in self.shards:
             model.set_adapter(f"shard-{s['id']}")
-            out = predict_prompts(model, tok, ids, batch_size=batch_size,
-                                  max_length=int(self.info["recipe"]["max_length"]), hidden=True)
+            out = predict_prompts(
+                model, tok, ids, batch_size=batch_size, max_length=int(self.info["recipe"]["max_length"]), hidden=True
+            )
             feats.append(out.hidden)
             odds.append(torch.tensor(out.log_odds))
         return torch.stack(feats, 1), torch.stack(odds, 1)
 
-    def predict(self, samples: Sequence[Any], *, device: str | None = None, batch_size: int = 8,
-                loaded=None, prompts: Sequence[Sequence[int]] | None = None) -> Predictions:
+    def predict(
+        self,
+        samples: Sequence[Any],
+        *,
+        device: str | None = None,
+        batch_size: int = 8,
+        loaded=None,
+        prompts: Sequence[Sequence[int]] | None = None,
+    ) -> Predictions:
         """The ensemble's P(Yes) for each sample (aggregated log-odds)."""
         import torch
 
@@ -156,8 +172,16 @@ class ShardedRecommender:
         write_jsonl(data, [s.to_record() for s in samples])
         recipe = {**self.info["recipe"], "merge": False}
         started = time.perf_counter()
-        run_finetune(FinetuneConfig(out=str(_shard_dir(self.folder, k)), model=self.info["model"], data=str(data),
-                                    device=device, overwrite=True, **recipe))
+        run_finetune(
+            FinetuneConfig(
+                out=str(_shard_dir(self.folder, k)),
+                model=self.info["model"],
+                data=str(data),
+                device=device,
+                overwrite=True,
+                **recipe,
+            )
+        )
         return time.perf_counter() - started
 
     def _fit_aggregator(self, *, device: str | None, batch_size: int = 8) -> dict:
@@ -188,8 +212,10 @@ class ShardedRecommender:
         forget = set(int(u) for u in users)
         unknown = sorted(u for u in forget if self.shard_of(u) is None)
         if unknown:
-            raise UnlearnError(f"unlearn: user(s) {unknown} are in no shard of {self.folder} (trained users: "
-                               f"{sum(len(s['users']) for s in self.shards)})")
+            raise UnlearnError(
+                f"unlearn: user(s) {unknown} are in no shard of {self.folder} (trained users: "
+                f"{sum(len(s['users']) for s in self.shards)})"
+            )
         retrained, removed, per_shard = [], [], {}
         for s in self.shards:
             if not forget & set(s["users"]):
@@ -205,7 +231,9 @@ class ShardedRecommender:
             retrained.append(s["id"])
         if not self.shards:
             raise UnlearnError("unlearn: the request removes every user of the ensemble")
-        agg_rows = [x for x in read_jsonl(self.folder / "aggregator_data.json") if int(x.extra["user_id"]) not in forget]
+        agg_rows = [
+            x for x in read_jsonl(self.folder / "aggregator_data.json") if int(x.extra["user_id"]) not in forget
+        ]
         if not agg_rows:
             raise UnlearnError("unlearn: no aggregator prompts left after removing the users")
         write_jsonl(self.folder / "aggregator_data.json", [x.to_record() for x in agg_rows])
@@ -213,20 +241,38 @@ class ShardedRecommender:
             self.aggregator = make_aggregator(self.info["aggregator"], self.info.get("aggregator_options"))
         fit = self._fit_aggregator(device=device)
         retrain_s = sum(per_shard.values())
-        report = UnlearningReport(sorted(forget), retrained, removed, len(self.info["shards"]), round(retrain_s, 3),
-                                  round(fit["seconds"], 3), round(time.perf_counter() - started, 3),
-                                  {k: round(v, 3) for k, v in per_shard.items()})
+        report = UnlearningReport(
+            sorted(forget),
+            retrained,
+            removed,
+            len(self.info["shards"]),
+            round(retrain_s, 3),
+            round(fit["seconds"], 3),
+            round(time.perf_counter() - started, 3),
+            {k: round(v, 3) for k, v in per_shard.items()},
+        )
         self.info.setdefault("unlearning", []).append(report.to_json())
         self.info["aggregator_fit"] = fit
         self._write_info()
         return report
 
 
-def train_sharded(benchmark_dir: str | os.PathLike, out: str | os.PathLike, *, model: str = "smollm2-135m",
-                  shards: int = 4, partition: str = "balanced", aggregator: str = "attention",
-                  aggregator_options: dict | None = None, aggregator_prompts: int = DEFAULT_AGGREGATOR_PROMPTS,
-                  iterations: int = DEFAULT_ITERATIONS, embedding_dim: int = DEFAULT_EMBEDDING_DIM, seed: int = 0,
-                  device: str | None = None, **recipe: Any) -> ShardedRecommender:
+def train_sharded(
+    benchmark_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    model: str = "smollm2-135m",
+    shards: int = 4,
+    partition: str = "balanced",
+    aggregator: str = "attention",
+    aggregator_options: dict | None = None,
+    aggregator_prompts: int = DEFAULT_AGGREGATOR_PROMPTS,
+    iterations: int = DEFAULT_ITERATIONS,
+    embedding_dim: int = DEFAULT_EMBEDDING_DIM,
+    seed: int = 0,
+    device: str | None = None,
+    **recipe: Any,
+) -> ShardedRecommender:
     """Partition the benchmark's users (train.json), train one adapter per shard, fit the aggregator."""
     from ..files import write_jsonl
     from .benchmark import load_part
@@ -250,15 +296,28 @@ def train_sharded(benchmark_dir: str | os.PathLike, out: str | os.PathLike, *, m
     picked = sorted(random.Random(f"aggregator:{seed}").sample(range(len(train)), min(aggregator_prompts, len(train))))
     write_jsonl(folder / "aggregator_data.json", [train[i].to_record() for i in picked])
     options = {**RECIPE, "seed": seed, **recipe}
-    info = {"format": FORMAT, "version": 1, "model": model, "benchmark": str(Path(benchmark_dir).resolve()),
-            "partition": partition, "iterations": iterations, "embedding_dim": embedding_dim, "seed": seed,
-            "aggregator": aggregator, "aggregator_options": dict(aggregator_options or {}),
-            "aggregator_prompts": len(picked), "recipe": options,
-            "shards": [{"id": k, "users": users, "prompts": sum(len(by_user[u]) for u in users)}
-                       for k, users in enumerate(groups)]}
+    info = {
+        "format": FORMAT,
+        "version": 1,
+        "model": model,
+        "benchmark": str(Path(benchmark_dir).resolve()),
+        "partition": partition,
+        "iterations": iterations,
+        "embedding_dim": embedding_dim,
+        "seed": seed,
+        "aggregator": aggregator,
+        "aggregator_options": dict(aggregator_options or {}),
+        "aggregator_prompts": len(picked),
+        "recipe": options,
+        "shards": [
+            {"id": k, "users": users, "prompts": sum(len(by_user[u]) for u in users)} for k, users in enumerate(groups)
+        ],
+    }
     sharded = ShardedRecommender(folder, info)  # sharded.json is written once everything is trained
     for s in info["shards"]:
-        s["seconds"] = round(sharded._train_shard(s["id"], [x for u in s["users"] for x in by_user[u]], device=device), 3)
+        s["seconds"] = round(
+            sharded._train_shard(s["id"], [x for u in s["users"] for x in by_user[u]], device=device), 3
+        )
     sharded.info["aggregator_fit"] = sharded._fit_aggregator(device=device)
     sharded._write_info()
     return sharded
@@ -270,4 +329,3 @@ def copy_sharded(folder: str | os.PathLike, out: str | os.PathLike) -> ShardedRe
         raise UnlearnError(f"{out} already exists; choose a new folder for the copy")
     shutil.copytree(folder, out)
     return ShardedRecommender(out)
-

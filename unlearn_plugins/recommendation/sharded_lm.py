@@ -31,12 +31,14 @@ class ShardedRecommenderLM(LM):
         tok = self.loaded[1]
         for r in requests:
             if r.args[1] not in (YES, NO):
-                raise UnlearnError(f"the sharded recommender answers {YES!r} or {NO!r} only, not {r.args[1]!r} "
-                                   f"(task {r.task_name})")
+                raise UnlearnError(
+                    f"the sharded recommender answers {YES!r} or {NO!r} only, not {r.args[1]!r} (task {r.task_name})"
+                )
         prompts = sorted({r.args[0] for r in requests})
         ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        odds = dict(zip(prompts, self.sharded.predict([], loaded=self.loaded, prompts=ids,
-                                                      batch_size=self.batch_size).log_odds))
+        odds = dict(
+            zip(prompts, self.sharded.predict([], loaded=self.loaded, prompts=ids, batch_size=self.batch_size).log_odds)
+        )
         out = []
         for r in requests:
             s = odds[r.args[0]]

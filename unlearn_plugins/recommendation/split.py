@@ -32,8 +32,9 @@ def _round(x: float) -> int:
     return int(math.floor(x + 0.5))
 
 
-def split_sizes(n: int, valid_fraction: float = DEFAULT_VALID_FRACTION,
-                test_fraction: float = DEFAULT_TEST_FRACTION) -> tuple[int, int, int]:
+def split_sizes(
+    n: int, valid_fraction: float = DEFAULT_VALID_FRACTION, test_fraction: float = DEFAULT_TEST_FRACTION
+) -> tuple[int, int, int]:
     """(train, valid, test) counts of a timeline of ``n`` ratings: fractions rounded half up,
     at least one test (and one valid) rating when the fraction is above 0 and the timeline is
     long enough, and always at least one training rating."""
@@ -49,8 +50,11 @@ def split_sizes(n: int, valid_fraction: float = DEFAULT_VALID_FRACTION,
     return n - n_valid - n_test, n_valid, n_test
 
 
-def chronological_split(timeline: Sequence[Rating], valid_fraction: float = DEFAULT_VALID_FRACTION,
-                        test_fraction: float = DEFAULT_TEST_FRACTION) -> list[str]:
+def chronological_split(
+    timeline: Sequence[Rating],
+    valid_fraction: float = DEFAULT_VALID_FRACTION,
+    test_fraction: float = DEFAULT_TEST_FRACTION,
+) -> list[str]:
     """The part ("train", "valid" or "test") of each rating of one user's time-ordered timeline."""
     n_train, n_valid, n_test = split_sizes(len(timeline), valid_fraction, test_fraction)
     return ["train"] * n_train + ["valid"] * n_valid + ["test"] * n_test

@@ -53,8 +53,9 @@ def _default_benchmark(folder: str | None, settings: tuple):
     return build_benchmark(load_movielens(folder), BenchmarkSettings(**dict(settings)))
 
 
-def benchmark_samples(part: str, *, rec_dir: str | None = None, movielens_dir: str | None = None,
-                      settings: dict[str, Any] | None = None) -> list:
+def benchmark_samples(
+    part: str, *, rec_dir: str | None = None, movielens_dir: str | None = None, settings: dict[str, Any] | None = None
+) -> list:
     """The samples of one part: from a benchmark folder, else from the default benchmark."""
     from .benchmark import FILES, BenchmarkSettings, load_part
 
@@ -62,8 +63,10 @@ def benchmark_samples(part: str, *, rec_dir: str | None = None, movielens_dir: s
         raise DataError(f"unknown MovieLens benchmark part {part!r}; parts: {', '.join(FILES)}")
     if rec_dir:
         if settings:
-            raise DataError(f"metadata {sorted(settings)} cut the default benchmark; a benchmark folder (rec_dir "
-                            f"{rec_dir}) was cut when it was written: give one or the other")
+            raise DataError(
+                f"metadata {sorted(settings)} cut the default benchmark; a benchmark folder (rec_dir "
+                f"{rec_dir}) was cut when it was written: give one or the other"
+            )
         return load_part(os.path.expanduser(str(rec_dir)), part)
     known = {f.name for f in dataclasses.fields(BenchmarkSettings)}
     bad = sorted(set(settings or {}) - known)
@@ -78,9 +81,18 @@ def _is_file(value: Any) -> bool:
     return text.endswith((".json", ".jsonl")) or os.path.isfile(os.path.expanduser(text))
 
 
-def movielens_dataset(*, rec_split: str = "test_retain", forget_part: str = "train_forget", rec_dir: str | None = None,
-                      movielens_dir: str | None = None, tokenizer: Any = None, pretrained: Any = None,
-                      trust_remote_code: Any = False, system_prompt: str | None = None, **metadata: Any):
+def movielens_dataset(
+    *,
+    rec_split: str = "test_retain",
+    forget_part: str = "train_forget",
+    rec_dir: str | None = None,
+    movielens_dir: str | None = None,
+    tokenizer: Any = None,
+    pretrained: Any = None,
+    trust_remote_code: Any = False,
+    system_prompt: str | None = None,
+    **metadata: Any,
+):
     """lm-eval ``custom_dataset``: one benchmark part as a DatasetDict {"test": ...} of
     documents with the chat-formatted prompt, the answer and its label."""
     import datasets
@@ -99,8 +111,10 @@ def movielens_dataset(*, rec_split: str = "test_retain", forget_part: str = "tra
     else:
         if rec_split == FORGET_PLACEHOLDER:
             if forget_part not in FORGET_PARTS:
-                raise DataError(f"metadata 'forget_part' must be one of {', '.join(FORGET_PARTS)} or a JSON-lines "
-                                f"file of benchmark prompts, got {forget_part!r}")
+                raise DataError(
+                    f"metadata 'forget_part' must be one of {', '.join(FORGET_PARTS)} or a JSON-lines "
+                    f"file of benchmark prompts, got {forget_part!r}"
+                )
             rec_split = forget_part
         samples = benchmark_samples(rec_split, rec_dir=rec_dir, movielens_dir=movielens_dir, settings=settings)
     tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
@@ -111,11 +125,22 @@ def movielens_dataset(*, rec_split: str = "test_retain", forget_part: str = "tra
             raise DataError(f"{s.where}: answer {s.answer!r} is neither {YES!r} nor {NO!r}")
         found = control_token_in(s.question, specials)
         if found:
-            raise DataError(f"{s.where}: the prompt contains the tokenizer's control token {found!r}, which lm-eval "
-                            f"would read as a control token, not text")
-        docs.append({"key": doc_key(s), "split": rec_split, "where": s.where,
-                     "user_id": int(s.extra.get("user_id", -1)), "answer": s.answer, "label": int(s.answer == YES),
-                     "question": s.question, "prompt": prompt_text(tok, s.question, system_prompt)})
+            raise DataError(
+                f"{s.where}: the prompt contains the tokenizer's control token {found!r}, which lm-eval "
+                f"would read as a control token, not text"
+            )
+        docs.append(
+            {
+                "key": doc_key(s),
+                "split": rec_split,
+                "where": s.where,
+                "user_id": int(s.extra.get("user_id", -1)),
+                "answer": s.answer,
+                "label": int(s.answer == YES),
+                "question": s.question,
+                "prompt": prompt_text(tok, s.question, system_prompt),
+            }
+        )
     if not docs:
         raise DataError(f"MovieLens part {rec_split!r} has no samples")
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
@@ -146,12 +171,16 @@ class MovieLensRecTask(ConfigurableTask):
 
     def construct_requests(self, doc, ctx, **kwargs):
         if ctx != doc["prompt"]:
-            raise DataError(f"task {self.config.task}: the prompt was changed by lm-eval options; the MovieLens tasks "
-                            f"format the chat prompt themselves, so run them without --apply_chat_template, "
-                            f"--system_instruction and --num_fewshot (set metadata 'system_prompt' for a system turn)")
+            raise DataError(
+                f"task {self.config.task}: the prompt was changed by lm-eval options; the MovieLens tasks "
+                f"format the chat prompt themselves, so run them without --apply_chat_template, "
+                f"--system_instruction and --num_fewshot (set metadata 'system_prompt' for a system turn)"
+            )
         meta = kwargs.get("metadata") or (None, None, None)  # lm-eval's own task tests pass none
-        return [Instance("loglikelihood", doc, (doc["prompt"], answer), i, metadata=meta)
-                for i, answer in enumerate((YES, NO))]
+        return [
+            Instance("loglikelihood", doc, (doc["prompt"], answer), i, metadata=meta)
+            for i, answer in enumerate((YES, NO))
+        ]
 
     def predicted(self, results) -> float:
         return rm.p_yes(results[0][0], results[1][0])
@@ -182,9 +211,11 @@ class MovieLensForgetTask(MovieLensRecTask):
         self.reference = next((r for r in refs if r.overlaps(keys)), None)
         if refs and self.reference is None:
             made_on = "; ".join(f"{r.path}: {r.describe()}" for r in refs)
-            raise DataError(f"task {self.config.task} evaluates {self.split_label!r} ({len(keys)} samples) but no "
-                            f"prediction reference was made on it ({made_on}); "
-                            f"{rm.HINT.format(task=self.config.task)}")
+            raise DataError(
+                f"task {self.config.task} evaluates {self.split_label!r} ({len(keys)} samples) but no "
+                f"prediction reference was made on it ({made_on}); "
+                f"{rm.HINT.format(task=self.config.task)}"
+            )
 
     def process_results(self, doc, results):
         out = super().process_results(doc, results)
@@ -193,8 +224,9 @@ class MovieLensForgetTask(MovieLensRecTask):
 
     def _jsd(self, items) -> float:
         if self.reference is None:
-            log.warning("%s: jsd unavailable: no retrain reference; %s", self.config.task,
-                        rm.HINT.format(task=self.config.task))
+            log.warning(
+                "%s: jsd unavailable: no retrain reference; %s", self.config.task, rm.HINT.format(task=self.config.task)
+            )
             return float("nan")
         keys = [k for k, _ in items]
         return rm.mean_jsd([p for _, p in items], self.reference.aligned(keys, task=self.config.task))

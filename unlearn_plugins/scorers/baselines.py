@@ -20,11 +20,17 @@ def check_int_option(scorer: str, name: str, value, minimum: int) -> int:
 
 def check_float_option(scorer: str, name: str, value, minimum: float, *, strict: bool = False) -> float:
     """A finite number option of at least (``strict``: above) ``minimum``."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
-        value > minimum if strict else value >= minimum)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > minimum if strict else value >= minimum)
+    )
     if not ok:
-        raise UnlearnError(f"scorer {scorer!r}: option {name} must be a finite number {'>' if strict else '>='} "
-                           f"{minimum}, got {value!r}")
+        raise UnlearnError(
+            f"scorer {scorer!r}: option {name} must be a finite number {'>' if strict else '>='} "
+            f"{minimum}, got {value!r}"
+        )
     return float(value)
 
 

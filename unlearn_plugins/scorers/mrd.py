@@ -35,8 +35,9 @@ PRECISIONS = ("fp64", "fp32")
 
 def _check_options(perturbations, sigma, precision) -> None:
     if isinstance(perturbations, bool) or not isinstance(perturbations, int) or perturbations < 1:
-        raise UnlearnError(f"MRD option perturbations: needs an integer >= 1 (at least one perturbation), "
-                           f"got {perturbations!r}")
+        raise UnlearnError(
+            f"MRD option perturbations: needs an integer >= 1 (at least one perturbation), got {perturbations!r}"
+        )
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (math.isfinite(sigma) and sigma >= 0):
         raise UnlearnError(f"MRD option sigma: must be a finite number >= 0, got {sigma!r}")
     if not isinstance(precision, str) or precision not in PRECISIONS:
@@ -63,7 +64,9 @@ def _full_precision(model, dtype) -> None:
         weight = getattr(module, "weight", None)
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         if weight is None or eps is None or weight.dim() != 1:
-            warnings.warn(f"MRD: {name} ({type(module).__name__}) may compute in fp32; scores may be less precise", stacklevel=2)
+            warnings.warn(
+                f"MRD: {name} ({type(module).__name__}) may compute in fp32; scores may be less precise", stacklevel=2
+            )
             continue
         x = torch.randn(2, weight.numel(), generator=gen, dtype=dtype).to(weight.device)
         with torch.no_grad():
@@ -72,8 +75,11 @@ def _full_precision(model, dtype) -> None:
         if torch.equal(got, want):
             continue
         if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
-            warnings.warn(f"MRD: {name} ({type(module).__name__}) is not w * x / rms(x) and may compute in fp32; "
-                          f"scores may be less precise", stacklevel=2)
+            warnings.warn(
+                f"MRD: {name} ({type(module).__name__}) is not w * x / rms(x) and may compute in fp32; "
+                f"scores may be less precise",
+                stacklevel=2,
+            )
             continue
         module._mrd_eps = float(eps)
         module.forward = types.MethodType(_rms_forward, module)
@@ -93,8 +99,11 @@ def _answer_logp(model, batches, device, dtype):
     with torch.inference_mode():
         for batch in batches:
             labels = batch["labels"].to(device)
-            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                           use_cache=False).logits
+            logits = model(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                use_cache=False,
+            ).logits
             target = labels[:, 1:]
             rows, pos = torch.nonzero(target != IGNORE_INDEX, as_tuple=True)
             logp = torch.log_softmax(logits[rows, pos].to(dtype), dim=-1).gather(1, target[rows, pos][:, None])[:, 0]
@@ -118,9 +127,19 @@ def _set_perturbed(params, originals, seed: int, sigma: float) -> None:
             p.add_(noise.to(p.dtype), alpha=sigma)
 
 
-def mrd_scores(model, examples: Sequence[dict], pad_token_id: int, *, perturbations: int = 100,
-               sigma: float = 1e-5, seed: int = 42, clip: float | None = None, batch_size: int = 8,
-               precision: str = "fp64", progress: bool = False) -> list[float]:
+def mrd_scores(
+    model,
+    examples: Sequence[dict],
+    pad_token_id: int,
+    *,
+    perturbations: int = 100,
+    sigma: float = 1e-5,
+    seed: int = 42,
+    clip: float | None = None,
+    batch_size: int = 8,
+    precision: str = "fp64",
+    progress: bool = False,
+) -> list[float]:
     """MRD of each encoded example (input_ids / attention_mask / labels)."""
     import torch
 
@@ -134,7 +153,7 @@ def mrd_scores(model, examples: Sequence[dict], pad_token_id: int, *, perturbati
     params = list(work.parameters())
     device = params[0].device
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["input_ids"]))
-    groups = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     batches = [pad_batch([examples[i] for i in g], pad_token_id) for g in groups]
     base = _answer_logp(work, batches, device, dtype)
     totals = [torch.zeros(len(g), dtype=torch.float64, device=device) for g in groups]
@@ -163,8 +182,17 @@ def mrd_scores(model, examples: Sequence[dict], pad_token_id: int, *, perturbati
 class MRDScorer:
     """Difficulty scorer ``mrd``: Memory Removal Difficulty of each sample's answer."""
 
-    def __init__(self, perturbations: int = 100, sigma: float = 1e-5, seed: int = 42, clip: float | None = None,
-                 batch_size: int = 8, max_length: int = 512, precision: str = "fp64", progress: bool = False):
+    def __init__(
+        self,
+        perturbations: int = 100,
+        sigma: float = 1e-5,
+        seed: int = 42,
+        clip: float | None = None,
+        batch_size: int = 8,
+        max_length: int = 512,
+        precision: str = "fp64",
+        progress: bool = False,
+    ):
         _check_options(perturbations, sigma, precision)
         self.perturbations = int(perturbations)
         self.sigma = float(sigma)
@@ -177,6 +205,15 @@ class MRDScorer:
 
     def score(self, samples: Sequence[QASample], *, model, tokenizer) -> list[float]:
         examples = encode_samples(tokenizer, samples, max_length=self.max_length)
-        return mrd_scores(model, examples, tokenizer.pad_token_id, perturbations=self.perturbations,
-                          sigma=self.sigma, seed=self.seed, clip=self.clip, batch_size=self.batch_size,
-                          precision=self.precision, progress=self.progress)
+        return mrd_scores(
+            model,
+            examples,
+            tokenizer.pad_token_id,
+            perturbations=self.perturbations,
+            sigma=self.sigma,
+            seed=self.seed,
+            clip=self.clip,
+            batch_size=self.batch_size,
+            precision=self.precision,
+            progress=self.progress,
+        )

@@ -103,6 +103,7 @@ def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, s
         key = digest(STUDY_FORMAT, TINY_MODEL, _file_digest(Path(testing.__file__)))
         folder = cache / f"base-{TINY_MODEL}-{key}"
         if stages is not None:
+
             def build(tmp: Path) -> None:
                 with output_to(Path(os.devnull)):  # the tokenizer trainer's and transformers' progress bars
                     testing.save_tiny_model(tmp / "model")
@@ -147,8 +148,12 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
         bench = load_benchmark(folder)
         if bench is None:
             raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
-        out[k] = {**bench.describe(), "folder": str(folder), "key": key,
-                  "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")}}
+        out[k] = {
+            **bench.describe(),
+            "folder": str(folder),
+            "key": key,
+            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
+        }
     return out
 
 
@@ -170,8 +175,7 @@ def _initializer_seed(config: dict, seed: int) -> dict:
     return options
 
 
-def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False,
-               stream=None) -> Plan:
+def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
     stream = stream or sys.stderr
@@ -190,27 +194,49 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
         return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
 
     def finetune_stage(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
-        key = digest(STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads,
-                     study.max_length)
-        return Stage(label, folder("target", name, key), "finetune",
-                     {"model": base_path, "data": data, "max_length": study.max_length, "seed": recipe.seed,
-                      "threads": recipe.threads, "finetune": recipe.finetune, "device": device, "key": key})
+        key = digest(
+            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
+        )
+        return Stage(
+            label,
+            folder("target", name, key),
+            "finetune",
+            {
+                "model": base_path,
+                "data": data,
+                "max_length": study.max_length,
+                "seed": recipe.seed,
+                "threads": recipe.threads,
+                "finetune": recipe.finetune,
+                "device": device,
+                "key": key,
+            },
+        )
 
     # models: the target and the retain model of every forget size
     first = benches[study.forget_sizes[0]]
     model_keys: dict[str, str] = {}
     for cell in expand(study):
         if cell.kind == "target":
-            stage = finetune_stage(f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
-                                   "full", study.target, first["content"]["full"], _file(first, "full"))
+            stage = finetune_stage(
+                f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
+                "full",
+                study.target,
+                first["content"]["full"],
+                _file(first, "full"),
+            )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
             model_keys["target"] = stage.params["key"]
             plan.models["target"] = plan.cells[cell.id].model
         elif cell.kind == "retain":
             bench = benches[cell.forget]
-            stage = finetune_stage(f"fine-tune the retain model on {len(bench['retain_authors'])} authors "
-                                   f"({bench['sizes']['retain']} QA)", "retain", study.retain,
-                                   bench["content"]["retain"], _file(bench, "retain"))
+            stage = finetune_stage(
+                f"fine-tune the retain model on {len(bench['retain_authors'])} authors ({bench['sizes']['retain']} QA)",
+                "retain",
+                study.retain,
+                bench["content"]["retain"],
+                _file(bench, "retain"),
+            )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
             model_keys[cell.id] = stage.params["key"]
             plan.models[cell.id] = plan.cells[cell.id].model
@@ -228,40 +254,81 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             continue
         k = cell.forget
         bench = benches[k]
-        common = {"bench": bench["folder"], "tasks": list(ev.tasks), "batch_size": ev.batch_size,
-                  "gen_margin": ev.gen_margin, "max_length": study.max_length, "device": device,
-                  "extraction_from_task": ev.extraction_from_task}
-        reference = None if cell.kind == "eval_retain" else str(
-            Path(folder("eval", "retain", eval_keys[k])) / "reference.json")
+        common = {
+            "bench": bench["folder"],
+            "tasks": list(ev.tasks),
+            "batch_size": ev.batch_size,
+            "gen_margin": ev.gen_margin,
+            "max_length": study.max_length,
+            "device": device,
+            "extraction_from_task": ev.extraction_from_task,
+        }
+        reference = (
+            None if cell.kind == "eval_retain" else str(Path(folder("eval", "retain", eval_keys[k])) / "reference.json")
+        )
         if cell.kind == "eval_retain":
             key = digest(STUDY_FORMAT, "eval", model_keys[f"retain/forget{k}"], bench["key"], eval_settings)
             eval_keys[k] = key
-            stage = Stage(f"evaluate the retain model (forget {k}; the Forget Quality reference)",
-                          folder("eval", "retain", key), "evaluate",
-                          {**common, "model": plan.models[f"retain/forget{k}"], "adapter": None, "references": [],
-                           "save_reference": True})
+            stage = Stage(
+                f"evaluate the retain model (forget {k}; the Forget Quality reference)",
+                folder("eval", "retain", key),
+                "evaluate",
+                {
+                    **common,
+                    "model": plan.models[f"retain/forget{k}"],
+                    "adapter": None,
+                    "references": [],
+                    "save_reference": True,
+                },
+            )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "eval_full":
             key = digest(STUDY_FORMAT, "eval", model_keys["target"], eval_keys[k], bench["key"], eval_settings)
-            stage = Stage(f"evaluate the target (forget {k})", folder("eval", "full", key), "evaluate",
-                          {**common, "model": plan.models["target"], "adapter": None, "references": [reference],
-                           "save_reference": False})
+            stage = Stage(
+                f"evaluate the target (forget {k})",
+                folder("eval", "full", key),
+                "evaluate",
+                {
+                    **common,
+                    "model": plan.models["target"],
+                    "adapter": None,
+                    "references": [reference],
+                    "save_reference": False,
+                },
+            )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         else:
             method = study.method(cell.method)
             config = {**method.config, "seed": cell.seed}
             config["initializer_options"] = _initializer_seed(config, cell.seed)
-            run_key = digest(STUDY_FORMAT, "unlearn", model_keys["target"], bench["content"]["forget"],
-                             bench["content"]["retain"], config)
+            run_key = digest(
+                STUDY_FORMAT,
+                "unlearn",
+                model_keys["target"],
+                bench["content"]["forget"],
+                bench["content"]["retain"],
+                config,
+            )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
-            unlearn = Stage(f"unlearn: {cell.label}", run_folder, "unlearn",
-                            {"config": config, "model": plan.models["target"], "bench": bench["folder"],
-                             "device": device})
+            unlearn = Stage(
+                f"unlearn: {cell.label}",
+                run_folder,
+                "unlearn",
+                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
+            )
             key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings)
-            evaluate = Stage(f"evaluate: {cell.label}", folder("eval", f"{method.name}-forget{k}-seed{cell.seed}",
-                                                                key), "evaluate",
-                             {**common, "model": plan.models["target"], "adapter": str(Path(run_folder) / "run"),
-                              "references": [reference], "save_reference": False})
+            evaluate = Stage(
+                f"evaluate: {cell.label}",
+                folder("eval", f"{method.name}-forget{k}-seed{cell.seed}", key),
+                "evaluate",
+                {
+                    **common,
+                    "model": plan.models["target"],
+                    "adapter": str(Path(run_folder) / "run"),
+                    "references": [reference],
+                    "save_reference": False,
+                },
+            )
             plan.cells[cell.id] = CellPlan(cell, [unlearn, evaluate], result=evaluate.folder)
     return plan
 
@@ -303,8 +370,19 @@ def build_finetune(tmp: Path, p: dict) -> None:
     from ..training import FinetuneConfig, run_finetune
 
     with _threads(p["threads"]):  # part of the recipe: another thread count sums in another order
-        run_finetune(FinetuneConfig(out=str(tmp / "run"), model=p["model"], data=p["data"], merge=True, save_steps=0,
-                                    max_length=p["max_length"], seed=p["seed"], device=p["device"], **p["finetune"]))
+        run_finetune(
+            FinetuneConfig(
+                out=str(tmp / "run"),
+                model=p["model"],
+                data=p["data"],
+                merge=True,
+                save_steps=0,
+                max_length=p["max_length"],
+                seed=p["seed"],
+                device=p["device"],
+                **p["finetune"],
+            )
+        )
 
 
 def build_unlearn(tmp: Path, p: dict) -> None:
@@ -312,8 +390,16 @@ def build_unlearn(tmp: Path, p: dict) -> None:
 
     bench = Path(p["bench"])
     _need(p["model"], "the target model")
-    run_unlearning(UnlearnConfig(out=str(tmp / "run"), model=p["model"], forget=str(bench / "forget.json"),
-                                 retain=str(bench / "retain.json"), device=p["device"], **p["config"]))
+    run_unlearning(
+        UnlearnConfig(
+            out=str(tmp / "run"),
+            model=p["model"],
+            forget=str(bench / "forget.json"),
+            retain=str(bench / "retain.json"),
+            device=p["device"],
+            **p["config"],
+        )
+    )
 
 
 def build_evaluate(tmp: Path, p: dict) -> None:
@@ -330,17 +416,31 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         raise UnlearnError(f"{p['bench']}: benchmark folder missing or unreadable; run the study again")
     max_gen_toks = generation_cap(load_tokenizer(p["model"]), bench, p["gen_margin"])
     evaluation = runner.evaluate_model(
-        p["model"], p["tasks"], adapter=p["adapter"], device=p["device"], batch_size=p["batch_size"],
-        retain_references=p["references"], tofu_dir=str(bench.folder), forget_split=str(bench.forget),
-        max_gen_toks=max_gen_toks)
+        p["model"],
+        p["tasks"],
+        adapter=p["adapter"],
+        device=p["device"],
+        batch_size=p["batch_size"],
+        retain_references=p["references"],
+        tofu_dir=str(bench.folder),
+        forget_split=str(bench.forget),
+        max_gen_toks=max_gen_toks,
+    )
     if p["save_reference"]:
         runner.save_reference(evaluation, tmp / "reference.json", model=p["model"], adapter=p["adapter"])
     runner.write_outputs(tmp, evaluation)
     if not p["extraction_from_task"]:
-        values = extraction_strengths(p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"],
-                                      p["batch_size"])
-        write_json(tmp / EXTRACTION, {"definition": "1 - k/n, teacher-forced greedy predictions (tofu_metrics)",
-                                      "mean": sum(values) / len(values), "per_sample": values})
+        values = extraction_strengths(
+            p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], p["batch_size"]
+        )
+        write_json(
+            tmp / EXTRACTION,
+            {
+                "definition": "1 - k/n, teacher-forced greedy predictions (tofu_metrics)",
+                "mean": sum(values) / len(values),
+                "per_sample": values,
+            },
+        )
 
 
 def _need(path: str, what: str) -> None:
@@ -348,8 +448,9 @@ def _need(path: str, what: str) -> None:
         raise UnlearnError(f"{what} is missing ({path}); its cell did not finish: run the study again")
 
 
-def extraction_strengths(model: str, adapter: str | None, data: str, max_length: int, device: str | None,
-                         batch_size: int = 8) -> list[float]:
+def extraction_strengths(
+    model: str, adapter: str | None, data: str, max_length: int, device: str | None, batch_size: int = 8
+) -> list[float]:
     """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..evaluation.tofu_metrics`): ``k``
     the first answer position from which every teacher-forced greedy prediction equals the
     answer (its tokens and the end token), in one forward pass per batch; for studies whose
@@ -366,7 +467,7 @@ def extraction_strengths(model: str, adapter: str | None, data: str, max_length:
     dev = next(loaded.parameters()).device
     with torch.inference_mode():
         for i in range(0, len(encoded), batch_size):
-            batch = {k: v.to(dev) for k, v in pad_batch(encoded[i:i + batch_size], tok.pad_token_id).items()}
+            batch = {k: v.to(dev) for k, v in pad_batch(encoded[i : i + batch_size], tok.pad_token_id).items()}
             logits = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predicted, labels = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
             for row_pred, row_labels in zip(predicted.tolist(), labels.tolist()):
@@ -377,7 +478,10 @@ def extraction_strengths(model: str, adapter: str | None, data: str, max_length:
 
 
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
-    "finetune": build_finetune, "unlearn": build_unlearn, "evaluate": build_evaluate}
+    "finetune": build_finetune,
+    "unlearn": build_unlearn,
+    "evaluate": build_evaluate,
+}
 
 
 def builder(name: str) -> Callable[[Path, dict], None]:
@@ -415,6 +519,7 @@ def _peak_rss_mb() -> float:
 def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None]:
     """``build`` that also writes resources.json: wall time and peak memory (RSS, and CUDA's
     allocator peak where a GPU was used) of the stage."""
+
     def run(tmp: Path) -> None:
         import torch
 
@@ -424,12 +529,19 @@ def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         build(tmp)
-        record = {"seconds": round(time.perf_counter() - started, 2), "peak_rss_mb": _peak_rss_mb(),
-                  "peak_scope": scope, "threads": torch.get_num_threads(), "pid": os.getpid(),
-                  "host": socket.gethostname(), **info}
+        record = {
+            "seconds": round(time.perf_counter() - started, 2),
+            "peak_rss_mb": _peak_rss_mb(),
+            "peak_scope": scope,
+            "threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            **info,
+        }
         if cuda:
             record["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         write_json(tmp / RESOURCES, record)
+
     return run
 
 
@@ -446,8 +558,14 @@ def _emit_nothing(*event: Any) -> None:
     return None
 
 
-def run_stage(stages: Stages, label: str, folder: Path, build: Callable[[Path], None], *,
-              on_wait: Callable[[str], None] = lambda message: None) -> str:
+def run_stage(
+    stages: Stages,
+    label: str,
+    folder: Path,
+    build: Callable[[Path], None],
+    *,
+    on_wait: Callable[[str], None] = lambda message: None,
+) -> str:
     """``stages.run`` (build, or find it cached) that, while another process builds the stage
     (its lock is held), waits and then reuses that result. Returns built, cached or waited."""
     waited = False
@@ -503,23 +621,33 @@ def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> d
     sources: list[str] = []
     error = None
     with output_to(Path(task.log)) as log, quiet_libraries():
-        print(f"== {plan.cell.label} ({cell_id}), pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
-              file=log, flush=True)
+        print(
+            f"== {plan.cell.label} ({cell_id}), pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            file=log,
+            flush=True,
+        )
         try:
             stages = Stages(Path(task.cache), total=len(plan.stages), stream=log)
             for i, stage in enumerate(plan.stages):
                 emit("stage", cell_id, i, len(plan.stages), stage.label)
                 build = measured(lambda tmp, stage=stage: builder(stage.build)(tmp, stage.params), {"cell": cell_id})
-                sources.append(run_stage(stages, stage.label, Path(stage.folder), build,
-                                         on_wait=lambda msg: emit("wait", cell_id, msg)))
+                sources.append(
+                    run_stage(
+                        stages, stage.label, Path(stage.folder), build, on_wait=lambda msg: emit("wait", cell_id, msg)
+                    )
+                )
         except Exception as exc:  # noqa: BLE001 - reported per cell; the study goes on
             error = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
             if not isinstance(exc, UnlearnError):
                 error = f"{type(exc).__name__}: {error}"
             print(f"\nFAILED: {error}\n{traceback.format_exc()}", file=log, flush=True)
         gc.collect()  # a failed run's progress bars close here, into the log
-    result = {"status": "done" if error is None else "failed", "sources": sources, "log": task.log,
-              "seconds": round(time.perf_counter() - started, 2)}
+    result = {
+        "status": "done" if error is None else "failed",
+        "sources": sources,
+        "log": task.log,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     if error is not None:
         result["error"] = error
     return result
@@ -540,5 +668,16 @@ def read_json(path: Path) -> Any:
         return None
 
 
-__all__ = ["plan_study", "execute_cell", "CellTask", "Plan", "CellPlan", "Stage", "default_cache", "run_stage",
-           "extraction_strengths", "cell_source", "STUDY_FORMAT"]
+__all__ = [
+    "plan_study",
+    "execute_cell",
+    "CellTask",
+    "Plan",
+    "CellPlan",
+    "Stage",
+    "default_cache",
+    "run_stage",
+    "extraction_strengths",
+    "cell_source",
+    "STUDY_FORMAT",
+]

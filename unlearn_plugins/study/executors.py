@@ -110,8 +110,12 @@ class LocalExecutor:
             self.outbox = self.ctx.Queue()
         inbox = self.ctx.Queue()
         gpu = slot % self.gpus if self.gpus else None
-        proc = self.ctx.Process(target=_local_worker, args=(slot, inbox, self.outbox, self.threads, gpu),
-                                name=f"unlearn-study-worker-{slot}", daemon=True)
+        proc = self.ctx.Process(
+            target=_local_worker,
+            args=(slot, inbox, self.outbox, self.threads, gpu),
+            name=f"unlearn-study-worker-{slot}",
+            daemon=True,
+        )
         proc.start()
         self.slots[slot] = {"proc": proc, "inbox": inbox, "cell": None}
 
@@ -159,8 +163,9 @@ class LocalExecutor:
             if state["cell"] is None:
                 continue
             code = proc.exitcode
-            how = (f"killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0
-                   else f"exit code {code}")
+            how = (
+                f"killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0 else f"exit code {code}"
+            )
             error = f"worker {slot} (pid {proc.pid}) died: {how}"
             events.append(("done", state["cell"], {"status": "failed", "error": error, "sources": []}))
             state["cell"] = None
@@ -232,9 +237,14 @@ class DaskExecutor:
                 raise UnlearnError(f"--scheduler {address}: cannot connect ({exc})") from None
         else:
             env = {name: str(self.threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=None, env=env,
-                                        resources={"GPU": 1} if self.gpus else None)
+            self.cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                env=env,
+                resources={"GPU": 1} if self.gpus else None,
+            )
             self.client = Client(self.cluster)
         info = self.client.scheduler_info()
         workers_info = info.get("workers", {}).values()
@@ -256,9 +266,16 @@ class DaskExecutor:
 
     def submit(self, task: CellTask) -> None:
         cell = task.plan.cell.id
-        future = self.client.submit(_dask_cell, task, self.channel_name, self.threads, self.gpus,
-                                    key=f"cell-{cell}-{uuid.uuid4().hex[:8]}", pure=False,
-                                    resources={"GPU": 1} if self.use_gpu else None)
+        future = self.client.submit(
+            _dask_cell,
+            task,
+            self.channel_name,
+            self.threads,
+            self.gpus,
+            key=f"cell-{cell}-{uuid.uuid4().hex[:8]}",
+            pure=False,
+            resources={"GPU": 1} if self.use_gpu else None,
+        )
         self.futures[cell] = future
 
         def finished(f, cell=cell) -> None:
@@ -266,8 +283,7 @@ class DaskExecutor:
                 result = f.result()
             except BaseException as exc:  # noqa: BLE001 - a lost worker (KilledWorker), a cancelled task
                 text = " ".join(str(exc).split()) or type(exc).__name__
-                result = {"status": "failed", "error": f"dask task failed: {type(exc).__name__}: {text}",
-                          "sources": []}
+                result = {"status": "failed", "error": f"dask task failed: {type(exc).__name__}: {text}", "sources": []}
             self.done.put(("done", cell, result))
 
         future.add_done_callback(finished)

@@ -22,8 +22,9 @@ class Progress:
         if self.tty:
             from tqdm.auto import tqdm
 
-            self.overall = tqdm(total=total, desc="cells", unit="cell", file=self.stream, position=0,
-                                dynamic_ncols=True)
+            self.overall = tqdm(
+                total=total, desc="cells", unit="cell", file=self.stream, position=0, dynamic_ncols=True
+            )
 
     def line(self, text: str) -> None:
         if self.overall is not None:
@@ -59,8 +60,15 @@ class Progress:
             used = set(self.positions.values())
             position = next(i for i in range(1, len(used) + 2) if i not in used)
             self.positions[cell_id] = position
-            bar = self.bars[cell_id] = tqdm(total=total, desc=cell_id, unit="stage", file=self.stream,
-                                            position=position, leave=False, dynamic_ncols=True)
+            bar = self.bars[cell_id] = tqdm(
+                total=total,
+                desc=cell_id,
+                unit="stage",
+                file=self.stream,
+                position=position,
+                leave=False,
+                dynamic_ncols=True,
+            )
         bar.n = index
         bar.set_postfix_str(label[:60])
 

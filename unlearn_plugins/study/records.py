@@ -35,8 +35,9 @@ KEPT_SUFFIXES = (".json",)
 
 def _slim_row(row: dict) -> dict:
     """A samples row with its numbers only (what the report's per-QA intervals read)."""
-    return {k: v for k, v in row.items()
-            if k == "doc_id" or k == "filter" or isinstance(v, (int, float, bool)) or v is None}
+    return {
+        k: v for k, v in row.items() if k == "doc_id" or k == "filter" or isinstance(v, (int, float, bool)) or v is None
+    }
 
 
 def _slim_samples(source: Path, target: Path) -> None:
@@ -88,7 +89,9 @@ def save(cp: CellPlan, records: Path) -> list[str]:
         folder = Path(stage.folder)
         if not (folder / DONE).is_file():
             continue
-        if _write_folder(records / folder.name, lambda tmp, folder=folder, kind=stage.build: _record_files(folder, kind, tmp)):
+        if _write_folder(
+            records / folder.name, lambda tmp, folder=folder, kind=stage.build: _record_files(folder, kind, tmp)
+        ):
             saved.append(folder.name)
     return saved
 

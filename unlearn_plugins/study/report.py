@@ -34,12 +34,21 @@ METRICS = (
 )
 #: Model Utility's three parts: split -> (task, metric, kind) for prob, ROUGE-L and truth ratio
 MU_PARTS = {
-    "retain": (("tofu_retain_prob", "prob"), ("tofu_retain_rouge", "rougeL_recall"),
-               ("tofu_retain_truth_ratio", "truth_ratio")),
-    "real_authors": (("tofu_real_authors", "prob"), ("tofu_real_authors_rouge", "rougeL_recall"),
-                     ("tofu_real_authors", "truth_ratio")),
-    "world_facts": (("tofu_world_facts", "prob"), ("tofu_world_facts_rouge", "rougeL_recall"),
-                    ("tofu_world_facts", "truth_ratio")),
+    "retain": (
+        ("tofu_retain_prob", "prob"),
+        ("tofu_retain_rouge", "rougeL_recall"),
+        ("tofu_retain_truth_ratio", "truth_ratio"),
+    ),
+    "real_authors": (
+        ("tofu_real_authors", "prob"),
+        ("tofu_real_authors_rouge", "rougeL_recall"),
+        ("tofu_real_authors", "truth_ratio"),
+    ),
+    "world_facts": (
+        ("tofu_world_facts", "prob"),
+        ("tofu_world_facts_rouge", "rougeL_recall"),
+        ("tofu_world_facts", "truth_ratio"),
+    ),
 }
 MU_BOOTSTRAP = 2000
 REPORT_FORMAT = 1
@@ -59,8 +68,10 @@ def read_evaluation(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
     else:  # results.json / summary.json / samples/<task>.jsonl
         summary = json.loads((folder / "summary.json").read_text())
         files = {p.stem: p for p in (folder / "samples").glob("*.jsonl")}
-    samples = {task: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-               for task, path in files.items()}
+    samples = {
+        task: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        for task, path in files.items()
+    }
     return summary, samples
 
 
@@ -93,9 +104,14 @@ def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRA
         hm = np.where((stacked > 0).all(axis=0), len(draws) / (1.0 / stacked).sum(axis=0), 0.0)
     point = 0.0 if min(estimates) <= 0 else len(estimates) / sum(1.0 / v for v in estimates)
     low, high = np.percentile(hm, [2.5, 97.5])
-    return {"value": point, "low": float(low), "high": float(high), "width": float(high - low),
-            "resamples": resamples, "qa": {split: len(_values(samples, parts[0][0], parts[0][1]))
-                                            for split, parts in MU_PARTS.items()}}
+    return {
+        "value": point,
+        "low": float(low),
+        "high": float(high),
+        "width": float(high - low),
+        "resamples": resamples,
+        "qa": {split: len(_values(samples, parts[0][0], parts[0][1])) for split, parts in MU_PARTS.items()},
+    }
 
 
 def evaluation_metrics(folder: Path) -> dict[str, Any]:
@@ -128,9 +144,11 @@ def _resources(folders: Sequence[str]) -> dict[str, Any]:
     records = [read_json(Path(f) / RESOURCES) or {} for f in folders]
     seconds = [r["seconds"] for r in records if isinstance(r.get("seconds"), (int, float))]
     peaks = [r["peak_rss_mb"] for r in records if isinstance(r.get("peak_rss_mb"), (int, float))]
-    return {"wall_s": round(sum(seconds), 1) if len(seconds) == len(records) else None,
-            "peak_rss_mb": max(peaks) if len(peaks) == len(records) else None,
-            "peak_scope": sorted({r.get("peak_scope") for r in records if r.get("peak_scope")})}
+    return {
+        "wall_s": round(sum(seconds), 1) if len(seconds) == len(records) else None,
+        "peak_rss_mb": max(peaks) if len(peaks) == len(records) else None,
+        "peak_scope": sorted({r.get("peak_scope") for r in records if r.get("peak_scope")}),
+    }
 
 
 # ----------------------------------------------------------------------------- intervals
@@ -141,8 +159,9 @@ def _resources(folders: Sequence[str]) -> dict[str, Any]:
 RANGES = {key: (0.0, None) if key in ("wall_s", "peak_rss_mb") else (0.0, 1.0) for key, _ in METRICS}
 
 
-def interval(values: Sequence[float | None], method: str, bounds: tuple[float | None, float | None] = (None, None)
-             ) -> dict[str, Any]:
+def interval(
+    values: Sequence[float | None], method: str, bounds: tuple[float | None, float | None] = (None, None)
+) -> dict[str, Any]:
     """Mean and 95% interval over the seeds (``t`` or ``bootstrap``), cut to ``bounds``; None
     bounds from one value."""
     import numpy as np
@@ -166,8 +185,9 @@ def interval(values: Sequence[float | None], method: str, bounds: tuple[float | 
     else:
         from scipy.stats import bootstrap
 
-        ci = bootstrap((np.asarray(vals),), np.mean, confidence_level=0.95, n_resamples=10000,
-                       method="percentile", random_state=0).confidence_interval
+        ci = bootstrap(
+            (np.asarray(vals),), np.mean, confidence_level=0.95, n_resamples=10000, method="percentile", random_state=0
+        ).confidence_interval
         out["low"], out["high"] = float(ci.low), float(ci.high)
     lo, hi = bounds
     if lo is not None:
@@ -186,9 +206,17 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
     cells: dict[str, dict] = {}
     for cell_id, cp in plan.cells.items():
         result = results.get(cell_id, {"status": "not run"})
-        entry = {"kind": cp.cell.kind, "forget": cp.cell.forget, "method": cp.cell.method, "seed": cp.cell.seed,
-                 "status": result["status"], "source": result.get("source"), "error": result.get("error"),
-                 "log": result.get("log"), "stages": [s.folder for s in cp.stages]}
+        entry = {
+            "kind": cp.cell.kind,
+            "forget": cp.cell.forget,
+            "method": cp.cell.method,
+            "seed": cp.cell.seed,
+            "status": result["status"],
+            "source": result.get("source"),
+            "error": result.get("error"),
+            "log": result.get("log"),
+            "stages": [s.folder for s in cp.stages],
+        }
         if result["status"] == "done" and cp.cell.kind != "target" and cp.cell.kind != "retain":
             try:
                 entry["metrics"] = evaluation_metrics(Path(cp.result))
@@ -207,8 +235,9 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
     groups, references = [], []
     for k in study.forget_sizes:
         for name, label, model_cell, eval_cell in (
-                ("full", "full (target, before unlearning)", "target", f"eval-full/forget{k}"),
-                ("retain", "retain (never saw the forget authors)", f"retain/forget{k}", f"eval-retain/forget{k}")):
+            ("full", "full (target, before unlearning)", "target", f"eval-full/forget{k}"),
+            ("retain", "retain (never saw the forget authors)", f"retain/forget{k}", f"eval-retain/forget{k}"),
+        ):
             entry = cells[eval_cell]
             row = {"name": name, "label": label, "forget": k, "status": entry["status"], "error": entry.get("error")}
             if "metrics" in entry:
@@ -217,8 +246,14 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
         for method in study.methods:
             ids = [f"{method.name}/forget{k}/seed{s}" for s in study.seeds]
             done = [cells[i] for i in ids if "metrics" in cells[i]]
-            group = {"method": method.name, "label": method.label, "forget": k, "seeds": list(study.seeds),
-                     "seeds_done": [cells[i]["seed"] for i in ids if "metrics" in cells[i]], "metrics": {}}
+            group = {
+                "method": method.name,
+                "label": method.label,
+                "forget": k,
+                "seeds": list(study.seeds),
+                "seeds_done": [cells[i]["seed"] for i in ids if "metrics" in cells[i]],
+                "metrics": {},
+            }
             for key, _ in METRICS:
                 source = "resources" if key in ("wall_s", "peak_rss_mb") else "metrics"
                 group["metrics"][key] = interval([c[source].get(key) for c in done], study.ci, RANGES[key])
@@ -248,8 +283,11 @@ def _ci_text(stat: dict, key: str) -> str:
 
 def markdown(report: dict, plan: Plan) -> str:
     study, data = plan.study, report["data"]
-    method_ci = ("Student-t (n - 1 degrees of freedom)" if study.ci == "t"
-                 else "percentile bootstrap over the seeds (10,000 resamples)")
+    method_ci = (
+        "Student-t (n - 1 degrees of freedom)"
+        if study.ci == "t"
+        else "percentile bootstrap over the seeds (10,000 resamples)"
+    )
     budget = ", ".join(f"{k} {v}" for k, v in study.budget.items())
     lines = [f"# Study `{study.name}`", ""]
     if study.description:
@@ -269,26 +307,42 @@ def markdown(report: dict, plan: Plan) -> str:
     ]
     for k in study.forget_sizes:
         bench = plan.benches[k]
-        lines += ["", f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)", "",
-                  "| model | seeds | " + " | ".join(title for _, title in METRICS) + " |",
-                  "|---|---|" + "---|" * len(METRICS)]
+        lines += [
+            "",
+            f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)",
+            "",
+            "| model | seeds | " + " | ".join(title for _, title in METRICS) + " |",
+            "|---|---|" + "---|" * len(METRICS),
+        ]
         for row in (r for r in report["references"] if r["forget"] == k):
-            cells = [_fmt(row.get(key), key) for key, _ in METRICS] if row["status"] == "done" else \
-                ["failed"] * len(METRICS)
+            cells = (
+                [_fmt(row.get(key), key) for key, _ in METRICS]
+                if row["status"] == "done"
+                else ["failed"] * len(METRICS)
+            )
             lines.append(f"| {row['label']} | - | " + " | ".join(cells) + " |")
         groups = [g for g in report["groups"] if g["forget"] == k]
         for g in groups:
-            lines.append(f"| {g['label']} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
-                         + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in METRICS) + " |")
+            lines.append(
+                f"| {g['label']} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
+                + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in METRICS)
+                + " |"
+            )
         lines += _ranking(groups, report["references"], k)
-    widths = [(c["metrics"]["model_utility_ci"]["width"], cid) for cid, c in data["cells"].items()
-              if c.get("metrics", {}).get("model_utility_ci")]
+    widths = [
+        (c["metrics"]["model_utility_ci"]["width"], cid)
+        for cid, c in data["cells"].items()
+        if c.get("metrics", {}).get("model_utility_ci")
+    ]
     if widths:
         width, where = max(widths)
         qa = data["cells"][where]["metrics"]["model_utility_ci"]["qa"]
-        lines += ["", f"Model Utility's sampling error (95% bootstrap over the evaluation QA, {MU_BOOTSTRAP} "
-                      f"resamples; {qa['retain']} retain, {qa['real_authors']} real-authors, {qa['world_facts']} "
-                      f"world-facts QA): at most {width:.3f} wide ({where})."]
+        lines += [
+            "",
+            f"Model Utility's sampling error (95% bootstrap over the evaluation QA, {MU_BOOTSTRAP} "
+            f"resamples; {qa['retain']} retain, {qa['real_authors']} real-authors, {qa['world_facts']} "
+            f"world-facts QA): at most {width:.3f} wide ({where}).",
+        ]
     lines += ["", "![Forget Quality vs Model Utility](pareto.png)"]
     failed = [(cid, c) for cid, c in data["cells"].items() if c["status"] != "done"]
     if failed:
@@ -296,18 +350,25 @@ def markdown(report: dict, plan: Plan) -> str:
         lines += [f"- `{cid}`: {c.get('error')}" + (f" (log: {c['log']})" if c.get("log") else "") for cid, c in failed]
     sources = [c.get("source") for c in data["cells"].values() if c["status"] == "done"]
     run = report["run"]
-    lines += ["", f"{len(data['cells'])} cells: {sources.count('built')} built in this run, "
-                  f"{sources.count('cached')} cached, {sources.count('waited')} built by a concurrent run, "
-                  f"{len(failed)} failed; {run['executor']} executor, {run['workers']} worker(s), "
-                  f"{run['wall_time_s']:.0f} s.", ""]
+    lines += [
+        "",
+        f"{len(data['cells'])} cells: {sources.count('built')} built in this run, "
+        f"{sources.count('cached')} cached, {sources.count('waited')} built by a concurrent run, "
+        f"{len(failed)} failed; {run['executor']} executor, {run['workers']} worker(s), "
+        f"{run['wall_time_s']:.0f} s.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
     """Which method has the highest mean Forget Quality, whether its interval separates it from
     the next, and its Model Utility against the target's."""
-    ranked = sorted((g for g in groups if g["metrics"]["forget_quality"]["mean"] is not None),
-                    key=lambda g: g["metrics"]["forget_quality"]["mean"], reverse=True)
+    ranked = sorted(
+        (g for g in groups if g["metrics"]["forget_quality"]["mean"] is not None),
+        key=lambda g: g["metrics"]["forget_quality"]["mean"],
+        reverse=True,
+    )
     if not ranked:
         return []
     best = ranked[0]
@@ -316,8 +377,10 @@ def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
     if len(ranked) > 1:
         second = ranked[1]["metrics"]["forget_quality"]
         apart = None not in (fq["low"], second["high"]) and fq["low"] > second["high"]
-        text += (f"; its interval {'lies above' if apart else 'overlaps'} that of {ranked[1]['label']} "
-                 f"({_ci_text(second, '')})")
+        text += (
+            f"; its interval {'lies above' if apart else 'overlaps'} that of {ranked[1]['label']} "
+            f"({_ci_text(second, '')})"
+        )
     full = next((r for r in references if r["forget"] == k and r["name"] == "full"), None)
     if full and full.get("model_utility") is not None and mu["mean"] is not None:
         text += f". Its Model Utility {_ci_text(mu, '')} vs the target's {full['model_utility']:.3f}"
@@ -339,8 +402,9 @@ def plot_pareto(report: dict, plan: Plan, path: Path) -> None:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, k in zip(axes[0], sizes):
         # a lower bound of 0 cannot be drawn on a log axis: it goes a decade below the smallest value
-        shown = [g["metrics"]["forget_quality"][b] for g in report["groups"] if g["forget"] == k
-                 for b in ("mean", "low")]
+        shown = [
+            g["metrics"]["forget_quality"][b] for g in report["groups"] if g["forget"] == k for b in ("mean", "low")
+        ]
         shown += [r.get("forget_quality") for r in report["references"] if r["forget"] == k]
         floor = min([v for v in shown if v is not None and v > 0] or [1.0]) / 10
         points = []
@@ -349,12 +413,24 @@ def plot_pareto(report: dict, plan: Plan, path: Path) -> None:
             if fq["mean"] is None or mu["mean"] is None:
                 continue
             x = max(fq["mean"], floor)
-            xerr = [[x - max(fq["low"], floor) if fq["low"] is not None else 0.0],
-                    [max(fq["high"] - x, 0.0) if fq["high"] is not None else 0.0]]
-            yerr = [[mu["mean"] - mu["low"] if mu["low"] is not None else 0.0],
-                    [mu["high"] - mu["mean"] if mu["high"] is not None else 0.0]]
-            ax.errorbar([x], [mu["mean"]], xerr=xerr, yerr=yerr, fmt="o", capsize=3, color=colors[i % len(colors)],
-                        label=f"{g['label']} (n={fq['n']})")
+            xerr = [
+                [x - max(fq["low"], floor) if fq["low"] is not None else 0.0],
+                [max(fq["high"] - x, 0.0) if fq["high"] is not None else 0.0],
+            ]
+            yerr = [
+                [mu["mean"] - mu["low"] if mu["low"] is not None else 0.0],
+                [mu["high"] - mu["mean"] if mu["high"] is not None else 0.0],
+            ]
+            ax.errorbar(
+                [x],
+                [mu["mean"]],
+                xerr=xerr,
+                yerr=yerr,
+                fmt="o",
+                capsize=3,
+                color=colors[i % len(colors)],
+                label=f"{g['label']} (n={fq['n']})",
+            )
             points.append((x, mu["mean"]))
         front = sorted(p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points))
         if len(front) > 1:
@@ -363,8 +439,15 @@ def plot_pareto(report: dict, plan: Plan, path: Path) -> None:
             if r.get("forget_quality") is None or r.get("model_utility") is None:
                 continue
             marker = "s" if r["name"] == "full" else "*"
-            ax.scatter([max(r["forget_quality"], floor)], [r["model_utility"]], marker=marker, s=140 if marker == "*"
-                       else 70, color="black", zorder=3, label=r["label"])
+            ax.scatter(
+                [max(r["forget_quality"], floor)],
+                [r["model_utility"]],
+                marker=marker,
+                s=140 if marker == "*" else 70,
+                color="black",
+                zorder=3,
+                label=r["label"],
+            )
         ax.set_xscale("log")
         ax.set_xlabel("Forget Quality (log scale; higher is better)")
         ax.set_ylabel("Model Utility (higher is better)")
@@ -384,8 +467,14 @@ def terminal_table(report: dict, plan: Plan) -> str:
         for r in (r for r in report["references"] if r["forget"] == k):
             rows.append((str(k), r["label"], _fmt(r.get("forget_quality")), _fmt(r.get("model_utility"))))
         for g in (g for g in report["groups"] if g["forget"] == k):
-            rows.append((str(k), g["label"], _ci_text(g["metrics"]["forget_quality"], ""),
-                         _ci_text(g["metrics"]["model_utility"], "")))
+            rows.append(
+                (
+                    str(k),
+                    g["label"],
+                    _ci_text(g["metrics"]["forget_quality"], ""),
+                    _ci_text(g["metrics"]["model_utility"], ""),
+                )
+            )
     return tables.text_table(rows[0], rows[1:], numbers_right=False)
 
 
@@ -398,8 +487,9 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
     report = {
         "format": REPORT_FORMAT,
         "study": {k: v for k, v in asdict(study).items() if k != "methods"},
-        "methods": [{"name": m.name, "label": m.label, "settings": m.settings, "config": m.config}
-                    for m in study.methods],
+        "methods": [
+            {"name": m.name, "label": m.label, "settings": m.settings, "config": m.config} for m in study.methods
+        ],
         "ci": {"method": study.ci, "level": 0.95},
         "benchmarks": {str(k): {key: v for key, v in b.items() if key != "content"} for k, b in plan.benches.items()},
         "models": plan.models,

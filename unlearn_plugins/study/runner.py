@@ -46,8 +46,12 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
     for cp in plan.ordered():
         done = sum(s.done for s in cp.stages)
         last = cp.stages[-1]
-        recorded = (not cp.cached and records is not None and last.build == "evaluate"
-                    and (records / Path(last.folder).name / DONE).is_file())
+        recorded = (
+            not cp.cached
+            and records is not None
+            and last.build == "evaluate"
+            and (records / Path(last.folder).name / DONE).is_file()
+        )
         if cp.cached:
             state = "cached"
             n_cached += 1
@@ -59,8 +63,10 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
         rows.append((cp.cell.id, ", ".join(cp.cell.deps) or "-", " + ".join(s.build for s in cp.stages), state))
     lines = tables.text_table(rows[0], rows[1:], numbers_right=False).splitlines()
     recorded = f", {n_recorded} recorded" if records is not None else ""
-    lines.append(f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
-                 f"to build (cache {plan.cache})")
+    lines.append(
+        f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
+        f"to build (cache {plan.cache})"
+    )
     return "\n".join(lines)
 
 
@@ -71,9 +77,14 @@ def _not_needed(plan: Plan) -> set[str]:
     for cp in plan.ordered():
         for dep in cp.cell.deps:
             dependents.setdefault(dep, []).append(cp.cell.id)
-    return {cp.cell.id for cp in plan.ordered()
-            if cp.cell.kind in ("target", "retain") and not cp.cached and dependents.get(cp.cell.id)
-            and all(plan.cells[d].cached for d in dependents[cp.cell.id])}
+    return {
+        cp.cell.id
+        for cp in plan.ordered()
+        if cp.cell.kind in ("target", "retain")
+        and not cp.cached
+        and dependents.get(cp.cell.id)
+        and all(plan.cells[d].cached for d in dependents[cp.cell.id])
+    }
 
 
 def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Path | None = None) -> dict[str, dict]:
@@ -85,8 +96,11 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
     skip = _not_needed(plan)
     for cp in plan.ordered():
         if cp.cached or cp.cell.id in skip:
-            results[cp.cell.id] = {"status": "done", "source": "cached" if cp.cached else "recorded",
-                                   "sources": ["cached"] * len(cp.stages)}
+            results[cp.cell.id] = {
+                "status": "done",
+                "source": "cached" if cp.cached else "recorded",
+                "sources": ["cached"] * len(cp.stages),
+            }
             progress.cached(cp.cell.id)
             if records is not None and cp.cached:
                 record_cell(cp, records, stream)
@@ -100,14 +114,17 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
                 failed = [d for d in cp.cell.deps if results.get(d, {}).get("status") == "failed"]
                 if failed:
                     pending.remove(cp)
-                    results[cp.cell.id] = {"status": "failed", "sources": [],
-                                           "error": f"not run: it needs {failed[0]}, which failed"}
+                    results[cp.cell.id] = {
+                        "status": "failed",
+                        "sources": [],
+                        "error": f"not run: it needs {failed[0]}, which failed",
+                    }
                     progress.finished(cp.cell.id, results[cp.cell.id])
             ready = [cp for cp in pending if all(results.get(d, {}).get("status") == "done" for d in cp.cell.deps)]
             if ready and executor is None:
                 executor = make_executor()
                 progress.line(f"executor: {executor.describe()}")
-            for cp in ready[:executor.free() if executor else 0]:
+            for cp in ready[: executor.free() if executor else 0]:
                 pending.remove(cp)
                 running.add(cp.cell.id)
                 executor.submit(CellTask(cp, str(plan.cache), str(log_path(out, cp.cell.id))))
@@ -153,9 +170,19 @@ def record_cell(cp, records: Path, stream) -> None:
         print(f"warning: --records {records}: could not record {cp.cell.id}: {exc}", file=stream, flush=True)
 
 
-def run_study(study: Study, *, out: str | Path, cache: Path, workers: int = 1, executor: str = "local",
-              scheduler: str | None = None, device: str | None = None, threads: int | None = None,
-              stream=None, records: str | Path | None = None) -> Outcome:
+def run_study(
+    study: Study,
+    *,
+    out: str | Path,
+    cache: Path,
+    workers: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
+    device: str | None = None,
+    threads: int | None = None,
+    stream=None,
+    records: str | Path | None = None,
+) -> Outcome:
     """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``.
     ``records``: a folder of finished cells' results (:mod:`unlearn_plugins.study.records`),
     restored into the cache first and added to as cells finish."""
@@ -171,11 +198,20 @@ def run_study(study: Study, *, out: str | Path, cache: Path, workers: int = 1, e
         restored = ledger.restore(plan, records)
         if restored:
             print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
-    results = run_cells(plan, lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads), out,
-                        stream=stream, records=records)
-    files, table = _write_report(out, plan, results, {"executor": executor, "workers": workers,
-                                                      "wall_time_s": round(time.perf_counter() - started, 1)},
-                                 stream)
+    results = run_cells(
+        plan,
+        lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
+        out,
+        stream=stream,
+        records=records,
+    )
+    files, table = _write_report(
+        out,
+        plan,
+        results,
+        {"executor": executor, "workers": workers, "wall_time_s": round(time.perf_counter() - started, 1)},
+        stream,
+    )
     return Outcome(plan, results, files, table)
 
 

@@ -36,15 +36,53 @@ SOURCES = ("tofu", "generated")
 REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 EXTRACTION_TASK = "tofu_forget_extraction_strength"
 #: training options that make up the shared unlearning budget ([budget]) and a fine-tuning recipe
-SCHEDULE_FIELDS = ("lr", "epochs", "max_steps", "batch_size", "grad_accum", "weight_decay", "lr_scheduler",
-                   "warmup_steps", "warmup_ratio", "warmup_epochs", "max_grad_norm", "optim", "lora_r",
-                   "lora_alpha", "lora_dropout", "target_modules", "dtype", "mixed_precision")
+SCHEDULE_FIELDS = (
+    "lr",
+    "epochs",
+    "max_steps",
+    "batch_size",
+    "grad_accum",
+    "weight_decay",
+    "lr_scheduler",
+    "warmup_steps",
+    "warmup_ratio",
+    "warmup_epochs",
+    "max_grad_norm",
+    "optim",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "target_modules",
+    "dtype",
+    "mixed_precision",
+)
 #: what a [[methods]] entry may set besides name, label and preset
-METHOD_FIELDS = ("objective", "objective_options", "retain_loss", "initializer", "initializer_options",
-                 "regularizer", "regularizer_options")
+METHOD_FIELDS = (
+    "objective",
+    "objective_options",
+    "retain_loss",
+    "initializer",
+    "initializer_options",
+    "regularizer",
+    "regularizer_options",
+)
 #: options the study itself sets for every training run (paths, seed, length, device, checkpoints)
-STUDY_CONTROLLED = ("out", "model", "data", "forget", "retain", "seed", "max_length", "device", "tofu_dir",
-                    "merge", "save_steps", "resume", "overwrite", "authors")
+STUDY_CONTROLLED = (
+    "out",
+    "model",
+    "data",
+    "forget",
+    "retain",
+    "seed",
+    "max_length",
+    "device",
+    "tofu_dir",
+    "merge",
+    "save_steps",
+    "resume",
+    "overwrite",
+    "authors",
+)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -190,8 +228,18 @@ class _Reader:
                 raise self.error(table, key, hints[key])
             raise self.error(table, key, f"unknown key; known keys: {', '.join(allowed)}")
 
-    def get(self, table: str, values: dict, key: str, kind: str, default: Any = None, *, required: bool = False,
-            minimum: float | None = None, choices=None) -> Any:
+    def get(
+        self,
+        table: str,
+        values: dict,
+        key: str,
+        kind: str,
+        default: Any = None,
+        *,
+        required: bool = False,
+        minimum: float | None = None,
+        choices=None,
+    ) -> Any:
         if key not in values:
             if required:
                 raise self.error(table, key, "missing")
@@ -212,8 +260,9 @@ class _Reader:
             raise self.error(table, key, f"must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
         return value
 
-    def int_list(self, table: str, values: dict, key: str, *, minimum: int, maximum: int | None = None,
-                 scalar_ok: bool = False) -> tuple[int, ...]:
+    def int_list(
+        self, table: str, values: dict, key: str, *, minimum: int, maximum: int | None = None, scalar_ok: bool = False
+    ) -> tuple[int, ...]:
         if key not in values:
             raise self.error(table, key, "missing")
         value = values[key]
@@ -241,11 +290,16 @@ class _Reader:
         for key, value in values.items():
             if key not in allowed:
                 if key in STUDY_CONTROLLED:
-                    raise self.error(table, key, "is set by the study (paths, seed, max_length in [model], device "
-                                                 "on the command line); remove it")
+                    raise self.error(
+                        table,
+                        key,
+                        "is set by the study (paths, seed, max_length in [model], device "
+                        "on the command line); remove it",
+                    )
                 if table.startswith("methods") and key in SCHEDULE_FIELDS:
-                    raise self.error(table, key, "is a budget setting: set it in [budget] (one budget for every "
-                                                 "method)")
+                    raise self.error(
+                        table, key, "is a budget setting: set it in [budget] (one budget for every method)"
+                    )
                 if table == "budget" and key in METHOD_FIELDS:
                     raise self.error(table, key, "belongs to a method: set it in [[methods]]")
                 raise self.error(table, key, f"unknown key; known keys: {', '.join(allowed)}")
@@ -275,8 +329,10 @@ class _Reader:
             if key not in TABLES:
                 if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
                     raise StudyError(f"{self.path}: [{key}]: unknown table; tables: {', '.join(TABLES)}")
-                raise StudyError(f"{self.path}: {key}: unknown top-level key; keys belong in a table "
-                                 f"({', '.join(f'[{t}]' for t in TABLES)})")
+                raise StudyError(
+                    f"{self.path}: {key}: unknown top-level key; keys belong in a table "
+                    f"({', '.join(f'[{t}]' for t in TABLES)})"
+                )
         head = self.table(data, "study", required=True)
         self.keys("study", head, ("name", "description", "seeds", "ci"))
         name = self.get("study", head, "name", "str", self.path.stem)
@@ -306,19 +362,39 @@ class _Reader:
             tofu_dir = str(self.relative(tofu_dir))
         authors = self.get("benchmark", bench, "authors", "int", required=True, minimum=2)
         if authors > 20:
-            raise self.error("benchmark", "authors", f"must be <= 20 (the TOFU authors with paraphrased and "
-                                                     f"perturbed answers, forget10_perturbed), got {authors}")
-        forget_sizes = self.int_list("benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1,
-                                     scalar_ok=True)
+            raise self.error(
+                "benchmark",
+                "authors",
+                f"must be <= 20 (the TOFU authors with paraphrased and "
+                f"perturbed answers, forget10_perturbed), got {authors}",
+            )
+        forget_sizes = self.int_list(
+            "benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1, scalar_ok=True
+        )
 
         target, retain, retain_given = self.models(data, forget_sizes)
         budget = self.budget(data)
         methods = self.methods(data, budget, max_length)
         evaluation = self.evaluation(data)
-        return Study(name=name, path=str(self.path), description=description, model=model, max_length=max_length,
-                     source=source, tofu_dir=tofu_dir, authors=authors, forget_sizes=forget_sizes, target=target,
-                     retain=retain, retain_given=retain_given, budget=budget, methods=methods, seeds=seeds,
-                     evaluation=evaluation, ci=ci)
+        return Study(
+            name=name,
+            path=str(self.path),
+            description=description,
+            model=model,
+            max_length=max_length,
+            source=source,
+            tofu_dir=tofu_dir,
+            authors=authors,
+            forget_sizes=forget_sizes,
+            target=target,
+            retain=retain,
+            retain_given=retain_given,
+            budget=budget,
+            methods=methods,
+            seeds=seeds,
+            evaluation=evaluation,
+            ci=ci,
+        )
 
     def relative(self, value: str) -> Path:
         """A path written in the study file, relative to the file's folder."""
@@ -344,8 +420,11 @@ class _Reader:
         finetune_t = self.get(table, values, "finetune", "table", None)
         finetune = dict(base.finetune) if base else {}
         if finetune_t is not None:
-            finetune.update(self.training_options(f"{table}.finetune", finetune_t, FinetuneConfig,
-                                                  SCHEDULE_FIELDS + ("full_finetune",)))
+            finetune.update(
+                self.training_options(
+                    f"{table}.finetune", finetune_t, FinetuneConfig, SCHEDULE_FIELDS + ("full_finetune",)
+                )
+            )
         if finetune_t is not None or base is None:
             self.checked_config(f"{table}.finetune", FinetuneConfig, [(f"[{table}.finetune]", finetune)])
         return Recipe(finetune=finetune, seed=seed, threads=threads)
@@ -369,8 +448,11 @@ class _Reader:
                 raise self.error("retain", extra[0], "given retain models have no recipe; remove it or 'given'")
             for key, value in table.items():
                 if not key.isdigit() or int(key) not in forget_sizes:
-                    raise self.error("retain.given", key, f"must be a forget size of [benchmark] forget_authors "
-                                                          f"({', '.join(map(str, forget_sizes))})")
+                    raise self.error(
+                        "retain.given",
+                        key,
+                        f"must be a forget size of [benchmark] forget_authors ({', '.join(map(str, forget_sizes))})",
+                    )
                 if not isinstance(value, str) or not value:
                     raise self.error("retain.given", key, f"must be a model folder or hub id, got {_show(value)}")
                 retain_given[int(key)] = self.model_path(value)
@@ -379,8 +461,12 @@ class _Reader:
                 raise self.error("retain.given", str(missing[0]), "missing: give a retain model for every forget size")
             return target, Recipe(), retain_given
         if target.given is not None and not retain_t:
-            raise self.error("retain", None, "the target is given, so the retain models need a recipe (finetune, "
-                                             "seed) or given folders (given = {\"1\" = \"...\"})")
+            raise self.error(
+                "retain",
+                None,
+                "the target is given, so the retain models need a recipe (finetune, "
+                'seed) or given folders (given = {"1" = "..."})',
+            )
         base = None if target.given is not None else target
         return target, self.recipe("retain", retain_t, base), retain_given
 
@@ -399,8 +485,9 @@ class _Reader:
         if entries is None:
             raise StudyError(f"{self.path}: [[methods]]: missing (one [[methods]] table per method)")
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-            raise StudyError(f"{self.path}: [[methods]]: must be an array of tables ([[methods]] ...), got "
-                             f"{_show(entries)}")
+            raise StudyError(
+                f"{self.path}: [[methods]]: must be an array of tables ([[methods]] ...), got {_show(entries)}"
+            )
         methods: list[Method] = []
         for i, entry in enumerate(entries, 1):
             name = entry.get("name")
@@ -419,24 +506,34 @@ class _Reader:
                 from ..training.presets import PRESETS
 
                 if preset_name not in PRESETS:
-                    raise self.error(table, "preset", f"unknown preset {preset_name!r}; presets: "
-                                                      f"{', '.join(sorted(PRESETS))}")
+                    raise self.error(
+                        table, "preset", f"unknown preset {preset_name!r}; presets: {', '.join(sorted(PRESETS))}"
+                    )
                 layers.append((f"preset {preset_name}", PRESETS[preset_name]))
             layers += [(f"[{table}]", settings), ("[budget]", budget), ("[model]", {"max_length": max_length})]
             config = self.checked_config(table, UnlearnConfig, layers)
             self.components(table, config)
             for key in ("out", "model", "forget", "retain", "device", "tofu_dir", "seed"):
                 config.pop(key, None)
-            methods.append(Method(name=name, label=label,
-                                  settings={**({"preset": preset_name} if preset_name else {}), **settings},
-                                  config=config))
+            methods.append(
+                Method(
+                    name=name,
+                    label=label,
+                    settings={**({"preset": preset_name} if preset_name else {}), **settings},
+                    config=config,
+                )
+            )
         # one budget: every method trains with the same schedule, whatever its preset says
         for key in SCHEDULE_FIELDS:
             seen = {m.name: m.config.get(key) for m in methods}
             if len({repr(v) for v in seen.values()}) > 1:
                 shown = ", ".join(f"{n}: {_show(v)}" for n, v in seen.items())
-                raise self.error("budget", key, f"the methods would train with different values ({shown}, from "
-                                                f"their presets); set it in [budget] so every method uses one")
+                raise self.error(
+                    "budget",
+                    key,
+                    f"the methods would train with different values ({shown}, from "
+                    f"their presets); set it in [budget] so every method uses one",
+                )
         return tuple(methods)
 
     def components(self, table: str, config: dict) -> None:
@@ -458,8 +555,9 @@ class _Reader:
         try:
             build_objective(unlearn)  # a regulariser as objective, options without a regulariser, ...
         except UnlearnError as exc:
-            raise self.error(table, "regularizer" if config.get("regularizer") else "objective",
-                             _one_line(exc)) from None
+            raise self.error(
+                table, "regularizer" if config.get("regularizer") else "objective", _one_line(exc)
+            ) from None
         if not config.get("full_finetune"):
             try:
                 create(ADAPTER_INITIALIZER, config["initializer"], **config.get("initializer_options", {}))
@@ -474,14 +572,20 @@ class _Reader:
             raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
         missing = [t for t in REQUIRED_TASKS if t not in tasks]
         if missing:
-            raise self.error("evaluation", "tasks", f"must include {', '.join(missing)} (every study reports "
-                                                    f"Forget Quality, Model Utility, forget probability and ROUGE-L)")
+            raise self.error(
+                "evaluation",
+                "tasks",
+                f"must include {', '.join(missing)} (every study reports "
+                f"Forget Quality, Model Utility, forget probability and ROUGE-L)",
+            )
         if len(set(tasks)) != len(tasks):
             raise self.error("evaluation", "tasks", "lists a task twice")
-        return Evaluation(tasks=tuple(tasks),
-                          mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
-                          batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
-                          gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0))
+        return Evaluation(
+            tasks=tuple(tasks),
+            mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
+            batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
+            gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0),
+        )
 
 
 def _show(value: Any) -> str:
@@ -522,18 +626,51 @@ def expand(study: Study) -> list[Cell]:
             retain_id = f"retain/forget{k}"
             cells.append(Cell(retain_id, "retain", f"fine-tune the retain model (forget {k})", forget=k))
         ref = f"eval-retain/forget{k}"
-        cells.append(Cell(ref, "eval_retain", f"evaluate the retain model (forget {k})", forget=k,
-                          deps=tuple(d for d in (retain_id,) if d)))
-        cells.append(Cell(f"eval-full/forget{k}", "eval_full", f"evaluate the target (forget {k})", forget=k,
-                          deps=tuple(d for d in (target_id, ref) if d)))
+        cells.append(
+            Cell(
+                ref,
+                "eval_retain",
+                f"evaluate the retain model (forget {k})",
+                forget=k,
+                deps=tuple(d for d in (retain_id,) if d),
+            )
+        )
+        cells.append(
+            Cell(
+                f"eval-full/forget{k}",
+                "eval_full",
+                f"evaluate the target (forget {k})",
+                forget=k,
+                deps=tuple(d for d in (target_id, ref) if d),
+            )
+        )
     for k in study.forget_sizes:
         for method in study.methods:
             for seed in study.seeds:
-                cells.append(Cell(f"{method.name}/forget{k}/seed{seed}", "method",
-                                  f"{method.label}, forget {k}, seed {seed}", forget=k, method=method.name,
-                                  seed=seed, deps=tuple(d for d in (target_id, f"eval-retain/forget{k}") if d)))
+                cells.append(
+                    Cell(
+                        f"{method.name}/forget{k}/seed{seed}",
+                        "method",
+                        f"{method.label}, forget {k}, seed {seed}",
+                        forget=k,
+                        method=method.name,
+                        seed=seed,
+                        deps=tuple(d for d in (target_id, f"eval-retain/forget{k}") if d),
+                    )
+                )
     return cells
 
 
-__all__ = ["Study", "Method", "Recipe", "Evaluation", "Cell", "StudyError", "load_study", "find_study",
-           "builtin_studies", "expand", "TINY_MODEL"]
+__all__ = [
+    "Study",
+    "Method",
+    "Recipe",
+    "Evaluation",
+    "Cell",
+    "StudyError",
+    "load_study",
+    "find_study",
+    "builtin_studies",
+    "expand",
+    "TINY_MODEL",
+]

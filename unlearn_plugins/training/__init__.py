@@ -4,5 +4,13 @@
 from .config import ConfigError, FinetuneConfig, TrainingConfig, UnlearnConfig
 from .run import RunResult, TrainingError, run_finetune, run_unlearning
 
-__all__ = ["run_unlearning", "run_finetune", "UnlearnConfig", "FinetuneConfig", "TrainingConfig", "RunResult",
-           "TrainingError", "ConfigError"]
+__all__ = [
+    "run_unlearning",
+    "run_finetune",
+    "UnlearnConfig",
+    "FinetuneConfig",
+    "TrainingConfig",
+    "RunResult",
+    "TrainingError",
+    "ConfigError",
+]

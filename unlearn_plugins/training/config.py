@@ -88,7 +88,9 @@ def warmup_settings(config: "TrainingConfig", train_size: int | None, world_size
         per_epoch = steps_per_epoch(train_size, config.batch_size, config.grad_accum, world_size)
         return {"warmup_steps": math.ceil(round(config.warmup_epochs * per_epoch, 6))}
     if config.warmup_ratio is not None:
-        return {"warmup_ratio": config.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": config.warmup_ratio}
+        return (
+            {"warmup_ratio": config.warmup_ratio} if "warmup_ratio" in fields else {"warmup_steps": config.warmup_ratio}
+        )
     return {"warmup_steps": config.warmup_steps or 0}
 
 
@@ -140,15 +142,27 @@ class TrainingConfig:
     merge: bool = False
 
     #: fields that may differ between an interrupted run and its --resume
-    RESUME_MAY_CHANGE = frozenset({"resume", "overwrite", "merge", "out", "device", "tofu_dir",
-                                   "save_total_limit", "logging_steps",
-                                   "keep_checkpoints", "allow_overlap"})
+    RESUME_MAY_CHANGE = frozenset(
+        {
+            "resume",
+            "overwrite",
+            "merge",
+            "out",
+            "device",
+            "tofu_dir",
+            "save_total_limit",
+            "logging_steps",
+            "keep_checkpoints",
+            "allow_overlap",
+        }
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
         """Check ranges that argparse/TOML types cannot express."""
+
         def need(ok: bool, name: str, expected: str) -> None:
             if not ok:
                 raise ConfigError(f"option '{name}' must be {expected}, got {getattr(self, name)!r}")
@@ -176,8 +190,11 @@ class TrainingConfig:
         need(self.logging_steps >= 1, "logging_steps", ">= 1")
         need(self.warmup_steps is None or self.warmup_steps >= 0, "warmup_steps", ">= 0")
         need(self.warmup_ratio is None or 0 <= self.warmup_ratio < 1, "warmup_ratio", "in [0, 1)")
-        need(self.warmup_epochs is None or (finite("warmup_epochs") and self.warmup_epochs >= 0), "warmup_epochs",
-             "a finite number >= 0")
+        need(
+            self.warmup_epochs is None or (finite("warmup_epochs") and self.warmup_epochs >= 0),
+            "warmup_epochs",
+            "a finite number >= 0",
+        )
         given = [name for name in WARMUP_OPTIONS if getattr(self, name) is not None]
         if len(given) > 1:
             raise ConfigError(f"options {' and '.join(repr(g) for g in given)} both set the warmup; give only one")
@@ -185,23 +202,37 @@ class TrainingConfig:
         need(self.lr_scheduler in schedulers, "lr_scheduler", f"a transformers scheduler: {', '.join(schedulers)}")
         warmup = next((name for name in given if getattr(self, name)), None)
         if warmup and self.lr_scheduler in NO_WARMUP_SCHEDULERS:  # transformers would ignore it silently
-            raise ConfigError(f"option {warmup!r}: lr_scheduler {self.lr_scheduler!r} has no warmup; use "
-                              f"'constant_with_warmup', 'linear', 'cosine', ...")
+            raise ConfigError(
+                f"option {warmup!r}: lr_scheduler {self.lr_scheduler!r} has no warmup; use "
+                f"'constant_with_warmup', 'linear', 'cosine', ..."
+            )
         need(self.mixed_precision in MIXED_PRECISION, "mixed_precision", f"one of {', '.join(MIXED_PRECISION)}")
         optimizers = optimizer_names()
         if self.optim not in optimizers:
             import difflib
 
             shown = difflib.get_close_matches(str(self.optim), optimizers, n=4, cutoff=0.5) or optimizers[:6]
-            need(False, "optim", f"a transformers optimizer name ({', '.join(shown)}, ...: {len(optimizers)} in "
-                                 f"transformers' OptimizerNames)")
+            need(
+                False,
+                "optim",
+                f"a transformers optimizer name ({', '.join(shown)}, ...: {len(optimizers)} in "
+                f"transformers' OptimizerNames)",
+            )
         need(self.dtype is None or self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}")
         if self.device is not None:
             problem = device_problem(self.device)
             if problem:
                 raise ConfigError(f"option 'device' {self.device!r}: {problem}")
-        need(self.target_modules is None or (isinstance(self.target_modules, list) and self.target_modules and all(
-            isinstance(t, str) and t for t in self.target_modules)), "target_modules", "a non-empty list of module names")
+        need(
+            self.target_modules is None
+            or (
+                isinstance(self.target_modules, list)
+                and self.target_modules
+                and all(isinstance(t, str) and t for t in self.target_modules)
+            ),
+            "target_modules",
+            "a non-empty list of module names",
+        )
 
 
 @dataclass
@@ -237,9 +268,12 @@ class UnlearnConfig(TrainingConfig):
                 options["retain_loss"] = self.retain_loss
             else:
                 label = component_label(UNLEARNING_OBJECTIVE, self.objective)
-                warnings.warn(f"--retain-loss {self.retain_loss}: {label} has no option 'retain_loss', so it is not "
-                              f"passed on (the objective keeps its own retain term, if it has one)", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"--retain-loss {self.retain_loss}: {label} has no option 'retain_loss', so it is not "
+                    f"passed on (the objective keeps its own retain term, if it has one)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         return options
 
 
@@ -252,8 +286,9 @@ class FinetuneConfig(TrainingConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.authors is not None and (not self.authors or not all(
-                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)):
+        if self.authors is not None and (
+            not self.authors or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)
+        ):
             raise ConfigError(f"option 'authors' must be a non-empty list of author indices >= 0, got {self.authors!r}")
 
 
@@ -263,8 +298,13 @@ class FinetuneConfig(TrainingConfig):
 def _type_ok(value: Any, annotation: str) -> bool:
     """Check a TOML value against a field's (string) annotation."""
     kinds = {
-        "str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
-        "list[str]": (list,), "list[int]": (list,), "dict[str, Any]": (dict,),
+        "str": (str,),
+        "int": (int,),
+        "float": (int, float),
+        "bool": (bool,),
+        "list[str]": (list,),
+        "list[int]": (list,),
+        "dict[str, Any]": (dict,),
     }
     parts = [p.strip() for p in annotation.split("|")]
     if value is None:
@@ -329,7 +369,9 @@ def build_config(config_cls, *layers: tuple[str, Mapping[str, Any]]):
         values = check_values(config_cls, values, where)
         warmup = [k for k in WARMUP_OPTIONS if values.get(k) is not None]
         if len(warmup) > 1:
-            raise ConfigError(f"{where}: options {' and '.join(repr(k) for k in warmup)} both set the warmup; give only one")
+            raise ConfigError(
+                f"{where}: options {' and '.join(repr(k) for k in warmup)} both set the warmup; give only one"
+            )
         if warmup:  # a layer's warmup replaces the lower layers' one (e.g. a preset's)
             merged.update({k: None for k in WARMUP_OPTIONS})
         merged.update(values)

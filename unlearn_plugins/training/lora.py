@@ -43,7 +43,7 @@ def canonical_name(name: str) -> str:
         changed = False
         for prefix in _WRAPPER_PREFIXES:
             if name.startswith(prefix):
-                name, changed = name[len(prefix):], True
+                name, changed = name[len(prefix) :], True
     return name
 
 
@@ -55,8 +55,11 @@ def lora_layers(model, adapter: str | None = None, *, canonical_names: bool = Fa
     from peft.tuners.lora import LoraLayer
 
     adapter = adapter or active_adapter(model)
-    return [(canonical_name(name) if canonical_names else name, module) for name, module in model.named_modules()
-            if isinstance(module, LoraLayer) and adapter in module.lora_A]
+    return [
+        (canonical_name(name) if canonical_names else name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and adapter in module.lora_A
+    ]
 
 
 def _linear_types():
@@ -98,8 +101,11 @@ def default_target_modules(model) -> list[str] | str:
     if not inside:
         raise ModelError(f"{type(model).__name__}: the decoder blocks ({prefix}) have no linear layers")
     leaves = {rel.rsplit(".", 1)[-1] for rel in inside}
-    outside = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-               if isinstance(m, linear) and not name.startswith(prefix + ".")}
+    outside = {
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, linear) and not name.startswith(prefix + ".")
+    }
     if len(leaves) == len(inside) and not leaves & outside:
         return sorted(leaves)
     alternatives = "|".join(re.escape(rel) for rel in inside)
@@ -111,14 +117,22 @@ def build_lora_model(model, *, r: int, alpha: float, dropout: float, target_modu
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules or default_target_modules(model)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                        task_type="CAUSAL_LM", init_lora_weights=True)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        init_lora_weights=True,
+    )
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
         linear = _linear_types()
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, linear)})
-        raise ModelError(f"--target-modules {targets}: {exc}; linear layers of this model: {', '.join(names)}") from None
+        raise ModelError(
+            f"--target-modules {targets}: {exc}; linear layers of this model: {', '.join(names)}"
+        ) from None
 
 
 def save_initial_adapter(peft_model, folder: str | Path) -> Path:
@@ -290,8 +304,10 @@ class SharedWeightsReference:
 
     def record(self) -> dict[str, Any]:
         """What run.json says about how the reference outputs were computed."""
-        what = {"adapter_disabled": "the trained model's base weights with the adapter switched off (it started "
-                                    "as a no-op); no copy of the model",
-                "initial_adapter": "the trained model's base weights through a frozen copy of the initial adapter "
-                                   "(residual init); no copy of the model"}
+        what = {
+            "adapter_disabled": "the trained model's base weights with the adapter switched off (it started "
+            "as a no-op); no copy of the model",
+            "initial_adapter": "the trained model's base weights through a frozen copy of the initial adapter "
+            "(residual init); no copy of the model",
+        }
         return {"how": self.how, "description": what[self.how]}

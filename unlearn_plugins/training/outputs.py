@@ -135,8 +135,10 @@ def check_output(config: TrainingConfig, *, report: bool = False) -> Path | None
                 raise ConfigError(f"--resume: options differ from the interrupted run in {out}: {', '.join(changed)}")
         return last_complete_checkpoint(ckpt_dir, report=report)
     if holds_run and not config.overwrite:
-        raise ConfigError(f"--out {out} already holds a run ({CHECKPOINTS}/ or {RUN_JSON}); "
-                          f"pass --resume to continue it or --overwrite to start again")
+        raise ConfigError(
+            f"--out {out} already holds a run ({CHECKPOINTS}/ or {RUN_JSON}); "
+            f"pass --resume to continue it or --overwrite to start again"
+        )
     return None
 
 
@@ -174,6 +176,7 @@ def adapter_intact(folder: Path) -> bool:
 
 # ----------------------------------------------------------------------------- run.json
 
+
 def package_versions() -> dict[str, str | None]:
     """run.json's ``versions``: Python's and the libraries' that decide the result."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
@@ -187,8 +190,11 @@ def package_versions() -> dict[str, str | None]:
 
 def logged_losses(log_history: Iterable[dict]) -> list[dict[str, float]]:
     """run.json's ``losses``: the step and every loss term of each logged step."""
-    return [{k: v for k, v in entry.items() if k == "step" or k.startswith("loss")}
-            for entry in log_history if "loss" in entry]
+    return [
+        {k: v for k, v in entry.items() if k == "step" or k.startswith("loss")}
+        for entry in log_history
+        if "loss" in entry
+    ]
 
 
 def reference_record(reference) -> dict[str, Any] | None:
@@ -197,8 +203,11 @@ def reference_record(reference) -> dict[str, Any] | None:
         return None
     if hasattr(reference, "record"):
         return reference.record()
-    return {"how": "copy", "description": "a frozen copy of the starting model (full fine-tuning, or LoRA with "
-                                          "weights sharded by FSDP / DeepSpeed)"}
+    return {
+        "how": "copy",
+        "description": "a frozen copy of the starting model (full fine-tuning, or LoRA with "
+        "weights sharded by FSDP / DeepSpeed)",
+    }
 
 
 def initializer_record(initializer: Initializer | None, init_result) -> dict[str, Any] | None:
@@ -213,5 +222,8 @@ def initializer_record(initializer: Initializer | None, init_result) -> dict[str
 def component_records(objective, initializer: Initializer | None) -> dict[str, Any]:
     """run.json's ``components``: name, plugin, defining object and option values of each part."""
     records = list(getattr(objective, "records", None) or [None])
-    return {"objective": records[0], "regularizers": [r for r in records[1:] if r is not None],
-            "initializer": initializer.record if initializer is not None else None}
+    return {
+        "objective": records[0],
+        "regularizers": [r for r in records[1:] if r is not None],
+        "initializer": initializer.record if initializer is not None else None,
+    }

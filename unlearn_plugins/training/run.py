@@ -70,9 +70,13 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
 
     device = (config.device or "").lower()
     if device.startswith("cuda:"):
-        raise ConfigError(f"--device {config.device}: choose the GPU with CUDA_VISIBLE_DEVICES (the Trainer uses "
-                          f"the first visible one, or one per process under accelerate launch)")
-    use_cpu = device == "cpu" or (not device and not torch.cuda.is_available() and not torch.backends.mps.is_available())
+        raise ConfigError(
+            f"--device {config.device}: choose the GPU with CUDA_VISIBLE_DEVICES (the Trainer uses "
+            f"the first visible one, or one per process under accelerate launch)"
+        )
+    use_cpu = device == "cpu" or (
+        not device and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    )
     cuda = not use_cpu and torch.cuda.is_available()
     precision = config.mixed_precision
     if precision == "auto":
@@ -144,16 +148,20 @@ def _load(config: TrainingConfig, device):
     from ..models import ALIAS_HUB_IDS, from_pretrained, load_tokenizer, resolve_model, weights_fingerprint
 
     where = resolve_model(config.model)
-    model = from_pretrained(config.model, where, dtype=_weight_dtype(config, device),
-                            trust_remote_code=config.trust_remote_code)
+    model = from_pretrained(
+        config.model, where, dtype=_weight_dtype(config, device), trust_remote_code=config.trust_remote_code
+    )
     model.config.use_cache = False
     model.to(device)
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
     hub_id = ALIAS_HUB_IDS.get(config.model)
     if hub_id:
         model.name_or_path = model.config._name_or_path = hub_id
-        return model, tokenizer, {"name_or_path": hub_id, "alias": config.model,
-                                  "fingerprint": weights_fingerprint(where)}
+        return (
+            model,
+            tokenizer,
+            {"name_or_path": hub_id, "alias": config.model, "fingerprint": weights_fingerprint(where)},
+        )
     name = str(Path(where).resolve()) if Path(where).is_dir() else where
     return model, tokenizer, {"name_or_path": name, "fingerprint": weights_fingerprint(where)}
 
@@ -164,15 +172,22 @@ class UnlearningDataset:
     (called by the trainer) reaches the pairs and every view that has one, so draws that
     change per epoch stay a function of (seed, epoch, index) and survive a resume."""
 
-    def __init__(self, forget: Sequence[dict], retain: Sequence[dict] | None, seed: int,
-                 views: dict[str, Sequence[dict]] | None = None):
+    def __init__(
+        self,
+        forget: Sequence[dict],
+        retain: Sequence[dict] | None,
+        seed: int,
+        views: dict[str, Sequence[dict]] | None = None,
+    ):
         from ..data.tofu import ForgetRetainPairs
 
         self.pairs = ForgetRetainPairs(forget, retain, seed)
         self.views = dict(views or {})
         for name, items in self.views.items():
             if len(items) != len(self.pairs):
-                raise UnlearnError(f"objective view {name!r} has {len(items)} items for {len(self.pairs)} forget examples")
+                raise UnlearnError(
+                    f"objective view {name!r} has {len(items)} items for {len(self.pairs)} forget examples"
+                )
 
     def set_epoch(self, epoch: int) -> None:
         for part in (self.pairs, *self.views.values()):
@@ -192,23 +207,43 @@ class UnlearningDataset:
 # ----------------------------------------------------------------------------- the common run
 
 
-def _train(config: TrainingConfig, *, command: str, objective, build_dataset, initializer=None,
-           samples: dict[str, Sequence[Any]], callbacks: Iterable[Any] = (), check_loss: bool = False) -> RunResult:
+def _train(
+    config: TrainingConfig,
+    *,
+    command: str,
+    objective,
+    build_dataset,
+    initializer=None,
+    samples: dict[str, Sequence[Any]],
+    callbacks: Iterable[Any] = (),
+    check_loss: bool = False,
+) -> RunResult:
     """Load, wrap, initialise, train with the Trainer, save; write run.json. The main process
     holds the lock on ``config.out`` from the first check to the last write. ``check_loss``:
     call the objective once on the first batch before anything is written (:func:`_check_first_loss`)."""
     started = time.time()
     if initializer is not None and not isinstance(initializer, Initializer):
         initializer = Initializer(initializer, f"initializer {type(initializer).__name__!r}")
-    args = training_arguments(config, unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)),
-                              train_size=len(samples["forget"] if "forget" in samples else samples["train"]))
+    args = training_arguments(
+        config,
+        unused_parameters=bool(getattr(objective, "leaves_parameters_unused", False)),
+        train_size=len(samples["forget"] if "forget" in samples else samples["train"]),
+    )
     with ExitStack() as stack:
         if args.process_index == 0:
             stack.enter_context(folder_lock(config.out, f"--out {config.out}"))
-        return _train_locked(config, args, started, command=command, objective=objective,
-                             build_dataset=build_dataset, initializer=initializer, samples=samples,
-                             callbacks=callbacks, check_loss=check_loss)
-
+        return _train_locked(
+            config,
+            args,
+            started,
+            command=command,
+            objective=objective,
+            build_dataset=build_dataset,
+            initializer=initializer,
+            samples=samples,
+            callbacks=callbacks,
+            check_loss=check_loss,
+        )
 
 
 def _initialize(initializer: Initializer, model, encoded: dict[str, Any], tokenizer):
@@ -217,15 +252,18 @@ def _initialize(initializer: Initializer, model, encoded: dict[str, Any], tokeni
     from ..interfaces import InitResult
 
     try:
-        result = initializer.obj.initialize(model, forget=encoded.get("forget", []), retain=encoded.get("retain", []),
-                                            tokenizer=tokenizer)
+        result = initializer.obj.initialize(
+            model, forget=encoded.get("forget", []), retain=encoded.get("retain", []), tokenizer=tokenizer
+        )
     except UnlearnError:
         raise
     except Exception as exc:  # a plugin's bug or a library error: one line naming it (--debug: traceback)
         raise PluginError(f"{initializer.label}: initialize() raised {type(exc).__name__}: {exc}") from exc
     if result is not None and not isinstance(result, InitResult):
-        raise PluginError(f"{initializer.label}: initialize() returned a {type(result).__name__}; return an "
-                          f"unlearn_plugins.InitResult or None")
+        raise PluginError(
+            f"{initializer.label}: initialize() returned a {type(result).__name__}; return an "
+            f"unlearn_plugins.InitResult or None"
+        )
     return result
 
 
@@ -253,8 +291,10 @@ def _check_first_loss(trainer, dataset, collator) -> None:
 
 def _attributes(obj) -> dict[str, tuple[Any, Any]]:
     """An object's attributes, with a copy of the content of each list, dict or set."""
-    return {name: (value, copy.copy(value) if type(value) in (list, dict, set) else None)
-            for name, value in vars(obj).items()}
+    return {
+        name: (value, copy.copy(value) if type(value) in (list, dict, set) else None)
+        for name, value in vars(obj).items()
+    }
 
 
 def _restore(obj, attributes: dict[str, tuple[Any, Any]]) -> None:
@@ -269,9 +309,19 @@ def _restore(obj, attributes: dict[str, tuple[Any, Any]]) -> None:
     vars(obj).update({name: value for name, (value, _) in attributes.items()})
 
 
-def _train_locked(config: TrainingConfig, args, started: float, *, command: str, objective, build_dataset,
-                  initializer, samples: dict[str, Sequence[Any]], callbacks: Iterable[Any],
-                  check_loss: bool = False) -> RunResult:
+def _train_locked(
+    config: TrainingConfig,
+    args,
+    started: float,
+    *,
+    command: str,
+    objective,
+    build_dataset,
+    initializer,
+    samples: dict[str, Sequence[Any]],
+    callbacks: Iterable[Any],
+    check_loss: bool = False,
+) -> RunResult:
     from transformers import set_seed
 
     from ..data.tofu import PaddingCollator, encode_samples
@@ -290,9 +340,10 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
     try:
         set_seed(config.seed)
         model, tokenizer, base = _load(config, args.device)
-        encoded = {name: encode_samples(tokenizer, items, max_length=config.max_length,
-                                        system_prompt=config.system_prompt)
-                   for name, items in samples.items()}
+        encoded = {
+            name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
+            for name, items in samples.items()
+        }
 
         # The reference model: full fine-tuning keeps a frozen copy (every weight changes); LoRA
         # computes it on the trained model's own frozen weights (lora.SharedWeightsReference).
@@ -305,8 +356,13 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
             train_model = model
         else:
             set_seed(config.seed)
-            train_model = lora.build_lora_model(model, r=config.lora_r, alpha=config.lora_alpha,
-                                                dropout=config.lora_dropout, target_modules=config.target_modules)
+            train_model = lora.build_lora_model(
+                model,
+                r=config.lora_r,
+                alpha=config.lora_alpha,
+                dropout=config.lora_dropout,
+                target_modules=config.target_modules,
+            )
             if initializer is not None:
                 init_result = _initialize(initializer, train_model, encoded, tokenizer)
                 if init_result is not None and init_result.residual:
@@ -315,10 +371,16 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
                 reference = lora.SharedWeightsReference(train_model)
 
         context = ObjectiveContext(
-            model=train_model, tokenizer=tokenizer, forget_samples=samples.get("forget", ()),
-            retain_samples=samples.get("retain", ()), forget=encoded.get("forget", ()),
-            retain=encoded.get("retain", ()), init_result=init_result, max_length=config.max_length,
-            seed=config.seed, system_prompt=config.system_prompt,
+            model=train_model,
+            tokenizer=tokenizer,
+            forget_samples=samples.get("forget", ()),
+            retain_samples=samples.get("retain", ()),
+            forget=encoded.get("forget", ()),
+            retain=encoded.get("retain", ()),
+            init_result=init_result,
+            max_length=config.max_length,
+            seed=config.seed,
+            system_prompt=config.system_prompt,
         )
         prepare = getattr(objective, "prepare", None)
         views = (prepare(context) or {}) if prepare is not None else {}
@@ -326,11 +388,17 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
 
         collator = PaddingCollator(tokenizer.pad_token_id)
         trainer = UnlearningTrainer(
-            model=train_model, args=args, train_dataset=dataset, data_collator=collator,
-            objective=objective, reference_model=reference, callbacks=list(callbacks),
+            model=train_model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=collator,
+            objective=objective,
+            reference_model=reference,
+            callbacks=list(callbacks),
         )
-        if isinstance(reference, lora.SharedWeightsReference) and (trainer.is_fsdp_enabled
-                                                                   or trainer.is_deepspeed_enabled):
+        if isinstance(reference, lora.SharedWeightsReference) and (
+            trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
+        ):
             # sharded weights run only inside their wrapper: a frozen copy, as with full fine-tuning
             reference = trainer.reference_model = reference.frozen_copy().to(args.device)
         if check_loss:
@@ -377,13 +445,19 @@ def _train_locked(config: TrainingConfig, args, started: float, *, command: str,
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except NonFiniteLossError as exc:
         last = last_complete_checkpoint(ckpt_dir)
-        record.update(status="failed", error=str(exc), steps=trainer.state.global_step,
-                      losses=logged_losses(trainer.state.log_history), last_good_checkpoint=str(last) if last else None,
-                      wall_time_s=round(time.time() - started, 3))
+        record.update(
+            status="failed",
+            error=str(exc),
+            steps=trainer.state.global_step,
+            losses=logged_losses(trainer.state.log_history),
+            last_good_checkpoint=str(last) if last else None,
+            wall_time_s=round(time.time() - started, 3),
+        )
         if is_main:
             write_json(out / RUN_JSON, record)
-        where = (f"last good checkpoint: {last}" if last else "no checkpoint was written before it") + \
-            f"; details in {out / RUN_JSON} (start again with a lower --lr and --overwrite)"
+        where = (
+            f"last good checkpoint: {last}" if last else "no checkpoint was written before it"
+        ) + f"; details in {out / RUN_JSON} (start again with a lower --lr and --overwrite)"
         raise TrainingError(f"training stopped: {exc}; {where}") from None
 
     trainer.accelerator.wait_for_everyone()
@@ -441,15 +515,20 @@ def build_objective(config: UnlearnConfig):
 
     objective, record, label = _check_component(UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs())
     if getattr(objective, "regularizer", False):
-        raise ConfigError(f"--objective {config.objective}: this is a regulariser; use it as --regularizer "
-                          f"{config.objective} together with a forget objective")
+        raise ConfigError(
+            f"--objective {config.objective}: this is a regulariser; use it as --regularizer "
+            f"{config.objective} together with a forget objective"
+        )
     regularizers, records, labels = [], [record], [label]
     if config.regularizer:
-        reg, reg_record, reg_label = _check_component(UNLEARNING_OBJECTIVE, config.regularizer,
-                                                      dict(config.regularizer_options))
+        reg, reg_record, reg_label = _check_component(
+            UNLEARNING_OBJECTIVE, config.regularizer, dict(config.regularizer_options)
+        )
         if not getattr(reg, "regularizer", False):
-            raise ConfigError(f"--regularizer {config.regularizer}: this is a forget objective, not a regulariser "
-                              f"(regularisers have regularizer = True, e.g. rol)")
+            raise ConfigError(
+                f"--regularizer {config.regularizer}: this is a forget objective, not a regulariser "
+                f"(regularisers have regularizer = True, e.g. rol)"
+            )
         regularizers.append(reg)
         records.append(reg_record)
         labels.append(reg_label)
@@ -467,8 +546,9 @@ class Initializer:
     record: dict[str, Any] | None = None
 
 
-def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
-                   callbacks: Iterable[Any] = ()) -> RunResult:
+def run_unlearning(
+    config: UnlearnConfig, *, objective=None, initializer=None, callbacks: Iterable[Any] = ()
+) -> RunResult:
     """Unlearn ``config.forget`` from ``config.model``; returns where the adapter and run.json went.
 
     ``objective`` / ``initializer`` replace the configured ones with ready objects (an
@@ -496,15 +576,26 @@ def run_unlearning(config: UnlearnConfig, *, objective=None, initializer=None,
     if config.retain:
         samples["retain"] = load_split(config.retain, config.tofu_dir)
     elif getattr(objective, "needs_retain_data", False):
-        reasons = objective.retain_data_needed_by() if hasattr(objective, "retain_data_needed_by") else [
-            f"objective {config.objective!r} needs retain data"]
+        reasons = (
+            objective.retain_data_needed_by()
+            if hasattr(objective, "retain_data_needed_by")
+            else [f"objective {config.objective!r} needs retain data"]
+        )
         raise ConfigError(f"{'; '.join(reasons)}: give --retain")
 
     def build(encoded, views):
         return UnlearningDataset(encoded["forget"], encoded.get("retain"), config.seed, views)
 
-    return _train(config, command="run", objective=objective, build_dataset=build, initializer=initializer,
-                  samples=samples, callbacks=callbacks, check_loss=True)
+    return _train(
+        config,
+        command="run",
+        objective=objective,
+        build_dataset=build,
+        initializer=initializer,
+        samples=samples,
+        callbacks=callbacks,
+        check_loss=True,
+    )
 
 
 def _as_combined(objective):
@@ -521,8 +612,10 @@ def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -
     n_authors = len(samples) // QA_PER_AUTHOR
     bad = [a for a in authors if a >= n_authors]
     if bad:
-        raise DataError(f"{where}: author(s) {bad} out of range; the split has {n_authors} authors "
-                        f"({len(samples)} QA, {QA_PER_AUTHOR} per author)")
+        raise DataError(
+            f"{where}: author(s) {bad} out of range; the split has {n_authors} authors "
+            f"({len(samples)} QA, {QA_PER_AUTHOR} per author)"
+        )
     return [samples[i] for i in author_slice(authors)]
 
 
@@ -542,10 +635,25 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
     def build(encoded, views):
         return list(encoded["train"])
 
-    return _train(config, command="finetune", objective=NLL(), build_dataset=build,
-                  initializer=None if config.full_finetune else KaimingInit(),
-                  samples={"train": data}, callbacks=callbacks)
+    return _train(
+        config,
+        command="finetune",
+        objective=NLL(),
+        build_dataset=build,
+        initializer=None if config.full_finetune else KaimingInit(),
+        samples={"train": data},
+        callbacks=callbacks,
+    )
 
 
-__all__ = ["run_unlearning", "run_finetune", "RunResult", "TrainingError", "last_complete_checkpoint",
-           "saved_config", "build_objective", "UnlearnConfig", "FinetuneConfig"]
+__all__ = [
+    "run_unlearning",
+    "run_finetune",
+    "RunResult",
+    "TrainingError",
+    "last_complete_checkpoint",
+    "saved_config",
+    "build_objective",
+    "UnlearnConfig",
+    "FinetuneConfig",
+]

@@ -74,8 +74,10 @@ class UnlearningTrainer(Trainer):
             self.add_callback(LossBar)
         if hasattr(self.train_dataset, "set_epoch"):
             if self.args.dataloader_num_workers > 0 and self.args.dataloader_persistent_workers:
-                raise UnlearnError("dataloader_persistent_workers: the workers' copies of the dataset would not "
-                                   "see the epoch (retain partners are drawn per epoch); turn it off")
+                raise UnlearnError(
+                    "dataloader_persistent_workers: the workers' copies of the dataset would not "
+                    "see the epoch (retain partners are drawn per epoch); turn it off"
+                )
             self.add_callback(EpochToDataset(self.train_dataset))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -95,7 +97,9 @@ class UnlearningTrainer(Trainer):
         if finite.item() < 1:
             terms = {k: float(v) for k, v in (getattr(self.objective, "last_terms", None) or {}).items()}
             value = float(loss.detach())
-            raise NonFiniteLossError(self.state.global_step + 1, value if not math.isfinite(value) else float("nan"), terms)
+            raise NonFiniteLossError(
+                self.state.global_step + 1, value if not math.isfinite(value) else float("nan"), terms
+            )
 
     def log(self, logs, start_time=None):
         if "loss" in logs:

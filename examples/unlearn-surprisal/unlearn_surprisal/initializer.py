@@ -26,14 +26,14 @@ class ForgetSubspaceInit:
         from peft.tuners.lora import LoraLayer
 
         adapter = peft_model.active_adapter
-        layers = {name: m for name, m in peft_model.named_modules()
-                  if isinstance(m, LoraLayer) and adapter in m.lora_A}
+        layers = {name: m for name, m in peft_model.named_modules() if isinstance(m, LoraLayer) and adapter in m.lora_A}
         grams, answer = {}, {}
 
         def hook(name):
             def collect(_module, args):
                 x = args[0][answer["mask"]].float()  # (answer tokens, d_in)
                 grams[name] = grams.get(name, 0) + x.T @ x
+
             return collect
 
         handles = [m.get_base_layer().register_forward_pre_hook(hook(n)) for n, m in layers.items()]

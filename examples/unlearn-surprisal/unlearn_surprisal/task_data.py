@@ -6,8 +6,9 @@ from unlearn_plugins.data.tofu import load_split, prompt_text
 from unlearn_plugins.models import load_tokenizer
 
 
-def forget_prompts(*, split="forget01", tokenizer=None, pretrained=None, tofu_dir=None, system_prompt=None,
-                   **_metadata):
+def forget_prompts(
+    *, split="forget01", tokenizer=None, pretrained=None, tofu_dir=None, system_prompt=None, **_metadata
+):
     """lm-eval ``custom_dataset``: lm-eval passes the task's metadata (with lm_eval's CLI,
     ``--model_args`` too, so ``pretrained``) and its ``dataset_kwargs``."""
     import datasets
@@ -16,6 +17,8 @@ def forget_prompts(*, split="forget01", tokenizer=None, pretrained=None, tofu_di
     if source is None:
         raise ValueError("surprisal tasks need the model's tokenizer: --model_args pretrained=MODEL")
     tok = source if hasattr(source, "apply_chat_template") else load_tokenizer(str(source))
-    rows = [{"prompt": prompt_text(tok, s.question, system_prompt), "answer": s.answer + tok.eos_token}
-            for s in load_split(f"tofu:{split}", tofu_dir)]
+    rows = [
+        {"prompt": prompt_text(tok, s.question, system_prompt), "answer": s.answer + tok.eos_token}
+        for s in load_split(f"tofu:{split}", tofu_dir)
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})

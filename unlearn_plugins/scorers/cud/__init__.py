@@ -50,7 +50,24 @@ from .anchors import (
 from .cache import default_cache_dir, model_fingerprint, samples_fingerprint
 from .scorer import CUDScorer, first_answer_tokens
 
-__all__ = ["CUDScorer", "AnchorError", "AnchorPool", "AnchorRunner", "AnchorVote", "TrainerAnchorRunner",
-           "ANCHOR_BY", "IN_SAMPLE", "TOFU_ANCHOR_POOLS", "default_anchor_pool", "default_cache_dir",
-           "first_answer_tokens", "forget_prob_watch", "model_fingerprint", "samples_fingerprint",
-           "select_anchors", "spearman", "tofu_folder_of", "vote_anchors"]
+__all__ = [
+    "CUDScorer",
+    "AnchorError",
+    "AnchorPool",
+    "AnchorRunner",
+    "AnchorVote",
+    "TrainerAnchorRunner",
+    "ANCHOR_BY",
+    "IN_SAMPLE",
+    "TOFU_ANCHOR_POOLS",
+    "default_anchor_pool",
+    "default_cache_dir",
+    "first_answer_tokens",
+    "forget_prob_watch",
+    "model_fingerprint",
+    "samples_fingerprint",
+    "select_anchors",
+    "spearman",
+    "tofu_folder_of",
+    "vote_anchors",
+]

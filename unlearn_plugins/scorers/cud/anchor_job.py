@@ -22,14 +22,27 @@ def main(argv: list[str]) -> int:
 
     job_path, out_path = argv
     job = json.loads(open(job_path, encoding="utf-8").read())
-    samples = [QASample(r["question"], r["answer"], i, extra={k: v for k, v in r.items() if k not in ("question", "answer")})
-               for i, r in enumerate(job["samples"])]
-    runner = TrainerAnchorRunner(job["model_spec"], job["options"], job["batch_size"], stop_prob=job.get("stop_prob"),
-                                 check_steps=job.get("check_steps"), trace=bool(job.get("trace")))
+    samples = [
+        QASample(r["question"], r["answer"], i, extra={k: v for k, v in r.items() if k not in ("question", "answer")})
+        for i, r in enumerate(job["samples"])
+    ]
+    runner = TrainerAnchorRunner(
+        job["model_spec"],
+        job["options"],
+        job["batch_size"],
+        stop_prob=job.get("stop_prob"),
+        check_steps=job.get("check_steps"),
+        trace=bool(job.get("trace")),
+    )
     try:
-        losses = runner.losses_here(samples, spec=job["model_spec"], device=job["device"],
-                                    tokenizer=load_tokenizer(job["model_spec"]), objective=job["objective"],
-                                    seed=int(job["seed"]))
+        losses = runner.losses_here(
+            samples,
+            spec=job["model_spec"],
+            device=job["device"],
+            tokenizer=load_tokenizer(job["model_spec"]),
+            objective=job["objective"],
+            seed=int(job["seed"]),
+        )
     except UnlearnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -23,9 +23,9 @@ class AnchorRunner(Protocol):
     ``last_info`` (a dict about the last run, recorded in the metadata) and
     ``reference_losses(samples, *, model, tokenizer)`` (the losses before unlearning)."""
 
-    def losses(self, samples: Sequence[QASample], *, model: Any, tokenizer: Any, objective: str,
-               seed: int) -> list[float]:
-        ...
+    def losses(
+        self, samples: Sequence[QASample], *, model: Any, tokenizer: Any, objective: str, seed: int
+    ) -> list[float]: ...
 
 
 def _mean_prob(losses: Sequence[float]) -> float:
@@ -33,8 +33,15 @@ def _mean_prob(losses: Sequence[float]) -> float:
     return sum(math.exp(-x) for x in losses) / max(len(losses), 1)
 
 
-def forget_prob_watch(encoded: Sequence[dict], pad_token_id: int, *, every: int, stop_prob: float | None,
-                      batch_size: int = 8, trace: bool = False):
+def forget_prob_watch(
+    encoded: Sequence[dict],
+    pad_token_id: int,
+    *,
+    every: int,
+    stop_prob: float | None,
+    batch_size: int = 8,
+    trace: bool = False,
+):
     """A Trainer callback: before training and every ``every`` optimizer steps, the mean answer
     probability of ``encoded`` under the model being trained; stops training at the first check
     below ``stop_prob`` (None: never). ``checks`` lists (step, forget_prob[, per-sample losses])."""
@@ -53,8 +60,11 @@ def forget_prob_watch(encoded: Sequence[dict], pad_token_id: int, *, every: int,
         def check(self, args, state, model) -> float:
             training = model.training
             model.eval()
-            autocast = (torch.autocast(device_type=args.device.type, dtype=torch.bfloat16) if args.bf16
-                        else contextlib.nullcontext())
+            autocast = (
+                torch.autocast(device_type=args.device.type, dtype=torch.bfloat16)
+                if args.bf16
+                else contextlib.nullcontext()
+            )
             with autocast:
                 stats = answer_nll(model, encoded, pad_token_id, batch_size=batch_size)
             model.train(training)
@@ -90,8 +100,15 @@ class TrainerAnchorRunner:
     per-sample losses in ``last_info`` (for budget studies).
     """
 
-    def __init__(self, model_spec: str | None = None, options: dict | None = None, batch_size: int = 8,
-                 stop_prob: float | None = None, check_steps: int | None = None, trace: bool = False):
+    def __init__(
+        self,
+        model_spec: str | None = None,
+        options: dict | None = None,
+        batch_size: int = 8,
+        stop_prob: float | None = None,
+        check_steps: int | None = None,
+        trace: bool = False,
+    ):
         if stop_prob is not None and not 0 < float(stop_prob) < 1:
             raise UnlearnError(f"CUD anchor runs: stop_prob={stop_prob} must be between 0 and 1 (or none)")
         if check_steps is not None and int(check_steps) < 1:
@@ -105,8 +122,14 @@ class TrainerAnchorRunner:
         self.last_info: dict | None = None
 
     def describe(self) -> dict:
-        return {"runner": "run_unlearning", "model_spec": self.model_spec, "options": self.options,
-                "stop_prob": self.stop_prob, "check_steps": self.check_steps, "trace": self.trace}
+        return {
+            "runner": "run_unlearning",
+            "model_spec": self.model_spec,
+            "options": self.options,
+            "stop_prob": self.stop_prob,
+            "check_steps": self.check_steps,
+            "trace": self.trace,
+        }
 
     def max_length(self) -> int:
         from ...training.config import UnlearnConfig
@@ -119,7 +142,9 @@ class TrainerAnchorRunner:
         from ...likelihood import answer_nll
 
         encoded = encode_samples(tokenizer, samples, max_length=self.max_length())
-        return [s / max(n, 1) for s, n in answer_nll(model, encoded, tokenizer.pad_token_id, batch_size=self.batch_size)]
+        return [
+            s / max(n, 1) for s, n in answer_nll(model, encoded, tokenizer.pad_token_id, batch_size=self.batch_size)
+        ]
 
     def losses(self, samples, *, model, tokenizer, objective, seed):
         from ...sharding import launched_processes
@@ -132,8 +157,9 @@ class TrainerAnchorRunner:
         if launched_processes() > 1 or gpu:  # in a launcher's group, or on a GPU other than the first
             return self.losses_in_child(samples, spec=spec, gpu=gpu, objective=objective, seed=seed)
         # the Trainer takes "cuda" (its first visible GPU), not "cuda:0"
-        return self.losses_here(samples, spec=spec, device=device.type, tokenizer=tokenizer, objective=objective,
-                                seed=seed)
+        return self.losses_here(
+            samples, spec=spec, device=device.type, tokenizer=tokenizer, objective=objective, seed=seed
+        )
 
     def check_every(self, n_samples: int, config) -> int:
         """Steps between checks: ``check_steps``, else about 4 checks per epoch."""
@@ -157,13 +183,26 @@ class TrainerAnchorRunner:
         with tempfile.TemporaryDirectory(prefix="cud-anchor-") as tmp:
             forget = Path(tmp) / "forget.json"
             write_jsonl(forget, [s.to_record() for s in samples])
-            config = UnlearnConfig(out=str(Path(tmp) / "run"), model=spec, forget=str(forget),
-                                   objective=objective, seed=seed, device=device, **self.options)
+            config = UnlearnConfig(
+                out=str(Path(tmp) / "run"),
+                model=spec,
+                forget=str(forget),
+                objective=objective,
+                seed=seed,
+                device=device,
+                **self.options,
+            )
             encoded = encode_samples(tokenizer, samples, max_length=config.max_length)
             watch = None
             if self.stop_prob is not None or self.trace:
-                watch = forget_prob_watch(encoded, tokenizer.pad_token_id, every=self.check_every(len(samples), config),
-                                          stop_prob=self.stop_prob, batch_size=self.batch_size, trace=self.trace)
+                watch = forget_prob_watch(
+                    encoded,
+                    tokenizer.pad_token_id,
+                    every=self.check_every(len(samples), config),
+                    stop_prob=self.stop_prob,
+                    batch_size=self.batch_size,
+                    trace=self.trace,
+                )
             result = run_unlearning(config, callbacks=[watch] if watch else [])
             if config.full_finetune:
                 unlearned, _ = load_model(str(result.out), device=device)
@@ -199,15 +238,31 @@ class TrainerAnchorRunner:
             env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
         with tempfile.TemporaryDirectory(prefix="cud-anchor-job-") as tmp:
             job, out = Path(tmp) / "job.json", Path(tmp) / "losses.json"
-            write_json(job, {"model_spec": spec, "options": self.options, "batch_size": self.batch_size,
-                             "stop_prob": self.stop_prob, "check_steps": self.check_steps, "trace": self.trace,
-                             "device": "cpu" if gpu is None else "cuda", "objective": objective, "seed": seed,
-                             "samples": [s.to_record() for s in samples]})
-            done = subprocess.run([sys.executable, "-m", "unlearn_plugins.scorers.cud.anchor_job", str(job), str(out)],
-                                  env=env, check=False)
+            write_json(
+                job,
+                {
+                    "model_spec": spec,
+                    "options": self.options,
+                    "batch_size": self.batch_size,
+                    "stop_prob": self.stop_prob,
+                    "check_steps": self.check_steps,
+                    "trace": self.trace,
+                    "device": "cpu" if gpu is None else "cuda",
+                    "objective": objective,
+                    "seed": seed,
+                    "samples": [s.to_record() for s in samples],
+                },
+            )
+            done = subprocess.run(
+                [sys.executable, "-m", "unlearn_plugins.scorers.cud.anchor_job", str(job), str(out)],
+                env=env,
+                check=False,
+            )
             if done.returncode != 0 or not out.is_file():
-                raise UnlearnError(f"CUD anchor run {objective}/seed {seed} failed in its child process "
-                                   f"(exit code {done.returncode}; its output is above)")
+                raise UnlearnError(
+                    f"CUD anchor run {objective}/seed {seed} failed in its child process "
+                    f"(exit code {done.returncode}; its output is above)"
+                )
             result = json.loads(out.read_text())
             self.last_info = result.get("info")
             return result["losses"]

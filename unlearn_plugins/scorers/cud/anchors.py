@@ -22,8 +22,7 @@ class AnchorError(UnlearnError):
 IN_SAMPLE = "self"
 #: TOFU anchor pools tried in order when ``anchor_data`` is not given: (pool, retain set of its
 #: anchor runs); the first pool that shares no sample with the scored data is used
-TOFU_ANCHOR_POOLS = (("tofu:forget10", "tofu:retain90"),
-                     ("tofu:retain90[3200:3600]", "tofu:retain90[0:3200]"))
+TOFU_ANCHOR_POOLS = (("tofu:forget10", "tofu:retain90"), ("tofu:retain90[3200:3600]", "tofu:retain90[0:3200]"))
 ANCHOR_BY = ("loss", "increase")
 
 
@@ -43,9 +42,14 @@ class AnchorPool:
     run_options: dict = field(default_factory=dict)  # defaults for the anchor runs (their retain set)
 
     def describe(self) -> dict:
-        return {"spec": self.spec, "size": len(self.samples), "in_sample": self.in_sample,
-                "dropped_scored_samples": self.dropped, "fingerprint": samples_fingerprint(self.samples),
-                "run_defaults": self.run_options}
+        return {
+            "spec": self.spec,
+            "size": len(self.samples),
+            "in_sample": self.in_sample,
+            "dropped_scored_samples": self.dropped,
+            "fingerprint": samples_fingerprint(self.samples),
+            "run_defaults": self.run_options,
+        }
 
 
 def tofu_folder_of(samples: Sequence[QASample]) -> Path | None:
@@ -65,17 +69,21 @@ def default_anchor_pool(samples: Sequence[QASample]) -> AnchorPool:
 
     folder = tofu_folder_of(samples)
     if folder is None:
-        raise UnlearnError("scorer cud: give anchor_data (a split of samples the model knows, disjoint from the "
-                           "scored ones, e.g. --anchor-data tofu:forget10), or anchor_data=self to choose the anchors "
-                           "among the scored samples; a default exists only for data read from a TOFU folder")
+        raise UnlearnError(
+            "scorer cud: give anchor_data (a split of samples the model knows, disjoint from the "
+            "scored ones, e.g. --anchor-data tofu:forget10), or anchor_data=self to choose the anchors "
+            "among the scored samples; a default exists only for data read from a TOFU folder"
+        )
     scored = {qa_key(s) for s in samples}
     for pool_spec, retain_spec in TOFU_ANCHOR_POOLS:
         pool = load_split(pool_spec, folder)
         if not any(qa_key(p) in scored for p in pool):
             return AnchorPool(pool, pool_spec, run_options={"retain": retain_spec, "tofu_dir": str(folder)})
-    raise UnlearnError(f"scorer cud: the scored samples overlap every default TOFU anchor pool "
-                       f"({', '.join(p for p, _ in TOFU_ANCHOR_POOLS)}); pass anchor_data (samples the model knows, "
-                       f"disjoint from the scored ones) or anchor_data=self")
+    raise UnlearnError(
+        f"scorer cud: the scored samples overlap every default TOFU anchor pool "
+        f"({', '.join(p for p, _ in TOFU_ANCHOR_POOLS)}); pass anchor_data (samples the model knows, "
+        f"disjoint from the scored ones) or anchor_data=self"
+    )
 
 
 def as_samples(data: Sequence[Any], where: str) -> list[QASample]:
@@ -88,12 +96,14 @@ def as_samples(data: Sequence[Any], where: str) -> list[QASample]:
             extra = {k: v for k, v in item.items() if k not in ("question", "answer")}
             out.append(QASample(item["question"], item["answer"], i, where, 0, extra))
         else:
-            raise UnlearnError(f"scorer cud: {where} item {i} is neither a QASample nor a record with "
-                               f"'question' and 'answer'")
+            raise UnlearnError(
+                f"scorer cud: {where} item {i} is neither a QASample nor a record with 'question' and 'answer'"
+            )
     return out
 
 
 # ----------------------------------------------------------------------------- the vote
+
 
 def _run_votes(loss_runs: Sequence[Sequence[float]], k: int) -> tuple[list[int], list[int]]:
     """Per sample, how many runs put it among their k highest (easy) / k lowest (hard) values."""
@@ -146,8 +156,12 @@ class AnchorVote:
     min_objectives: int
 
 
-def vote_anchors(runs_by_objective: dict[str, Sequence[Sequence[float]]], k: int, min_votes: int | None = None,
-                 min_objectives: int | None = None) -> AnchorVote:
+def vote_anchors(
+    runs_by_objective: dict[str, Sequence[Sequence[float]]],
+    k: int,
+    min_votes: int | None = None,
+    min_objectives: int | None = None,
+) -> AnchorVote:
     """Two-level vote: per objective, anchors chosen by >= ``min_votes`` of its runs (default
     ceil(seeds / 2): 2 of 3); then common anchors chosen by >= ``min_objectives`` objectives
     (default ceil(objectives / 2)). At each level samples in both sets are dropped from both."""

@@ -55,42 +55,72 @@ class CUDScorer:
     with ``per_objective`` {score (mean over objectives), score_by_objective, s_E_by_objective,
     s_H_by_objective, anchor, circuit...}. ``last_metadata``: the anchors, their votes, the runs."""
 
-    def __init__(self, *, anchor_data: str | Sequence[Any] | None = None, tofu_dir: str | None = None,
-                 objectives: Sequence[str] = ("grad_diff", "npo"), seeds: Sequence[int] = (0, 1, 2),
-                 k: int | None = None, min_votes: int | None = None, min_objectives: int | None = None,
-                 per_objective: bool = False, anchor_by: str = "loss", stop_prob: float | None = 0.1,
-                 check_steps: int | None = None, anchors: dict | None = None,
-                 anchor_losses: Sequence[Sequence[float]] | None = None, runner: AnchorRunner | None = None,
-                 model_spec: str | None = None, unlearn_options: dict | None = None,
-                 similarity: str = "cosine", circuit: str = "greedy", n_edges: int = 75, tau: float | None = None,
-                 mode: str = "inputs", steps: int = 5, baseline: str = "zero", metric: str = "prob",
-                 max_rows: int = 20, max_length: int = 512, answer_tokens: int | None = None,
-                 cache: bool = True, cache_dir: str | None = None,
-                 progress: bool = False):
+    def __init__(
+        self,
+        *,
+        anchor_data: str | Sequence[Any] | None = None,
+        tofu_dir: str | None = None,
+        objectives: Sequence[str] = ("grad_diff", "npo"),
+        seeds: Sequence[int] = (0, 1, 2),
+        k: int | None = None,
+        min_votes: int | None = None,
+        min_objectives: int | None = None,
+        per_objective: bool = False,
+        anchor_by: str = "loss",
+        stop_prob: float | None = 0.1,
+        check_steps: int | None = None,
+        anchors: dict | None = None,
+        anchor_losses: Sequence[Sequence[float]] | None = None,
+        runner: AnchorRunner | None = None,
+        model_spec: str | None = None,
+        unlearn_options: dict | None = None,
+        similarity: str = "cosine",
+        circuit: str = "greedy",
+        n_edges: int = 75,
+        tau: float | None = None,
+        mode: str = "inputs",
+        steps: int = 5,
+        baseline: str = "zero",
+        metric: str = "prob",
+        max_rows: int = 20,
+        max_length: int = 512,
+        answer_tokens: int | None = None,
+        cache: bool = True,
+        cache_dir: str | None = None,
+        progress: bool = False,
+    ):
         from ...circuits.eap_ig import BASELINES, METRICS, MODES
         from ...circuits.similarity import SIMILARITIES
 
-        for name, value, allowed in (("similarity", similarity, SIMILARITIES), ("mode", mode, MODES),
-                                     ("baseline", baseline, BASELINES), ("metric", metric, METRICS),
-                                     ("circuit", circuit, ("greedy", "topn", "threshold")),
-                                     ("anchor_by", anchor_by, ANCHOR_BY)):
+        for name, value, allowed in (
+            ("similarity", similarity, SIMILARITIES),
+            ("mode", mode, MODES),
+            ("baseline", baseline, BASELINES),
+            ("metric", metric, METRICS),
+            ("circuit", circuit, ("greedy", "topn", "threshold")),
+            ("anchor_by", anchor_by, ANCHOR_BY),
+        ):
             if value not in allowed:
                 raise UnlearnError(f"scorer cud: option {name}={value!r}; choose one of {', '.join(allowed)}")
         if circuit == "threshold" and tau is None:
             raise UnlearnError("scorer cud: circuit=threshold needs the option tau")
         if isinstance(objectives, str) or isinstance(seeds, (str, int)):
-            raise UnlearnError("scorer cud: objectives and seeds are lists, e.g. objectives=[\"npo\"] seeds=[0,1,2]")
+            raise UnlearnError('scorer cud: objectives and seeds are lists, e.g. objectives=["npo"] seeds=[0,1,2]')
         self.objectives = list(objectives)
         self.seeds = [int(s) for s in seeds]
         for name, values in (("objectives", self.objectives), ("seeds", self.seeds)):
             if not values or len(set(values)) != len(values):
                 raise UnlearnError(f"scorer cud: option {name}={values} must be a non-empty list without repeats")
         if anchor_data is not None and not isinstance(anchor_data, (str, list, tuple)):
-            raise UnlearnError(f"scorer cud: anchor_data must be a split spec, 'self' or a list of samples, "
-                               f"got {type(anchor_data).__name__}")
+            raise UnlearnError(
+                f"scorer cud: anchor_data must be a split spec, 'self' or a list of samples, "
+                f"got {type(anchor_data).__name__}"
+            )
         if per_objective and anchors is not None:
-            raise UnlearnError("scorer cud: per_objective=true chooses anchors per objective from anchor runs; "
-                               "it cannot be combined with fixed anchors")
+            raise UnlearnError(
+                "scorer cud: per_objective=true chooses anchors per objective from anchor runs; "
+                "it cannot be combined with fixed anchors"
+            )
         self.anchor_data, self.tofu_dir = anchor_data, tofu_dir
         self.k, self.min_votes, self.min_objectives = k, min_votes, min_objectives
         self.per_objective, self.anchor_by = bool(per_objective), anchor_by
@@ -100,12 +130,15 @@ class CUDScorer:
         self.runner = runner
         self.model_spec, self.unlearn_options = model_spec, dict(unlearn_options or {})
         if runner is None:  # check stop_prob / check_steps now, not after the model load
-            TrainerAnchorRunner(model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps)
+            TrainerAnchorRunner(
+                model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps
+            )
         self.similarity, self.circuit, self.n_edges, self.tau = similarity, circuit, int(n_edges), tau
         self.eap = {"mode": mode, "steps": int(steps), "baseline": baseline, "metric": metric}
         self.max_rows, self.max_length = int(max_rows), int(max_length)
-        if answer_tokens is not None and (isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int)
-                                          or answer_tokens < 1):
+        if answer_tokens is not None and (
+            isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int) or answer_tokens < 1
+        ):
             raise UnlearnError(f"scorer cud: option answer_tokens={answer_tokens!r} must be an integer >= 1 or none")
         self.answer_tokens = answer_tokens  # the EAP-IG metric on the first N answer tokens (1: a Yes/No answer)
         self.cache = bool(cache)
@@ -144,8 +177,11 @@ class CUDScorer:
         scored = {qa_key(s) for s in samples}
         kept = [p for p in pool if qa_key(p) not in scored]
         if len(kept) < len(pool) and self.progress:
-            print(f"cud: left {len(pool) - len(kept)} samples of the anchor pool {spec} out: they are also scored",
-                  file=sys.stderr, flush=True)
+            print(
+                f"cud: left {len(pool) - len(kept)} samples of the anchor pool {spec} out: they are also scored",
+                file=sys.stderr,
+                flush=True,
+            )
         options = {"tofu_dir": self.tofu_dir} if self.tofu_dir else {}
         return AnchorPool(kept, spec, dropped=len(pool) - len(kept), run_options=options)
 
@@ -159,8 +195,10 @@ class CUDScorer:
             raise UnlearnError("scorer cud: no samples to score")
         if len(pool.samples) < 4:
             left = f" ({pool.dropped} more were left out: they are also scored)" if pool.dropped else ""
-            raise UnlearnError(f"scorer cud: the anchor pool {pool.spec} has {len(pool.samples)} samples{left}; "
-                               f"it needs at least 4, disjoint from the scored ones")
+            raise UnlearnError(
+                f"scorer cud: the anchor pool {pool.spec} has {len(pool.samples)} samples{left}; "
+                f"it needs at least 4, disjoint from the scored ones"
+            )
 
     def _runner_for(self, pool: AnchorPool) -> AnchorRunner:
         if self.runner is not None:
@@ -182,25 +220,32 @@ class CUDScorer:
         retain = {qa_key(s) for s in load_split(spec, runner.options.get("tofu_dir"))}
         overlap = sum(qa_key(p) in retain for p in pool.samples)
         if overlap:
-            raise UnlearnError(f"scorer cud: the anchor runs' retain set {spec} holds {overlap} of the "
-                               f"{len(pool.samples)} anchor-pool samples ({pool.spec}); pass "
-                               f"unlearn_options={{\"retain\": ...}} with a split disjoint from the pool")
+            raise UnlearnError(
+                f"scorer cud: the anchor runs' retain set {spec} holds {overlap} of the "
+                f"{len(pool.samples)} anchor-pool samples ({pool.spec}); pass "
+                f'unlearn_options={{"retain": ...}} with a split disjoint from the pool'
+            )
 
     # ------------------------------------------------------------------ anchor runs
     def anchor_runs(self) -> list[tuple[str, int]]:
         """The (objective, seed) unlearning runs that choose the anchors, in order."""
         return [(objective, seed) for objective in self.objectives for seed in self.seeds]
 
-    def anchor_loss_runs(self, pool: AnchorPool, *, model, tokenizer, model_fp: str, runner=None,
-                         only: Sequence[int] | None = None) -> list[list[float]]:
+    def anchor_loss_runs(
+        self, pool: AnchorPool, *, model, tokenizer, model_fp: str, runner=None, only: Sequence[int] | None = None
+    ) -> list[list[float]]:
         """Per (objective, seed) run, the pool's per-sample post-unlearning losses (cached).
         ``only``: positions in :meth:`anchor_runs` to do (a process's share under a launcher)."""
         runner = runner or self._runner_for(pool)
-        return [self._anchor_run(pool, objective, seed, runner, model=model, tokenizer=tokenizer, model_fp=model_fp)
-                for j, (objective, seed) in enumerate(self.anchor_runs()) if only is None or j in only]
+        return [
+            self._anchor_run(pool, objective, seed, runner, model=model, tokenizer=tokenizer, model_fp=model_fp)
+            for j, (objective, seed) in enumerate(self.anchor_runs())
+            if only is None or j in only
+        ]
 
-    def _anchor_run(self, pool: AnchorPool, objective: str, seed: int, runner, *, model, tokenizer,
-                    model_fp: str) -> list[float]:
+    def _anchor_run(
+        self, pool: AnchorPool, objective: str, seed: int, runner, *, model, tokenizer, model_fp: str
+    ) -> list[float]:
         describe = getattr(runner, "describe", lambda: {"runner": type(runner).__name__})()
         key = anchor_run_key(model_fp, samples_fingerprint(pool.samples), objective, seed, describe)
         store = self._store()
@@ -210,17 +255,24 @@ class CUDScorer:
             self._run_info[(objective, seed)] = {"cached": True, **info}
             return losses
         if self.progress:
-            print(f"cud: anchor run {objective}/seed {seed} on {len(pool.samples)} samples of {pool.spec}",
-                  file=sys.stderr, flush=True)
-        losses = [float(x) for x in runner.losses(pool.samples, model=model, tokenizer=tokenizer,
-                                                   objective=objective, seed=seed)]
+            print(
+                f"cud: anchor run {objective}/seed {seed} on {len(pool.samples)} samples of {pool.spec}",
+                file=sys.stderr,
+                flush=True,
+            )
+        losses = [
+            float(x)
+            for x in runner.losses(pool.samples, model=model, tokenizer=tokenizer, objective=objective, seed=seed)
+        ]
         if len(losses) != len(pool.samples):
-            raise UnlearnError(f"CUD anchor run {objective}/seed {seed} returned {len(losses)} losses "
-                               f"for {len(pool.samples)} samples")
+            raise UnlearnError(
+                f"CUD anchor run {objective}/seed {seed} returned {len(losses)} losses for {len(pool.samples)} samples"
+            )
         info = dict(getattr(runner, "last_info", None) or {})
         if self.cache:
-            store.write_anchor_run(key, {"objective": objective, "seed": seed, "losses": losses, "runner": describe,
-                                         "info": info})
+            store.write_anchor_run(
+                key, {"objective": objective, "seed": seed, "losses": losses, "runner": describe, "info": info}
+            )
         self._run_info[(objective, seed)] = {"cached": False, **info}
         return losses
 
@@ -229,9 +281,12 @@ class CUDScorer:
         if hasattr(runner, "reference_losses"):
             return [float(x) for x in runner.reference_losses(pool.samples, model=model, tokenizer=tokenizer)]
         return TrainerAnchorRunner(options={"max_length": self.max_length}).reference_losses(
-            pool.samples, model=model, tokenizer=tokenizer)
+            pool.samples, model=model, tokenizer=tokenizer
+        )
 
-    def choose_anchors(self, pool: AnchorPool, *, model, tokenizer, model_fp: str) -> dict[str, tuple[list[int], list[int]]]:
+    def choose_anchors(
+        self, pool: AnchorPool, *, model, tokenizer, model_fp: str
+    ) -> dict[str, tuple[list[int], list[int]]]:
         """The anchor groups to score against, as pool positions: {"all": (easy, hard)}, or one
         group per objective with ``per_objective``."""
         n = len(pool.samples)
@@ -244,8 +299,10 @@ class CUDScorer:
             if self.anchor_losses is not None:
                 runs = self.anchor_losses
                 if len(runs) != len(self.anchor_runs()):
-                    raise AnchorError(f"CUD: anchor_losses has {len(runs)} runs; objectives x seeds = "
-                                      f"{len(self.anchor_runs())} (objective-major order)")
+                    raise AnchorError(
+                        f"CUD: anchor_losses has {len(runs)} runs; objectives x seeds = "
+                        f"{len(self.anchor_runs())} (objective-major order)"
+                    )
             else:
                 self._check_retain(pool, runner)
                 runs = self.anchor_loss_runs(pool, model=model, tokenizer=tokenizer, model_fp=model_fp, runner=runner)
@@ -253,12 +310,15 @@ class CUDScorer:
             if self.anchor_by == "increase":
                 before = self._reference_losses(pool, runner, model=model, tokenizer=tokenizer)
                 values = [[after - b for after, b in zip(run, before)] for run in runs]
-            self._values = {o: [v for (oo, _), v in zip(self.anchor_runs(), values) if oo == o] for o in self.objectives}
+            self._values = {
+                o: [v for (oo, _), v in zip(self.anchor_runs(), values) if oo == o] for o in self.objectives
+            }
             k = self.k or max(1, round(n / 8))  # the paper code: 50 of 400
             self._vote = vote_anchors(self._values, k, self.min_votes, self.min_objectives)
             self._k = k
-            groups = (dict(self._vote.by_objective) if self.per_objective
-                      else {"all": (self._vote.easy, self._vote.hard)})
+            groups = (
+                dict(self._vote.by_objective) if self.per_objective else {"all": (self._vote.easy, self._vote.hard)}
+            )
         need = 2 if pool.in_sample else 1
         for name, (easy, hard) in groups.items():
             for kind, group in (("easy", easy), ("hard", hard)):
@@ -271,7 +331,8 @@ class CUDScorer:
                 raise AnchorError(f"CUD: samples {sorted(set(easy) & set(hard))} are both easy and hard anchors")
         vote = self._vote
         self.last_anchors = {
-            "easy": vote.easy if vote else groups["all"][0], "hard": vote.hard if vote else groups["all"][1],
+            "easy": vote.easy if vote else groups["all"][0],
+            "hard": vote.hard if vote else groups["all"][1],
             "loss_runs": runs,
             "by_objective": {o: {"easy": e, "hard": h} for o, (e, h) in vote.by_objective.items()} if vote else None,
         }
@@ -283,10 +344,12 @@ class CUDScorer:
             return f"CUD: only {count} {kind} anchor(s) given (need {need}{why})"
         each = ", ".join(f"{o} {len(sets[0 if kind == 'easy' else 1])}" for o, sets in self._vote.by_objective.items())
         where = f"objective {group} chose" if group != "all" else "the objectives agree on"
-        return (f"CUD: {where} only {count} {kind} anchor(s) (need {need}{why}); stable {kind} anchors per "
-                f"objective: {each} (k={self._k}, min_votes={self._vote.min_votes}, "
-                f"min_objectives={self._vote.min_objectives}); raise k, add seeds, lower min_votes / min_objectives"
-                + ("" if self.per_objective else ", or score per objective (per_objective=true)"))
+        return (
+            f"CUD: {where} only {count} {kind} anchor(s) (need {need}{why}); stable {kind} anchors per "
+            f"objective: {each} (k={self._k}, min_votes={self._vote.min_votes}, "
+            f"min_objectives={self._vote.min_objectives}); raise k, add seeds, lower min_votes / min_objectives"
+            + ("" if self.per_objective else ", or score per objective (per_objective=true)")
+        )
 
     # ------------------------------------------------------------------ circuits
     def score_matrices(self, samples, *, model, tokenizer, model_fp: str, only: Sequence[int] | None = None):
@@ -297,8 +360,9 @@ class CUDScorer:
         from ...circuits.eap_ig import EAPIG
         from ...data.tofu import encode_samples
 
-        engine = EAPIG(model, max_rows=self.max_rows, pad_token_id=tokenizer.pad_token_id,
-                       progress=self.progress, **self.eap)
+        engine = EAPIG(
+            model, max_rows=self.max_rows, pad_token_id=tokenizer.pad_token_id, progress=self.progress, **self.eap
+        )
         g = engine.graph
         # corrupt inputs of 'mean' / 'other' depend on the whole set: key on it too
         context = samples_fingerprint(samples) if self.eap["baseline"] != "zero" else None
@@ -317,13 +381,16 @@ class CUDScorer:
             missing.append(i)
         if missing:
             if self.eap["baseline"] == "zero":
-                encoded = first_answer_tokens(encode_samples(tokenizer, [samples[i] for i in missing],
-                                                             max_length=self.max_length), self.answer_tokens)
+                encoded = first_answer_tokens(
+                    encode_samples(tokenizer, [samples[i] for i in missing], max_length=self.max_length),
+                    self.answer_tokens,
+                )
                 batches = engine.iter_scores(encoded)
                 position = missing
             else:  # the corrupt inputs of 'mean' / 'other' need every sample
-                encoded = first_answer_tokens(encode_samples(tokenizer, samples, max_length=self.max_length),
-                                              self.answer_tokens)
+                encoded = first_answer_tokens(
+                    encode_samples(tokenizer, samples, max_length=self.max_length), self.answer_tokens
+                )
                 batches = engine.iter_scores(encoded, indices=missing)
                 position = range(len(samples))
             for idx, scores in batches:
@@ -337,8 +404,9 @@ class CUDScorer:
     def _pool_matrices(self, pool: AnchorPool, positions: Sequence[int], *, model, tokenizer, model_fp: str) -> dict:
         """The anchors' matrices: per sample with the zero baseline; in the pool's context otherwise."""
         if self.eap["baseline"] == "zero":
-            m, _ = self.score_matrices([pool.samples[i] for i in positions], model=model, tokenizer=tokenizer,
-                                       model_fp=model_fp)
+            m, _ = self.score_matrices(
+                [pool.samples[i] for i in positions], model=model, tokenizer=tokenizer, model_fp=model_fp
+            )
             return {i: m[j] for j, i in enumerate(positions)}
         m, _ = self.score_matrices(pool.samples, model=model, tokenizer=tokenizer, model_fp=model_fp, only=positions)
         return {i: m[i] for i in positions}
@@ -359,16 +427,24 @@ class CUDScorer:
         pool = self.anchor_pool(samples)
         self._check_counts(samples, pool)
         if not self.cache:
-            raise UnlearnError("scorer cud: scoring under accelerate launch needs cache=true (the processes hand "
-                               "their anchor runs and score matrices to the main process through the cache)")
+            raise UnlearnError(
+                "scorer cud: scoring under accelerate launch needs cache=true (the processes hand "
+                "their anchor runs and score matrices to the main process through the cache)"
+            )
         model_fp = model_fingerprint(model)
-        write_json(self._store().shard_marker(group.run_id, group.index),
-                   {"model_fp": model_fp, "cache": str(self._cache_root())})
+        write_json(
+            self._store().shard_marker(group.run_id, group.index),
+            {"model_fp": model_fp, "cache": str(self._cache_root())},
+        )
         runs = self.anchor_runs() if self.anchors is None and self.anchor_losses is None else []
         mine = [j for j in range(len(runs)) if j % group.count == group.index]
-        print(f"cud: process {group.index} of {group.count}: anchor runs "
-              f"{[f'{runs[j][0]}/{runs[j][1]}' for j in mine]}, score matrices of samples "
-              f"{f'{shard[0]}..{shard[-1]}' if shard else 'none'}", file=sys.stderr, flush=True)
+        print(
+            f"cud: process {group.index} of {group.count}: anchor runs "
+            f"{[f'{runs[j][0]}/{runs[j][1]}' for j in mine]}, score matrices of samples "
+            f"{f'{shard[0]}..{shard[-1]}' if shard else 'none'}",
+            file=sys.stderr,
+            flush=True,
+        )
         if mine:
             runner = self._runner_for(pool)
             self._check_retain(pool, runner)
@@ -389,11 +465,14 @@ class CUDScorer:
                     raise UnlearnError(
                         f"scorer cud: process {i} did not write to the cache folder {self._cache_root()} of the main "
                         f"process: under accelerate launch every process needs the same cache folder (set "
-                        f"UNLEARN_CACHE_DIR or the option cache_dir to a folder they all see)")
+                        f"UNLEARN_CACHE_DIR or the option cache_dir to a folder they all see)"
+                    )
                 theirs = json.loads(marker.read_text())["model_fp"]
                 if theirs != model_fp:
-                    raise UnlearnError(f"scorer cud: process {i} loaded other weights than the main process "
-                                       f"(fingerprint {theirs} vs {model_fp})")
+                    raise UnlearnError(
+                        f"scorer cud: process {i} loaded other weights than the main process "
+                        f"(fingerprint {theirs} vs {model_fp})"
+                    )
         finally:
             for marker in markers:
                 marker.unlink(missing_ok=True)
@@ -442,18 +521,22 @@ class CUDScorer:
                     "score_by_objective": {o: s for o, (s, _, _) in results.items()},
                     "s_E_by_objective": {o: sims["easy"] for o, (_, sims, _) in results.items()},
                     "s_H_by_objective": {o: sims["hard"] for o, (_, sims, _) in results.items()},
-                    "anchor": (next(iter(roles.values())) if len(set(roles.values())) == 1 else "mixed") if roles else None,
+                    "anchor": (next(iter(roles.values())) if len(set(roles.values())) == 1 else "mixed")
+                    if roles
+                    else None,
                 }
                 if roles:
                     row["anchor_by_objective"] = roles
             else:
                 score, sims, role = results["all"]
                 row = {"score": score, "s_E": sims["easy"], "s_H": sims["hard"], "anchor": role}
-            row.update({
-                "circuit_edges": query.n_edges,
-                "circuit_depth": None if query.n_edges == 0 else round(query.depth(), 4),
-                "circuit_by_layer": query.placement()["by_destination"].tolist(),
-            })
+            row.update(
+                {
+                    "circuit_edges": query.n_edges,
+                    "circuit_depth": None if query.n_edges == 0 else round(query.depth(), 4),
+                    "circuit_by_layer": query.placement()["by_destination"].tolist(),
+                }
+            )
             rows.append(row)
         self.last_metadata = self._metadata(samples, pool, groups)
         return rows
@@ -476,34 +559,59 @@ class CUDScorer:
 
         runner = self._runner_for(pool)
         meta: dict[str, Any] = {
-            "scorer": "cud", "format": 1, "scored_samples": len(samples),
+            "scorer": "cud",
+            "format": 1,
+            "scored_samples": len(samples),
             "anchor_pool": pool.describe(),
             "settings": {
-                "objectives": self.objectives, "seeds": self.seeds, "per_objective": self.per_objective,
-                "anchor_by": self.anchor_by, "k": self._k if vote else None,
-                "min_votes": vote.min_votes if vote else None, "min_objectives": vote.min_objectives if vote else None,
-                "stop_prob": self.stop_prob, "check_steps": self.check_steps,
+                "objectives": self.objectives,
+                "seeds": self.seeds,
+                "per_objective": self.per_objective,
+                "anchor_by": self.anchor_by,
+                "k": self._k if vote else None,
+                "min_votes": vote.min_votes if vote else None,
+                "min_objectives": vote.min_objectives if vote else None,
+                "stop_prob": self.stop_prob,
+                "check_steps": self.check_steps,
                 "runner": getattr(runner, "describe", lambda: {"runner": type(runner).__name__})(),
-                "fixed_anchors": self.anchors is not None, "given_losses": self.anchor_losses is not None,
-                "similarity": self.similarity, "circuit": self.circuit, "n_edges": self.n_edges, "tau": self.tau,
-                **self.eap, "max_rows": self.max_rows, "max_length": self.max_length,
+                "fixed_anchors": self.anchors is not None,
+                "given_losses": self.anchor_losses is not None,
+                "similarity": self.similarity,
+                "circuit": self.circuit,
+                "n_edges": self.n_edges,
+                "tau": self.tau,
+                **self.eap,
+                "max_rows": self.max_rows,
+                "max_length": self.max_length,
                 "answer_tokens": self.answer_tokens,
             },
-            "anchors": {name: {"easy": entries(easy, "easy"), "hard": entries(hard, "hard")}
-                        for name, (easy, hard) in groups.items()},
+            "anchors": {
+                name: {"easy": entries(easy, "easy"), "hard": entries(hard, "hard")}
+                for name, (easy, hard) in groups.items()
+            },
         }
         if vote is not None:
-            meta["stable_by_objective"] = {o: {"easy": entries(e, "easy"), "hard": entries(h, "hard")}
-                                           for o, (e, h) in vote.by_objective.items()}
-            meta["runs"] = [{"objective": o, "seed": s, **self._run_info.get((o, s), {})} for o, s in self.anchor_runs()]
+            meta["stable_by_objective"] = {
+                o: {"easy": entries(e, "easy"), "hard": entries(h, "hard")} for o, (e, h) in vote.by_objective.items()
+            }
+            meta["runs"] = [
+                {"objective": o, "seed": s, **self._run_info.get((o, s), {})} for o, s in self.anchor_runs()
+            ]
             meta["seed_agreement"] = {}
             for o, runs in self._values.items():
-                pairs = [[self.seeds[a], self.seeds[b], spearman(runs[a], runs[b])]
-                         for a in range(len(runs)) for b in range(a + 1, len(runs))]
-                meta["seed_agreement"][o] = {"of": self.anchor_by, "mean_spearman": mean_or_none([p[2] for p in pairs]),
-                                             "pairs": pairs}
+                pairs = [
+                    [self.seeds[a], self.seeds[b], spearman(runs[a], runs[b])]
+                    for a in range(len(runs))
+                    for b in range(a + 1, len(runs))
+                ]
+                meta["seed_agreement"][o] = {
+                    "of": self.anchor_by,
+                    "mean_spearman": mean_or_none([p[2] for p in pairs]),
+                    "pairs": pairs,
+                }
             means = {o: [sum(col) / len(col) for col in zip(*runs)] for o, runs in self._values.items()}
             names = list(means)
-            meta["objective_agreement"] = [[a, b, spearman(means[a], means[b])]
-                                           for i, a in enumerate(names) for b in names[i + 1:]]
+            meta["objective_agreement"] = [
+                [a, b, spearman(means[a], means[b])] for i, a in enumerate(names) for b in names[i + 1 :]
+            ]
         return meta
