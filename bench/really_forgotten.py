@@ -120,6 +120,16 @@ def main(argv=None) -> int:
     results = json.loads((Path(args.demo) / "results.json").read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # `unlearn eval` takes a split name or a file: the slices are written as JSON-lines files
+    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.stratify import write_split
+
+    for flag in ("forget_split", "holdout_split"):
+        spec = getattr(args, flag)
+        if spec.startswith("tofu:") and "[" in spec:
+            path = out / f"{flag.split('_')[0]}.json"
+            write_split(path, load_split(spec))
+            setattr(args, flag, str(path))
     targets, runs = results["targets"], results["unlearning_runs"]
     models = [("retain", targets["retain"]["model"], None), ("full", targets["full"]["model"], None)]
     models += [(name, targets["full"]["model"], run["adapter"]) for name, run in runs.items()]

@@ -19,7 +19,7 @@ from ..errors import UnlearnError
 from .common import check_int, check_out_folder, device_option
 
 EXAMPLE = """examples:
-  unlearn demo --out demo-report                    # about 15 minutes on 2 CPU cores
+  unlearn demo --out demo-report                    # about 13 minutes on 2 CPU cores
   unlearn demo --fast --out smoke                   # every stage, minimal work
   unlearn demo --authors 5 --forget-authors 2 --tofu-dir ../shared/data/tofu
   unlearn demo --benchmark movielens --out demo-movielens
