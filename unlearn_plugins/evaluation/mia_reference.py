@@ -10,15 +10,13 @@ made on other splits, or with another ``--limit``, is refused.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import DataError
-from ..files import write_json
-from .reference import load_reference_file
+from .reference import load_reference_file, write_reference_file
 
 FORMAT = "unlearn-plugins/tofu-mia-reference"
 VERSION = 1
@@ -82,19 +80,18 @@ def write_mia_reference(
 ) -> None:
     if not (len(keys) == len(members) == len(losses)) or not keys:
         raise ValueError("an MIA reference needs one member label and loss per sample, and at least one sample")
-    write_json(
+    write_reference_file(
         path,
-        {
-            "format": FORMAT,
-            "version": VERSION,
+        format=FORMAT,
+        version=VERSION,
+        fields={
             "forget_split": forget_split,
             "holdout_split": holdout_split,
             "model": model,
             "adapter": adapter,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "auc": {name: float(value) for name, value in aucs.items()},
-            "samples": [{"key": k, "member": m, "loss": float(v)} for k, m, v in zip(keys, members, losses)],
         },
+        samples=[{"key": k, "member": m, "loss": float(v)} for k, m, v in zip(keys, members, losses)],
     )
 
 

@@ -19,7 +19,6 @@ set) serves any subset of it (e.g. the CUD-easy users' prompts).
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 import warnings
@@ -27,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from ..errors import DataError
-from ..files import write_json
-from .reference import load_reference_file
+from .reference import load_reference_file, write_reference_file
 from .reference import references_from as retain_references_from
 
 FORMAT = "unlearn-plugins/rec-prediction-reference"
@@ -146,18 +144,12 @@ def write_prediction_reference(
         raise ValueError("a prediction reference needs one P(Yes) per sample, and at least one sample")
     if len(set(keys)) != len(keys):
         raise ValueError("a prediction reference needs distinct sample keys")
-    write_json(
+    write_reference_file(
         path,
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "task": task,
-            "split": split,
-            "model": model,
-            "adapter": adapter,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "samples": [{"key": k, "p_yes": float(p)} for k, p in zip(keys, p_yes)],
-        },
+        format=FORMAT,
+        version=VERSION,
+        fields={"task": task, "split": split, "model": model, "adapter": adapter},
+        samples=[{"key": k, "p_yes": float(p)} for k, p in zip(keys, p_yes)],
     )
 
 

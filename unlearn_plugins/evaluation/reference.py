@@ -66,6 +66,15 @@ class Reference:
         )
 
 
+def write_reference_file(
+    path: str | os.PathLike, *, format: str, version: int, fields: dict[str, Any], samples: list[dict]
+) -> None:
+    """Write a reference file in the envelope :func:`load_reference_file` reads (format,
+    version, the given fields, the creation time, the samples), atomically."""
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    write_json(path, {"format": format, "version": version, **fields, "created": created, "samples": samples})
+
+
 def write_reference(
     path: str | os.PathLike,
     *,
@@ -79,18 +88,12 @@ def write_reference(
     """Write a reference file atomically."""
     if len(keys) != len(truth_ratios) or not keys:
         raise ValueError("a reference needs one truth ratio per sample, and at least one sample")
-    write_json(
+    write_reference_file(
         path,
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "task": task,
-            "split": split,
-            "model": model,
-            "adapter": adapter,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "samples": [{"key": k, "truth_ratio": float(tr)} for k, tr in zip(keys, truth_ratios)],
-        },
+        format=FORMAT,
+        version=VERSION,
+        fields={"task": task, "split": split, "model": model, "adapter": adapter},
+        samples=[{"key": k, "truth_ratio": float(tr)} for k, tr in zip(keys, truth_ratios)],
     )
 
 
