@@ -266,6 +266,9 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # a terminal's Ctrl-C: SIGINT handled, even where pytest itself runs with it ignored (a
+        # background job, as CI may start it), which the demo would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 600
     while not any((p / "stage.json").is_file() for p in cache.glob("run-*")):  # one run finished, others building

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
 from lm_eval.api.instance import Instance
 
-from ..data.tofu import control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
+from ..data.tofu import control_tokens, prompt_text, read_jsonl
 from ..errors import DataError
 from ..interfaces import QASample
 from . import mia
@@ -71,9 +70,8 @@ def load_qa_split(split: str, tofu_dir: str | None, what: str) -> tuple[list[QAS
             f"JSON-lines file in TOFU's format): unlearn eval --{what}-split X, or lm_eval --metadata "
             f'\'{{"{what}_split": "X"}}\''
         )
-    folder = resolve_tofu_dir(tofu_dir) if (tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")) else None
-    path = _split_path(split, folder)
     is_file = split.endswith((".json", ".jsonl")) or Path(split).expanduser().is_file()
+    path = _split_path(split, None, tofu_dir)  # a file needs no TOFU folder
     return read_jsonl(path), (str(path) if is_file else path.stem)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.tofu import control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
+from ..data.tofu import control_tokens, prompt_text, read_jsonl
 from ..errors import DataError
 from .mia_tasks import load_qa_split
 from .reference import sample_key
@@ -47,7 +47,6 @@ def probe_dataset(
     **_other_metadata: Any,
 ):
     """lm-eval ``custom_dataset`` of the probe tasks (``dataset_kwargs.probe``)."""
-    import os
 
     import datasets
 
@@ -58,8 +57,7 @@ def probe_dataset(
     specials = control_tokens(tok)
     docs = []
     if probe == "paraphrase":
-        folder = resolve_tofu_dir(tofu_dir) if (tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")) else None
-        path = _perturbed_path(forget_split, folder)
+        path = _perturbed_path(forget_split, None, tofu_dir)
         try:
             samples = read_jsonl(path, require=("question", "answer", "paraphrased_question"))
         except DataError as exc:

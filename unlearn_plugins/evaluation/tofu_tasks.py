@@ -164,11 +164,14 @@ def _refuse_control_tokens(fields: dict[str, Any], specials: Sequence[str], wher
                 )
 
 
-def _split_path(split: str, folder: Path | None) -> Path:
+def _split_path(split: str, folder: Path | None, tofu_dir: str | None = None) -> Path:
+    """A split's file: ``split`` itself when it is a file (no TOFU folder needed, even one
+    configured but missing), else SPLIT.json in ``folder`` (None: ``tofu_dir``, else
+    UNLEARN_TOFU_DIR, else the hub copy)."""
     candidate = Path(split).expanduser()
     if split.endswith((".json", ".jsonl")) or candidate.is_file():
         return candidate
-    folder = folder or resolve_tofu_dir(None)
+    folder = folder or resolve_tofu_dir(tofu_dir)
     path = folder / f"{split}.json"
     if not path.is_file():
         available = sorted(p.stem for p in folder.glob("*.json"))
@@ -176,9 +179,9 @@ def _split_path(split: str, folder: Path | None) -> Path:
     return path
 
 
-def _perturbed_path(forget: str, folder: Path | None) -> Path:
+def _perturbed_path(forget: str, folder: Path | None, tofu_dir: str | None = None) -> Path:
     """The truth-ratio file of a forget split: NAME_perturbed.json beside it, else the file itself."""
-    base = _split_path(forget, folder)
+    base = _split_path(forget, folder, tofu_dir)
     sibling = base.with_name(f"{base.stem}_perturbed{base.suffix}")
     return sibling if sibling.is_file() else base
 
@@ -201,7 +204,6 @@ def tofu_dataset(
 
     if tofu_role not in ROLES:
         raise DataError(f"dataset_kwargs.tofu_role must be one of {', '.join(ROLES)}, got {tofu_role!r}")
-    folder = resolve_tofu_dir(tofu_dir) if (tofu_dir or os.environ.get("UNLEARN_TOFU_DIR")) else None
     if tofu_split in (None, FORGET_PLACEHOLDER):
         if not forget_split:
             raise DataError(
@@ -209,9 +211,13 @@ def tofu_dataset(
                 "(a TOFU split name such as forget05, or a JSON-lines file in TOFU's format): "
                 'unlearn eval --forget-split X, or lm_eval --metadata \'{"forget_split": "X"}\''
             )
-        path = _perturbed_path(forget_split, folder) if tofu_role == "perturbed" else _split_path(forget_split, folder)
+        path = (
+            _perturbed_path(forget_split, None, tofu_dir)
+            if tofu_role == "perturbed"
+            else _split_path(forget_split, None, tofu_dir)
+        )
     else:
-        path = _split_path(tofu_split, folder)
+        path = _split_path(tofu_split, None, tofu_dir)
     samples = read_jsonl(path, require=_REQUIRED[tofu_role])
     tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
     eos = tok.eos_token
