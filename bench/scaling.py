@@ -115,28 +115,12 @@ def rila_rounds(folder: str, args) -> tuple[list[float], list[float]]:
 
 def trainer_rounds(folder: str, args, tmp: Path) -> tuple[list[float], list[float]]:
     """(median Trainer step seconds, median bare-loop step seconds) per round."""
-    from trainer_overhead import bare_steps, trainer_steps
-
-    from unlearn_plugins.training import UnlearnConfig
+    from trainer_overhead import bare_steps, run_config, trainer_steps
 
     trainer, bare = [], []
     for round_ in range(args.rounds):
-        config = UnlearnConfig(
-            out=str(tmp / f"run{round_}"),
-            model=folder,
-            tofu_dir=args.tofu_dir,
-            forget="tofu:forget01",
-            retain="tofu:retain99[0:200]",
-            objective="grad_diff",
-            lora_r=8,
-            lora_alpha=16,
-            batch_size=4,
-            grad_accum=1,
-            max_length=64,
-            max_steps=args.warmup + args.train_steps,
-            save_steps=0,
-            seed=round_,
-            device=args.device,
+        config = run_config(
+            str(tmp / f"run{round_}"), folder, args.tofu_dir, args.warmup + args.train_steps, round_, args.device
         )
         recorded: list = []
         times, _ = trainer_steps(config, recorded)

@@ -24,6 +24,30 @@ from pathlib import Path
 from rounds import load_average, machine, median, spread
 
 
+def run_config(out: str, model: str, tofu_dir: str | None, steps: int, seed: int, device: str | None = None):
+    """The unlearning run both loops replay: grad_diff on forget01 with 200 retain QA, LoRA r 8,
+    batch 4, 64 tokens, ``steps`` optimizer steps, no checkpoints (also bench/scaling.py's)."""
+    from unlearn_plugins.training import UnlearnConfig
+
+    return UnlearnConfig(
+        out=out,
+        model=model,
+        tofu_dir=tofu_dir,
+        forget="tofu:forget01",
+        retain="tofu:retain99[0:200]",
+        objective="grad_diff",
+        lora_r=8,
+        lora_alpha=16,
+        batch_size=4,
+        grad_accum=1,
+        max_length=64,
+        max_steps=steps,
+        save_steps=0,
+        seed=seed,
+        device=device,
+    )
+
+
 def trainer_steps(config, recorded: list) -> tuple[list[float], list[float]]:
     """Step times and losses of run_unlearning; records the examples of every batch it collates."""
     from transformers import TrainerCallback
@@ -112,8 +136,6 @@ def main(argv=None) -> None:
 
     import torch
 
-    from unlearn_plugins.training import UnlearnConfig
-
     if args.quick:
         args.steps, args.warmup, args.rounds = 3, 1, 2
     trainer_times, bare_times, round_ratios, loss_gap = [], [], [], 0.0
@@ -124,22 +146,7 @@ def main(argv=None) -> None:
 
             model = str(save_tiny_model(Path(tmp) / "tiny-model"))
         for round_ in range(args.rounds):
-            config = UnlearnConfig(
-                out=str(Path(tmp) / f"run{round_}"),
-                model=model,
-                tofu_dir=args.tofu_dir,
-                forget="tofu:forget01",
-                retain="tofu:retain99[0:200]",
-                objective="grad_diff",
-                lora_r=8,
-                lora_alpha=16,
-                batch_size=4,
-                grad_accum=1,
-                max_length=64,
-                max_steps=args.warmup + args.steps,
-                save_steps=0,
-                seed=round_,
-            )
+            config = run_config(str(Path(tmp) / f"run{round_}"), model, args.tofu_dir, args.warmup + args.steps, round_)
             recorded: list = []
             times, trainer_losses = trainer_steps(config, recorded)
             trainer = times[args.warmup :]
