@@ -28,9 +28,9 @@ CELLS = [
     "retain/forget1",
     "eval-retain/forget1",
     "eval-full/forget1",
-    "grad_diff/forget1/seed0",
-    "grad_diff/forget1/seed1",
+    "grad_diff/forget1/seed0",  # seed-major: every method at seed 0 first
     "ihl_fila/forget1/seed0",
+    "grad_diff/forget1/seed1",
     "ihl_fila/forget1/seed1",
 ]
 

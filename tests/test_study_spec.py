@@ -39,7 +39,8 @@ def test_reglu_tofu_grid():
         "eval-full/forget2",
     ]
     methods = ["grad_diff", "ihl", "ihl_fila", "ihl_vila", "ihl_rila", "reglu"]
-    assert ids[7:] == [f"{m}/forget{k}/seed{s}" for k in (1, 2) for m in methods for s in (0, 1, 2)]
+    # seed-major: a study stopped early has every method and forget size at its first seeds
+    assert ids[7:] == [f"{m}/forget{k}/seed{s}" for s in (0, 1, 2) for k in (1, 2) for m in methods]
     by_id = {c.id: c for c in cells}
     assert by_id["reglu/forget2/seed1"].deps == ("target", "eval-retain/forget2")
     assert by_id["eval-full/forget1"].deps == ("target", "eval-retain/forget1")
@@ -119,8 +120,8 @@ def test_tiny_grid_and_options():
         "eval-retain/forget1",
         "eval-full/forget1",
         "grad_diff/forget1/seed0",
-        "grad_diff/forget1/seed1",
         "ihl_fila/forget1/seed0",
+        "grad_diff/forget1/seed1",
         "ihl_fila/forget1/seed1",
     ]
     assert study.model == "tiny-llama" and study.source == "generated"
@@ -253,6 +254,11 @@ BAD = [
         "study reports Forget Quality, Model Utility, forget probability and ROUGE-L)",
     ),
     (
+        "evaluation dtype",
+        _variant("gen_margin = 4", 'gen_margin = 4\ndtype = "bf8"'),
+        "[evaluation] dtype: must be one of 'float32', 'fp32', 'bfloat16', 'bf16', 'float16', 'fp16', got 'bf8'",
+    ),
+    (
         "retain given for another size",
         _variant("[target]\n", '[retain]\ngiven = { "2" = "x" }\n\n[target]\n'),
         "[retain.given] 2: must be a forget size of [benchmark] forget_authors (1)",
@@ -319,6 +325,8 @@ def test_stage_keys_change_with_what_a_stage_depends_on_and_nothing_else(tmp_pat
         == {"target", "eval-full/forget1"} | methods
     )
     assert changed(_variant("gen_margin = 4", "gen_margin = 5")) == set(base) - {"target", "retain/forget1"}
+    evaluations = set(base) - {"target", "retain/forget1"}  # the method cells' evaluate stages
+    assert changed(_variant("gen_margin = 4", 'gen_margin = 4\ndtype = "bf16"')) == evaluations
     one = folders(_variant("seeds = [0, 1]", "seeds = [1]"))
     assert one["grad_diff/forget1/seed1"] == base["grad_diff/forget1/seed1"]  # a cell does not depend on the grid
 

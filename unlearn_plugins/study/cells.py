@@ -189,6 +189,8 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     plan = Plan(study, cache, device, benches)
     ev = study.evaluation
     eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
+    if ev.dtype:  # only when set, so the keys of studies that leave it out stay as they were
+        eval_settings += (ev.dtype,)
 
     def folder(kind: str, name: str, key: str) -> str:
         return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
@@ -259,6 +261,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             "tasks": list(ev.tasks),
             "batch_size": ev.batch_size,
             "gen_margin": ev.gen_margin,
+            "dtype": ev.dtype,
             "max_length": study.max_length,
             "device": device,
             "extraction_from_task": ev.extraction_from_task,
@@ -420,6 +423,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         p["tasks"],
         adapter=p["adapter"],
         device=p["device"],
+        dtype=p.get("dtype"),
         batch_size=p["batch_size"],
         retain_references=p["references"],
         tofu_dir=str(bench.folder),
@@ -431,7 +435,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
     runner.write_outputs(tmp, evaluation)
     if not p["extraction_from_task"]:
         values = extraction_strengths(
-            p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], p["batch_size"]
+            p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], p["batch_size"], p.get("dtype")
         )
         write_json(
             tmp / EXTRACTION,
@@ -449,7 +453,13 @@ def _need(path: str, what: str) -> None:
 
 
 def extraction_strengths(
-    model: str, adapter: str | None, data: str, max_length: int, device: str | None, batch_size: int = 8
+    model: str,
+    adapter: str | None,
+    data: str,
+    max_length: int,
+    device: str | None,
+    batch_size: int = 8,
+    dtype: str | None = None,
 ) -> list[float]:
     """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..evaluation.tofu_metrics`): ``k``
     the first answer position from which every teacher-forced greedy prediction equals the
@@ -461,7 +471,7 @@ def extraction_strengths(
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 
-    loaded, tok = load_model(model, device=device, adapter=adapter)
+    loaded, tok = load_model(model, device=device, dtype=dtype, adapter=adapter)
     encoded = encode_samples(tok, load_split(data), max_length=max_length)
     out: list[float] = []
     dev = next(loaded.parameters()).device

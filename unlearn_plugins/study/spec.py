@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnlearnError
+from ..training.config import DTYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,6 +122,8 @@ class Evaluation:
     mu_size: int
     batch_size: int
     gen_margin: int
+    #: the weights' dtype while evaluating (None: the device's default, fp32 on CPU)
+    dtype: str | None = None
 
     @property
     def extraction_from_task(self) -> bool:
@@ -566,7 +569,7 @@ class _Reader:
 
     def evaluation(self, data: dict) -> Evaluation:
         values = self.table(data, "evaluation")
-        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin"))
+        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype"))
         tasks = values.get("tasks", list(REQUIRED_TASKS))
         if not isinstance(tasks, list) or not all(isinstance(t, str) and t for t in tasks):
             raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
@@ -585,6 +588,7 @@ class _Reader:
             mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
             batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
             gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0),
+            dtype=self.get("evaluation", values, "dtype", "str", None, choices=DTYPES),
         )
 
 
@@ -614,7 +618,7 @@ def _config_problem(message: str) -> tuple[str | None, str]:
 def expand(study: Study) -> list[Cell]:
     """Every cell of the grid, each after the cells it needs: the target, per forget size the
     retain model and the evaluations of both (the retain model's truth ratios are the Forget
-    Quality reference), then method x seed."""
+    Quality reference), then seed x forget size x method."""
     cells: list[Cell] = []
     target_id = None
     if study.target.given is None:
@@ -644,9 +648,10 @@ def expand(study: Study) -> list[Cell]:
                 deps=tuple(d for d in (target_id, ref) if d),
             )
         )
-    for k in study.forget_sizes:
-        for method in study.methods:
-            for seed in study.seeds:
+    # seed-major: a study stopped early has every method and size at its first seeds
+    for seed in study.seeds:
+        for k in study.forget_sizes:
+            for method in study.methods:
                 cells.append(
                     Cell(
                         f"{method.name}/forget{k}/seed{seed}",
