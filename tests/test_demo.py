@@ -105,6 +105,11 @@ def test_fast_demo_writes_a_complete_report(demo_run):
     assert all(r["stopped_at_step"] == r["steps"] for r in cud["anchor_runs"])  # the tiny model: first check
     assert set(cud["seed_agreement"]) == {"grad_diff", "npo"}
     assert results["benchmark"]["source"] == "generated" and results["benchmark"]["sizes"]["forget"] == 20
+    # the dtypes that ran, as this machine resolved --train-dtype / --eval-dtype auto
+    from unlearn_plugins.models import native_dtype
+
+    native = native_dtype("auto", "cpu") or "library default"
+    assert results["train_dtype"] == native and results["evaluation"]["dtype"] == native
 
     # the terminal table and the Markdown summary show the same five models
     table = [line for line in out.splitlines() if line.startswith(("full", "retain", "ReGLU", "GradDiff", "IHL"))]
@@ -296,6 +301,7 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
     [
         (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
         (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
+        (["--eval-dtype", "bf16", "--benchmark", "movielens"], "--eval-dtype: not an option of --benchmark movielens"),
     ],
 )
 def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir, tmp_path, capsys):

@@ -82,6 +82,27 @@ def test_resolve_errors(tmp_path):
     assert models.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+def test_native_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
+    """The demo's --train-dtype/--eval-dtype auto: bf16 on a CPU with AVX512-BF16 or AMX, fp32
+    (None: the library default) on other CPUs, the library's default (bf16 already) on CUDA."""
+    import torch
+
+    assert models.native_dtype("bf16", "cpu") == "bf16" and models.native_dtype("fp32", "cpu") == "fp32"
+    for amx, avx512_bf16, expected in ((True, False, "bf16"), (False, True, "bf16"), (False, False, None)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        assert models.native_dtype("auto", "cpu") == expected
+    assert models.native_dtype("auto", "cuda") is None  # pick_dtype's CUDA default decides
+
+    def broken():
+        raise RuntimeError("no cpuinfo")
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", broken, raising=False)
+    assert models.native_dtype("auto", "cpu") is None
+    with pytest.raises(ModelError, match=r"^--eval-dtype 'fp8': choose auto, bf16, fp32$"):
+        models.native_dtype("fp8", "cpu", "--eval-dtype")
+
+
 def test_local_folder_loads(tiny_model_dir):
     model, tok = models.load_model(str(tiny_model_dir), device="cpu")
     assert model.config.num_hidden_layers == 2 and tok.pad_token_id is not None

@@ -64,6 +64,31 @@ def pick_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+#: the demo's --train-dtype / --eval-dtype choices
+DTYPE_CHOICES = ("auto", "bf16", "fp32")
+
+
+def native_dtype(choice: str, device: str | None, flag: str = "--dtype") -> str | None:
+    """``auto``: bf16 where the hardware computes it natively and it is fast - on CUDA the
+    library's default already (None), on a CPU with bf16 matrix units (AVX512-BF16 or AMX),
+    where a forward pass is ~4x faster than fp32; elsewhere fp32 (None). ``bf16`` / ``fp32``
+    as given. ``flag`` names the option in the error for another value."""
+    import contextlib
+
+    if choice not in DTYPE_CHOICES:
+        raise ModelError(f"{flag} {choice!r}: choose {', '.join(DTYPE_CHOICES)}")
+    if choice != "auto":
+        return choice
+    if not pick_device(device).startswith("cpu"):
+        return None
+    import torch
+
+    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    with contextlib.suppress(Exception):  # private torch probes: absent or failing means "not native"
+        return "bf16" if any(f is not None and f() for f in native) else None
+    return None
+
+
 def pick_dtype(device: str, dtype: str | None = None):
     """fp32 on CPU; bf16 on CUDA when supported (override with 'float32', 'bfloat16', 'float16')."""
     import torch

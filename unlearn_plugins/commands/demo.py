@@ -32,6 +32,7 @@ TOFU_ONLY = (
     ("--data", "data"),
     ("--tofu-dir", "tofu_dir"),
     ("--workers", "workers"),
+    ("--eval-dtype", "eval_dtype"),
 )
 MOVIELENS_ONLY = (
     ("--movielens-dir", "movielens_dir"),
@@ -41,7 +42,6 @@ MOVIELENS_ONLY = (
     ("--forget-fraction", "forget_fraction"),
     ("--shards", "shards"),
     ("--aggregator", "aggregator"),
-    ("--train-dtype", "train_dtype"),
 )
 
 
@@ -70,6 +70,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default=None, type=device_option, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
+    p.add_argument(
+        "--train-dtype",
+        choices=("auto", "bf16", "fp32"),
+        default=None,
+        help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
+        "(AVX512-BF16 / AMX), else fp32 (default: auto)",
+    )
     tofu = p.add_argument_group("--benchmark tofu")
     tofu.add_argument(
         "--authors", type=int, default=None, help="authors in the benchmark, 20 QA each (default: 3; 2 with --fast)"
@@ -96,6 +103,13 @@ def add_parser(sub) -> None:
         help="stages built at once, each in a worker process with its share of the cores (default: 2, "
         "1 on a 1-core machine); 1: one after the other in this process",
     )
+    tofu.add_argument(
+        "--eval-dtype",
+        choices=("auto", "bf16", "fp32"),
+        default=None,
+        help="weights while evaluating (log-softmax stays fp32); auto as --train-dtype, as open-unlearning "
+        "evaluates in bf16 (default: auto)",
+    )
     rec = p.add_argument_group("--benchmark movielens (defaults: the budget in unlearn_plugins/demo/movielens.py)")
     rec.add_argument(
         "--movielens-dir",
@@ -120,13 +134,6 @@ def add_parser(sub) -> None:
         choices=("attention", "average"),
         default=None,
         help="RecEraser's attention or SISA's average over the shards (default: attention)",
-    )
-    rec.add_argument(
-        "--train-dtype",
-        choices=("auto", "bf16", "fp32"),
-        default=None,
-        help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
-        "(AVX512-BF16 / AMX), else fp32; measurements run in fp32 on CPU (default: auto)",
     )
     p.set_defaults(func=run)
 
@@ -221,6 +228,8 @@ def run(args) -> int:
             device=args.device,
             cache_dir=args.cache_dir,
             workers=args.workers,
+            train_dtype=args.train_dtype or "auto",
+            eval_dtype=args.eval_dtype or "auto",
         )
         result = run_demo(config)
     print(result.table)

@@ -123,7 +123,6 @@ REC_METHODS = (
     Method("neggrad", "NegGrad (grad_ascent)", {"objective": "grad_ascent", "retain": None}),
     Method("bad_teacher", "Bad-T (bad_teacher)", {"objective": "bad_teacher"}),
 )
-TRAIN_DTYPES = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -153,30 +152,6 @@ class MovieLensDemoConfig:
             if getattr(self, name) is not None
         }
         return dataclasses.replace(base, **given)
-
-
-def training_dtype(choice: str, device: str | None) -> str | None:
-    """The base weights' dtype under LoRA while training (measurements always load fp32 on CPU).
-
-    ``auto``: bf16 where it is fast - on CUDA the library's default already (None), on a CPU
-    with native bf16 matrix units (AVX512-BF16 or AMX), where it halves a training step;
-    elsewhere fp32 (None)."""
-    if choice not in TRAIN_DTYPES:
-        raise UnlearnError(f"--train-dtype {choice!r}: choose {', '.join(TRAIN_DTYPES)}")
-    if choice == "bf16":
-        return "bf16"
-    if choice == "fp32":
-        return "fp32"
-    import torch
-
-    from ..models import pick_device
-
-    if not pick_device(device).startswith("cpu"):
-        return None
-    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    with contextlib.suppress(Exception):
-        return "bf16" if any(f is not None and f() for f in native) else None
-    return None
 
 
 def check_budget(b: RecBudget) -> None:
@@ -448,13 +423,13 @@ def run_movielens_demo(config: MovieLensDemoConfig, *, stream=None) -> MovieLens
 
 
 def _run(config: MovieLensDemoConfig, *, stream=None) -> MovieLensDemoResult:
-    from ..models import cache_dir, resolve_model
+    from ..models import cache_dir, native_dtype, resolve_model
     from ..recommendation.benchmark import FILES, read_info
     from . import movielens_report as report
 
     stream = stream or sys.stderr
     b = config.budget
-    dtype = training_dtype(config.train_dtype, config.device)
+    dtype = native_dtype(config.train_dtype, config.device, "--train-dtype")
     root = Path(config.cache_dir).expanduser() if config.cache_dir else cache_dir() / "demo"
     stages = Stages(root, total=10 + 2 * len(REC_METHODS), stream=stream)
     started = time.perf_counter()
@@ -612,5 +587,4 @@ __all__ = [
     "REC_METHODS",
     "RecBudget",
     "check_budget",
-    "training_dtype",
 ]

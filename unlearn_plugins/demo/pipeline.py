@@ -125,6 +125,19 @@ class DemoConfig:
     seed: int = 0
     cache_dir: str | None = None  # None: $UNLEARN_CACHE_DIR/demo
     workers: int | None = None  # stages built at once; None: default_workers()
+    #: base weights under LoRA while training / weights while evaluating: auto | bf16 | fp32
+    #: (auto: bf16 where the hardware computes it natively, :func:`..models.native_dtype`)
+    train_dtype: str = "auto"
+    eval_dtype: str = "auto"
+
+    def dtypes(self) -> tuple[str | None, str | None]:
+        """The (training, evaluation) dtypes this machine resolves the choices to."""
+        from ..models import native_dtype
+
+        return (
+            native_dtype(self.train_dtype, self.device, "--train-dtype"),
+            native_dtype(self.eval_dtype, self.device, "--eval-dtype"),
+        )
 
     @property
     def budget(self) -> Budget:
@@ -162,7 +175,7 @@ def _finetune(config: DemoConfig, data: Path, out: Path) -> None:
             max_length=b.max_length,
             seed=config.seed,
             device=config.device,
-            **b.finetune,
+            **{**b.finetune, **({"dtype": dtype} if (dtype := config.dtypes()[0]) else {})},
         )
     )
 
@@ -184,7 +197,7 @@ def _unlearn(config: DemoConfig, bench: Benchmark, full_model: str, method: Meth
             max_length=config.budget.max_length,
             seed=config.seed,
             device=config.device,
-            **values,
+            **{**values, **({"dtype": dtype} if (dtype := config.dtypes()[0]) else {})},
         )
     )
 
@@ -295,6 +308,7 @@ def _evaluate(
         list(EVAL_TASKS),
         adapter=adapter,
         device=config.device,
+        dtype=config.dtypes()[1],
         batch_size=config.budget.eval_batch_size,
         retain_references=references,
         tofu_dir=str(bench.folder),
@@ -577,7 +591,8 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     base_path = resolve_model(config.model)  # converts the embedded model once (cached)
     base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
     max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
-    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks)
+    train_dtype, eval_dtype = config.dtypes()  # resolved here: keys and report say what ran
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype)
     common = {"config": config, "bench": bench}
     steps: list[Step] = []
 
@@ -599,7 +614,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     # 2. target models
     targets = {}
     for name, data in (("full", bench.full), ("retain", bench.retain)):
-        key = digest(base_key, content[name], b.finetune, b.max_length, config.seed)
+        key = digest(base_key, content[name], b.finetune, b.max_length, config.seed, train_dtype)
         folder = stages.folder("target", name, key)
         targets[name] = {"key": key, "model": str(folder / "run" / "merged")}
         add(
@@ -664,6 +679,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
             b.unlearn,
             b.max_length,
             config.seed,
+            train_dtype,
         )
         folder = stages.folder("run", method.name, key)
         runs[method.name] = {"key": key, "adapter": str(folder / "run")}
@@ -729,7 +745,13 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         evals=evals,
         cud_dir=cud_dir,
         timings=stages.timings,
-        evaluation={"tasks": list(EVAL_TASKS), "batch_size": b.eval_batch_size, "max_gen_toks": max_gen_toks},
+        evaluation={
+            "tasks": list(EVAL_TASKS),
+            "batch_size": b.eval_batch_size,
+            "max_gen_toks": max_gen_toks,
+            "dtype": eval_dtype or "library default",
+        },
+        train_dtype=train_dtype or "library default",
         wall_s=time.perf_counter() - started,
     )
     return DemoResult(Path(config.out), results, table, files)

@@ -204,6 +204,7 @@ def write_report(
     timings: dict,
     wall_s: float,
     evaluation: dict,
+    train_dtype: str = "library default",
 ) -> tuple[dict, str, dict]:
     from dataclasses import asdict
 
@@ -225,6 +226,7 @@ def write_report(
         "notice": notice,
         "models": rows,
         "evaluation": evaluation,
+        "train_dtype": train_dtype,
         "targets": targets,
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
         "cud": {
@@ -282,7 +284,9 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
         f"Every method unlearned the {bench['sizes']['forget']} forget QA with the same budget: LoRA r "
         f"{b['unlearn']['lora_r']}, lr {b['unlearn']['lr']}, {b['unlearn']['epochs']:g} epochs, batch "
-        f"{b['unlearn']['batch_size']} x {b['unlearn']['grad_accum']}. Forget Quality is the KS-test p-value of "
+        f"{b['unlearn']['batch_size']} x {b['unlearn']['grad_accum']}; base weights while training: "
+        f"{results.get('train_dtype', 'library default')}, weights while evaluating: "
+        f"{results['evaluation'].get('dtype', 'library default')}. Forget Quality is the KS-test p-value of "
         f"the forget truth ratios against the retain model's; Model Utility is the harmonic mean of prob, "
         f"ROUGE-L and truth ratio on retain QA ({bench['sizes']['retain_perturbed']}), real authors and world facts "
         f"({bench['sizes']['real_authors_perturbed']} each); ROUGE generations stop after "
