@@ -136,6 +136,25 @@ def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
     code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", cache)
     assert code == 0 and stdout.splitlines()[-1] == f"8 cells: 8 cached, 0 to build (cache {cache})"
 
+    # --report-only: the finished cells' report, building nothing; a grid with one more seed
+    # reports its new cells as not run, and the finished seeds' numbers as they are
+    code, _, err = run(capsys, "tiny", "--report-only", "--out", tmp_path / "again", "--cache-dir", cache)
+    assert code == 0 and "start" not in err and "executor:" not in err
+    assert report(tmp_path / "again")["groups"] == data["groups"]
+    before = sorted(p.name for p in cache.iterdir())
+    bigger = study_file(tmp_path, [0, 1, 2])
+    code, _, err = run(capsys, bigger, "--report-only", "--out", tmp_path / "partial", "--cache-dir", cache)
+    assert code == 0, err[-2000:]
+    assert sorted(p.name for p in cache.iterdir()) == before  # nothing built
+    partial = report(tmp_path / "partial")
+    assert partial["not_run"] == ["grad_diff/forget1/seed2", "ihl_fila/forget1/seed2"] and partial["failed"] == []
+    groups = {g["method"]: g for g in partial["groups"]}
+    assert groups["grad_diff"]["seeds_done"] == [0, 1]
+    assert groups["grad_diff"]["metrics"] == {g["method"]: g for g in data["groups"]}["grad_diff"]["metrics"]
+    summary = (tmp_path / "partial" / "summary.md").read_text()
+    assert "| GradDiff | 2/3 |" in summary and "Not run yet (2): `grad_diff/forget1/seed2`" in summary
+    assert "0 failed, 2 not run; report only (nothing built)." in summary
+
 
 def test_dry_run_lists_the_grid_and_builds_nothing(tmp_path, capsys):
     code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", tmp_path / "cache")

@@ -4,7 +4,8 @@ method's Forget Quality, Model Utility and more with 95% confidence intervals ov
 
 A study is a TOML file or the name of a built-in study (`unlearn study --list`); its format is
 in docs/study.md. A rerun, or a run after an interruption, builds only the cells not yet in the
-cache; `--dry-run` shows which those are, `--show-config` prints the study as read (defaults
+cache; `--dry-run` shows which those are, `--report-only` writes the report of the cells
+finished so far (while a long study runs, say), `--show-config` prints the study as read (defaults
 filled in, each method's options resolved) with this command's options. Exit status 1 when a
 cell failed (the report says which, and why)."""
 
@@ -19,11 +20,12 @@ EXAMPLE = """examples:
   unlearn study --list                                # the built-in studies
   unlearn study reglu_tofu --dry-run                  # the grid, and which cells are cached
   unlearn study reglu_tofu --workers 2 --show-config  # the study as resolved; runs nothing
+  unlearn study reglu_tofu --report-only --out partial  # the table of the cells finished so far
   UNLEARN_TOFU_DIR=../shared/data/tofu unlearn study reglu_tofu --workers 2 --out reglu-tofu
   unlearn study my_study.toml --executor dask --scheduler tcp://HOST:8786
 """
 #: parsed options that say what to do rather than how the study runs (left out of --show-config)
-_NOT_RUN_OPTIONS = ("func", "command", "debug", "verbosity", "show_config", "list", "dry_run", "study")
+_NOT_RUN_OPTIONS = ("func", "command", "debug", "verbosity", "show_config", "list", "dry_run", "report_only", "study")
 
 
 def add_parser(sub) -> None:
@@ -61,6 +63,12 @@ def add_parser(sub) -> None:
         help="a running Dask scheduler (tcp://host:8786) for --executor dask",
     )
     p.add_argument("--dry-run", action="store_true", help="print the grid of cells and which are cached; build nothing")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report (--out) of the cells finished so far, cached or in --records; build "
+        "nothing (a running study's table, or a stopped one's)",
+    )
     p.add_argument(
         "--show-config",
         action="store_true",
@@ -128,6 +136,8 @@ def run(args) -> int:
     cache = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache()
     if args.show_config:
         return _show_config(study, args, cache)
+    if args.dry_run and args.report_only:
+        raise UnlearnError("--dry-run and --report-only: give one of them")
     if args.dry_run:
         from ..study.cells import plan_study
         from ..study.runner import dry_run_table
@@ -135,9 +145,22 @@ def run(args) -> int:
         records = Path(args.records).expanduser() if args.records else None
         print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
+    out = args.out or f"study-{study.name}"
+    if args.report_only:
+        from ..study.runner import report_study
+
+        outcome = report_study(
+            study,
+            out=out,
+            cache=cache,
+            device=args.device,
+            records=Path(args.records).expanduser() if args.records else None,
+        )
+        print(outcome.table)
+        print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
+        return 0
     from ..study.runner import run_study
 
-    out = args.out or f"study-{study.name}"
     outcome = run_study(
         study,
         out=out,

@@ -318,7 +318,7 @@ def markdown(report: dict, plan: Plan) -> str:
             cells = (
                 [_fmt(row.get(key), key) for key, _ in METRICS]
                 if row["status"] == "done"
-                else ["failed"] * len(METRICS)
+                else [row["status"]] * len(METRICS)
             )
             lines.append(f"| {row['label']} | - | " + " | ".join(cells) + " |")
         groups = [g for g in report["groups"] if g["forget"] == k]
@@ -344,18 +344,25 @@ def markdown(report: dict, plan: Plan) -> str:
             f"world-facts QA): at most {width:.3f} wide ({where}).",
         ]
     lines += ["", "![Forget Quality vs Model Utility](pareto.png)"]
-    failed = [(cid, c) for cid, c in data["cells"].items() if c["status"] != "done"]
+    failed = [(cid, c) for cid, c in data["cells"].items() if c["status"] == "failed"]
+    unfinished = [cid for cid, c in data["cells"].items() if c["status"] == "not run"]
+    if unfinished:  # a report of a study still running (--report-only), or stopped
+        lines += ["", f"Not run yet ({len(unfinished)}): " + ", ".join(f"`{cid}`" for cid in unfinished) + "."]
     if failed:
         lines += ["", f"## Failed cells ({len(failed)})", ""]
         lines += [f"- `{cid}`: {c.get('error')}" + (f" (log: {c['log']})" if c.get("log") else "") for cid, c in failed]
     sources = [c.get("source") for c in data["cells"].values() if c["status"] == "done"]
     run = report["run"]
+    how = (
+        "report only (nothing built)"
+        if run.get("report_only")
+        else f"{run['executor']} executor, {run['workers']} worker(s), {run['wall_time_s']:.0f} s"
+    )
     lines += [
         "",
         f"{len(data['cells'])} cells: {sources.count('built')} built in this run, "
         f"{sources.count('cached')} cached, {sources.count('waited')} built by a concurrent run, "
-        f"{len(failed)} failed; {run['executor']} executor, {run['workers']} worker(s), "
-        f"{run['wall_time_s']:.0f} s.",
+        f"{len(failed)} failed, {len(unfinished)} not run; {how}.",
         "",
     ]
     return "\n".join(lines)
@@ -498,7 +505,8 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "references": data["references"],
         "groups": data["groups"],
         "cells": data["cells"],
-        "failed": [cid for cid, c in data["cells"].items() if c["status"] != "done"],
+        "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
+        "not_run": [cid for cid, c in data["cells"].items() if c["status"] == "not run"],
     }
     out.mkdir(parents=True, exist_ok=True)
     files = {"study.json": out / "study.json", "summary.md": out / "summary.md", "pareto.png": out / "pareto.png"}

@@ -215,6 +215,33 @@ def run_study(
     return Outcome(plan, results, files, table)
 
 
+def report_study(
+    study: Study,
+    *,
+    out: str | Path,
+    cache: Path,
+    device: str | None = None,
+    stream=None,
+    records: str | Path | None = None,
+) -> Outcome:
+    """The report of the cells finished so far (cached, or restored from ``records``), building
+    no cell: a long study's table while it runs, or of a study stopped before its end."""
+    from . import records as ledger
+
+    stream = stream or sys.stderr
+    out = Path(out)
+    plan = plan_study(study, cache=cache, device=device, stream=stream)
+    if records is not None:
+        ledger.restore(plan, Path(records))
+    results = {
+        cp.cell.id: {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
+        for cp in plan.ordered()
+        if cp.cached
+    }
+    files, table = _write_report(out, plan, results, {"report_only": True}, stream)
+    return Outcome(plan, results, files, table)
+
+
 def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tuple[dict, str]:
     """The report, under the lock of ``out`` (a concurrent run of the same study writing the
     same folder is waited for: its report is replaced by this one, which has the same cells)."""
@@ -232,4 +259,4 @@ def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tu
             time.sleep(2)
 
 
-__all__ = ["run_study", "run_cells", "dry_run_table", "Outcome"]
+__all__ = ["run_study", "report_study", "run_cells", "dry_run_table", "Outcome"]
