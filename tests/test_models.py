@@ -103,6 +103,43 @@ def test_native_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
         models.native_dtype("fp8", "cpu", "--eval-dtype")
 
 
+def test_merged_adapter_gives_the_unmerged_models_log_probs(tiny_model_dir, tmp_path):
+    """merge_adapter (what studies and the demo evaluate): a plain model whose outputs are the
+    PeftModel's, to fp32 rounding; in bf16 it stays as close to the fp32 model as the unmerged
+    bf16 base + fp32 adapter does."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    base, _ = models.load_model(str(tiny_model_dir), device="cpu")
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)  # a trained adapter: B is no longer zero
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ids = torch.randint(0, 100, (2, 12))
+
+    def log_probs(**kwargs):
+        model, _ = models.load_model(str(tiny_model_dir), device="cpu", adapter=str(tmp_path / "adapter"), **kwargs)
+        with torch.no_grad():
+            return model, torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+
+    unmerged_model, exact = log_probs()
+    merged_model, merged = log_probs(merge_adapter=True)
+    assert isinstance(unmerged_model, PeftModel) and not isinstance(merged_model, PeftModel)
+    assert not any("lora_" in name for name, _ in merged_model.named_parameters())
+    plain, _ = models.load_model(str(tiny_model_dir), device="cpu")
+    with torch.no_grad():
+        assert (torch.log_softmax(plain(input_ids=ids).logits, -1) - exact).abs().max() > 1e-3  # the adapter matters
+    assert torch.allclose(merged, exact, atol=1e-5)
+    bf16_model, bf16_merged = log_probs(merge_adapter=True, dtype="bf16")
+    assert next(bf16_model.parameters()).dtype == torch.bfloat16
+    _, bf16_unmerged = log_probs(dtype="bf16")
+    merged_error = (bf16_merged - exact).abs().mean()
+    assert merged_error <= 2 * (bf16_unmerged - exact).abs().mean() + 1e-4
+
+
 def test_local_folder_loads(tiny_model_dir):
     model, tok = models.load_model(str(tiny_model_dir), device="cpu")
     assert model.config.num_hidden_layers == 2 and tok.pad_token_id is not None

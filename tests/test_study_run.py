@@ -241,6 +241,38 @@ def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
     assert not list(cache.glob("*.tmp-*"))  # the killed stage's temporary folder is gone
 
 
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_study_leaves_no_worker_behind(how, tmp_path):
+    """`kill` (SIGTERM) stops the study as Ctrl-C does: its workers interrupt their cells, whose
+    temporary folders go, and it exits 143. Killed outright (SIGKILL), its workers notice within
+    seconds and stop too: no orphan goes on computing a cell no one will collect."""
+    cache = tmp_path / "cache"
+    path = study_file(tmp_path, [0], methods=["grad_diff"])
+    proc = run_cli(path, "--workers", "1", "--out", tmp_path / "report", "--cache-dir", cache)
+    building = _wait_for(lambda: next(iter(cache.glob("target-*.tmp-*")), None), 600, proc)  # in a worker
+    worker = int(building.name.rsplit(".tmp-", 1)[1])
+    assert worker != proc.pid
+    os.kill(proc.pid, getattr(signal, how))
+    _, err = proc.communicate(timeout=120)
+    if how == "SIGTERM":
+        assert proc.returncode == 143 and err.splitlines()[-1] == "terminated", err[-3000:]
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    assert _gone(worker, 30), f"worker {worker} still running after the study stopped ({how})"
+    assert not list(cache.glob("*.tmp-*"))
+
+
 def test_two_concurrent_runs_build_each_cell_once(tmp_path):
     cache = tmp_path / "cache"
     path = study_file(tmp_path, [0], methods=["grad_diff"])

@@ -309,6 +309,7 @@ def _evaluate(
         adapter=adapter,
         device=config.device,
         dtype=config.dtypes()[1],
+        merge_adapter=True,
         batch_size=config.budget.eval_batch_size,
         retain_references=references,
         tofu_dir=str(bench.folder),
@@ -592,7 +593,8 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
     max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
     train_dtype, eval_dtype = config.dtypes()  # resolved here: keys and report say what ran
-    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype)
+    # adapters are evaluated merged into the weights (load_model's merge_adapter)
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype, "adapters merged")
     common = {"config": config, "bench": bench}
     steps: list[Step] = []
 

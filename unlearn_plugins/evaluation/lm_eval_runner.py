@@ -556,13 +556,15 @@ def evaluate_model(
     use_cache: str | None = None,
     metadata: dict[str, Any] | None = None,
     loaded: tuple[Any, Any] | None = None,
+    merge_adapter: bool = False,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
     The PeftModel itself goes to HFLM (its ``peft=`` argument is ignored for objects);
     the tasks get the base model's tokenizer through the metadata. ``metadata``: more task
     metadata (e.g. the MIA tasks' ``holdout_split``); ``loaded``: the (model, tokenizer) that
-    :func:`unlearn_plugins.models.load_model` gave for these arguments, when the caller needs it too.
+    :func:`unlearn_plugins.models.load_model` gave for these arguments, when the caller needs it too;
+    ``merge_adapter``: evaluate the adapter merged into the weights (:func:`..models.load_model`).
     """
     from lm_eval.models.huggingface import HFLM
 
@@ -589,6 +591,7 @@ def evaluate_model(
         trust_remote_code=trust_remote_code,
         adapter=adapter,
         allow_other_base=allow_other_base,
+        merge_adapter=merge_adapter,
     )
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
     lm = HFLM(
@@ -608,6 +611,7 @@ def evaluate_model(
         "batch_size": batch_size,
         "retain_references": list(retain_references),
         "max_gen_toks": max_gen_toks,
+        **({"adapter_merged": True} if adapter and merge_adapter else {}),
     }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
     return evaluate(

@@ -319,7 +319,8 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 "unlearn",
                 {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
             )
-            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings)
+            # the adapter is evaluated merged into the weights (load_model's merge_adapter)
+            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings, "merged")
             evaluate = Stage(
                 f"evaluate: {cell.label}",
                 folder("eval", f"{method.name}-forget{k}-seed{cell.seed}", key),
@@ -425,6 +426,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         device=p["device"],
         dtype=p.get("dtype"),
         batch_size=p["batch_size"],
+        merge_adapter=True,
         retain_references=p["references"],
         tofu_dir=str(bench.folder),
         forget_split=str(bench.forget),
@@ -471,7 +473,7 @@ def extraction_strengths(
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 
-    loaded, tok = load_model(model, device=device, dtype=dtype, adapter=adapter)
+    loaded, tok = load_model(model, device=device, dtype=dtype, adapter=adapter, merge_adapter=True)
     encoded = encode_samples(tok, load_split(data), max_length=max_length)
     out: list[float] = []
     dev = next(loaded.parameters()).device

@@ -69,6 +69,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> No
     _pin(threads, gpu)
     where = f"worker {slot} (pid {os.getpid()})"
     parent = os.getppid()
+    _watch_parent(parent)
     try:
         while True:
             try:
@@ -84,6 +85,19 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> No
             outbox.put(("done", task.plan.cell.id, {**result, "worker": where}))
     except KeyboardInterrupt:  # the stage being built has removed its temporary folder
         return
+
+
+def _watch_parent(parent: int, every: float = 2.0) -> None:
+    """Interrupt this worker (SIGINT: the stage being built removes its temporary folder) when
+    the study that started it dies without stopping it (SIGKILL, say), even in mid-cell."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 class LocalExecutor:
