@@ -62,6 +62,7 @@ def measure(name: str, model: str, adapter: str | None, out: Path, args, referen
         "quantize.bits=4",
         "--batch-size",
         str(args.batch_size),
+        *(["--dtype", args.dtype] if args.dtype else []),
         "--out",
         str(folder),
     ]
@@ -114,10 +115,18 @@ def main(argv=None) -> int:
     p.add_argument("--forget-split", default=FORGET)
     p.add_argument("--holdout-split", default=HOLDOUT)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="weights while measuring (default: the dtype the demo evaluated in, from its results.json)",
+    )
     args = p.parse_args(argv)
     from unlearn_plugins.files import write_json
 
     results = json.loads((Path(args.demo) / "results.json").read_text())
+    if args.dtype is None:  # measure as the demo measured ("library default": fp32 on CPU)
+        demo_dtype = results.get("evaluation", {}).get("dtype")
+        args.dtype = demo_dtype if demo_dtype in ("bf16", "fp32") else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # `unlearn eval` takes a split name or a file: the slices are written as JSON-lines files
@@ -148,6 +157,7 @@ def main(argv=None) -> int:
             "holdout_split": args.holdout_split,
             "attacks": list(ATTACKS),
             "quantize_bits": 4,
+            "dtype": args.dtype or "library default",
             "rows": rows,
         },
     )
