@@ -291,6 +291,24 @@ def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
     return longest + 1 + margin  # + the end token
 
 
+def cached_generation_cap(root: Path, key: str, model: str, bench: Benchmark, margin: int) -> int:
+    """:func:`generation_cap`, kept in ``root`` under ``key``: a warm run need not import
+    transformers and load the tokenizer (3 of its 6 seconds) to know it."""
+    import json
+
+    path = root / f"gen-cap-{key}.json"
+    try:
+        return int(json.loads(path.read_text())["max_gen_toks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from ..models import load_tokenizer
+
+    cap = generation_cap(load_tokenizer(model), bench, margin)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"max_gen_toks": cap, "model": model, "margin": margin})
+    return cap
+
+
 def _evaluate(
     config: DemoConfig,
     bench: Benchmark,
@@ -551,7 +569,7 @@ def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path)
 
 
 def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
-    from ..models import cache_dir, load_tokenizer, resolve_model
+    from ..models import cache_dir, resolve_model
     from . import report
 
     stream = stream or sys.stderr
@@ -591,7 +609,9 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     content = {name: file_digest(bench.folder / f"{name}.json") for name in ("full", "retain", "forget")}
     base_path = resolve_model(config.model)  # converts the embedded model once (cached)
     base_key = model_key(base_path if Path(base_path).is_dir() else config.model)
-    max_gen_toks = generation_cap(load_tokenizer(config.model), bench, b.gen_margin)
+    max_gen_toks = cached_generation_cap(
+        root, digest(base_key, bench_key, b.gen_margin), config.model, bench, b.gen_margin
+    )
     train_dtype, eval_dtype = config.dtypes()  # resolved here: keys and report say what ran
     # adapters are evaluated merged into the weights (load_model's merge_adapter)
     eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype, "adapters merged")
