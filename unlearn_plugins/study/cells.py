@@ -523,7 +523,19 @@ def _reset_peak() -> str:
         return "process"
 
 
-def _peak_rss_mb() -> float:
+def _peak_rss_mb(scope: str = "process") -> float:
+    """Peak resident set in MB. ``stage``: /proc's VmHWM, the high-water mark of this process's
+    own memory since :func:`_reset_peak`. getrusage's ru_maxrss is not that: it also keeps the
+    peak of the process image before exec, so a worker spawned from a large parent (a study's
+    main process, or pytest) reports at least the parent's size."""
+    if scope == "stage":
+        try:
+            with open("/proc/self/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        return round(int(line.split()[1]) / 1024, 1)  # kB
+        except (OSError, ValueError, IndexError):
+            pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS, KiB on Linux
 
@@ -543,7 +555,7 @@ def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None
         build(tmp)
         record = {
             "seconds": round(time.perf_counter() - started, 2),
-            "peak_rss_mb": _peak_rss_mb(),
+            "peak_rss_mb": _peak_rss_mb(scope),
             "peak_scope": scope,
             "threads": torch.get_num_threads(),
             "pid": os.getpid(),
