@@ -38,6 +38,7 @@ from typing import Callable
 
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
+from ..models import merge_is_exact
 from ..stages import DONE, Stages, digest  # noqa: F401  (DONE, digest: public here too)
 from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
@@ -327,7 +328,7 @@ def _evaluate(
         adapter=adapter,
         device=config.device,
         dtype=config.dtypes()[1],
-        merge_adapter=True,
+        merge_adapter=merge_is_exact(config.device, config.dtypes()[1]),
         batch_size=config.budget.eval_batch_size,
         retain_references=references,
         tofu_dir=str(bench.folder),
@@ -613,8 +614,9 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         root, digest(base_key, bench_key, b.gen_margin), config.model, bench, b.gen_margin
     )
     train_dtype, eval_dtype = config.dtypes()  # resolved here: keys and report say what ran
-    # adapters are evaluated merged into the weights (load_model's merge_adapter)
-    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype, "adapters merged")
+    # adapters are evaluated merged into the weights where that is exact (fp32 weights)
+    merged = ("adapters merged",) if merge_is_exact(config.device, eval_dtype) else ()
+    eval_settings = (list(EVAL_TASKS), b.eval_batch_size, max_gen_toks, eval_dtype, *merged)
     common = {"config": config, "bench": bench}
     steps: list[Step] = []
 

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from ..errors import UnlearnError
 from ..files import LockHeld, write_json
+from ..models import merge_is_exact
 from ..stages import DONE, Stages, digest
 from .spec import TINY_MODEL, Cell, Study, expand
 
@@ -319,8 +320,9 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 "unlearn",
                 {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
             )
-            # the adapter is evaluated merged into the weights (load_model's merge_adapter)
-            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings, "merged")
+            # the adapter is evaluated merged into the weights where that is exact (fp32 weights)
+            merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
+            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings, *merged)
             evaluate = Stage(
                 f"evaluate: {cell.label}",
                 folder("eval", f"{method.name}-forget{k}-seed{cell.seed}", key),
@@ -426,7 +428,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         device=p["device"],
         dtype=p.get("dtype"),
         batch_size=p["batch_size"],
-        merge_adapter=True,
+        merge_adapter=merge_is_exact(p["device"], p.get("dtype")),
         retain_references=p["references"],
         tofu_dir=str(bench.folder),
         forget_split=str(bench.forget),
@@ -473,7 +475,9 @@ def extraction_strengths(
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 
-    loaded, tok = load_model(model, device=device, dtype=dtype, adapter=adapter, merge_adapter=True)
+    loaded, tok = load_model(
+        model, device=device, dtype=dtype, adapter=adapter, merge_adapter=merge_is_exact(device, dtype)
+    )
     encoded = encode_samples(tok, load_split(data), max_length=max_length)
     out: list[float] = []
     dev = next(loaded.parameters()).device
