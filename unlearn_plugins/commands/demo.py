@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UnlearnError
+from ..models import DTYPE_CHOICES
 from .common import check_int, check_out_folder, device_option
 
 EXAMPLE = """examples:
@@ -72,7 +73,7 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-dir", default=None, help="stage cache (default: $UNLEARN_CACHE_DIR/demo)")
     p.add_argument(
         "--train-dtype",
-        choices=("auto", "bf16", "fp32"),
+        choices=DTYPE_CHOICES,
         default=None,
         help="base weights under LoRA while training; auto: bf16 on CUDA and on CPUs with native bf16 "
         "(AVX512-BF16 / AMX), else fp32 (default: auto)",
@@ -105,7 +106,7 @@ def add_parser(sub) -> None:
     )
     tofu.add_argument(
         "--eval-dtype",
-        choices=("auto", "bf16", "fp32"),
+        choices=DTYPE_CHOICES,
         default=None,
         help="weights while evaluating (log-softmax stays fp32); auto as --train-dtype, as open-unlearning "
         "evaluates in bf16 (default: auto)",
