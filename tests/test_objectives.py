@@ -421,3 +421,27 @@ def test_one_step_lowers_forget_probability(name, memorised, tiny_tokenizer):
     assert after < before - 1e-3, f"{name}: p(forget) {before:.4f} -> {after:.4f}"
     if name == "rol":
         assert objective.regularizers[0].loss().item() < before_rol  # the update also leaves the retain subspace
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_token_nll_equals_the_full_log_softmax_on_answer_tokens_and_zero_elsewhere(dtype):
+    """token_nll runs the log-softmax on answer rows only (memory); values and gradients must be
+    those of the log-softmax over every position, picked at the answer tokens."""
+    from unlearn_plugins.likelihood import token_nll
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 12, 50, dtype=getattr(torch, dtype), requires_grad=True)
+    labels = torch.randint(0, 50, (3, 12))
+    labels[:, :4] = -100  # prompts
+    labels[2, 9:] = -100  # padding
+    labels[1] = -100  # a row without answer tokens
+    nll, mask = token_nll(logits, labels)
+    full = -torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    target = labels[:, 1:]
+    expected = full.gather(-1, target.clamp_min(0)[..., None]).squeeze(-1) * (target != -100)
+    assert nll.dtype == torch.float32 and torch.equal(mask, target != -100)
+    assert torch.equal(nll, expected)
+    (grad,) = torch.autograd.grad(nll.sum(), logits)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
+    assert torch.equal(grad, expected_grad)
+    assert not grad[1].any()  # nothing flows from a row without answer tokens

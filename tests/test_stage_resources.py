@@ -46,3 +46,52 @@ def test_a_stages_peak_is_its_own(tmp_path):
     assert big["peak_scope"] == small["peak_scope"] == "stage"
     assert 600 < big["peak_rss_mb"] < 1500  # the stage's own: not the parent's 1.5 GB
     assert small["peak_rss_mb"] < big["peak_rss_mb"] - 400  # not the earlier stage's peak
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim and /proc")
+def test_a_built_stage_gives_its_freed_memory_back(tmp_path):
+    """glibc keeps freed heap memory below a live allocation; a worker that built one large stage
+    would carry that into every later stage. run_stage hands it back once the stage is built."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from unlearn_plugins.stages import Stages
+        from unlearn_plugins.study.cells import run_stage
+
+        kept = []
+
+        def rss_mb():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+
+        def stage(tmp):  # 400 MB in 64 KB heap blocks (under malloc's mmap threshold), freed,
+            blocks = []  # each with a small live block after it: free() cannot shrink the heap
+            for _ in range(6400):
+                blocks.append(bytearray(64 * 2**10))
+                kept.append(bytearray(600))
+            (tmp / "out.txt").write_text("built")
+            del blocks
+
+        root = Path(sys.argv[2])
+        before = rss_mb()
+        if sys.argv[1] == "run_stage":
+            run_stage(Stages(root, total=1), "stage", root / "stage", stage)
+        else:  # the same work outside run_stage
+            stage(root)
+        print(round(rss_mb() - before))
+        """
+    )
+
+    def kept_mb(how: str) -> float:
+        folder = tmp_path / how
+        folder.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", script, how, str(folder)], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return float(done.stdout.split()[-1])
+
+    assert kept_mb("plain") > 300  # the premise: glibc kept what the stage freed
+    assert kept_mb("run_stage") < 100

@@ -11,18 +11,19 @@ from .errors import UnlearnError
 
 
 def token_nll(logits, labels):
-    """Per-token NLL (B, T-1) of shifted labels, 0 where labels are -100, plus the mask."""
+    """Per-token NLL (B, T-1) of shifted labels, 0 where labels are -100, plus the mask.
+
+    Only the answer positions go through the fp32 log-softmax: a training step keeps its output
+    for the backward pass, and over every position (prompt and padding too) it was the largest
+    single block of a LoRA step's memory (batch x length x vocab floats, 49,152 wide for
+    SmolLM2). Each row's value is the same as over the full tensor."""
     import torch.nn.functional as F
 
-    shift_logits = logits[:, :-1, :].float()
     shift_labels = labels[:, 1:]
     mask = shift_labels != IGNORE_INDEX
-    nll = F.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)),
-        shift_labels.clamp_min(0).reshape(-1),
-        reduction="none",
-    ).view(shift_labels.shape)
-    return nll * mask, mask
+    rows = F.cross_entropy(logits[:, :-1, :][mask].float(), shift_labels[mask], reduction="none")
+    nll = rows.new_zeros(shift_labels.shape).masked_scatter(mask, rows)
+    return nll, mask
 
 
 def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8, progress: bool = False):

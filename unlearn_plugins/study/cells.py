@@ -544,6 +544,21 @@ def _peak_rss_mb(scope: str = "process") -> float:
     return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS, KiB on Linux
 
 
+def release_memory() -> None:
+    """Hand the memory a finished stage freed back to the system. glibc keeps freed heap pages
+    (torch's CPU tensors come from malloc), so a worker that had built a 3.4 GB stage stayed at
+    2.7 GB through every later one, and each stage's peak started there (measured on the demo's
+    fine-tune: 2.70 GB resident after it, 0.73 GB after malloc_trim). A no-op without glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl, Windows)
+        pass
+
+
 def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None]:
     """``build`` that also writes resources.json: wall time and peak memory (RSS, and CUDA's
     allocator peak where a GPU was used) of the stage."""
@@ -609,7 +624,10 @@ def run_stage(
             continue
         if waited:
             return "waited"
-        return "cached" if stages.timings[label]["cached"] else "built"
+        if stages.timings[label]["cached"]:
+            return "cached"
+        release_memory()  # the next stage in this process starts from what this one left
+        return "built"
 
 
 @contextlib.contextmanager
