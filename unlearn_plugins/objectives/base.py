@@ -62,11 +62,14 @@ def forward(model, part: Mapping[str, Any], **kwargs):
 
 
 def shifted(logits, labels):
-    """(logits predicting each next token, next-token labels, answer mask): (B,T-1,V), (B,T-1), (B,T-1)."""
+    """The answer positions only: (fp32 logits predicting each answer token, those tokens, the
+    answer mask): (N,V), (N,), (B,T-1). Picked before the fp32 copy, so it and what autograd keeps
+    of the softmax that follows are answer-sized, not batch x length x vocab."""
     from ..data.tofu import IGNORE_INDEX
 
     shift_labels = labels[:, 1:]
-    return logits[:, :-1, :].float(), shift_labels, shift_labels != IGNORE_INDEX
+    mask = shift_labels != IGNORE_INDEX
+    return logits[:, :-1, :][mask].float(), shift_labels[mask], mask
 
 
 def token_nll(logits, labels):
@@ -118,11 +121,11 @@ def kl_to_reference(logits, ref_logits, labels):
     import torch.nn.functional as F
 
     cur, _, mask = shifted(logits, labels)
-    ref = ref_logits[:, :-1, :].float()
+    ref = ref_logits[:, :-1, :][mask].float()
     log_p = F.log_softmax(cur, dim=-1)
     log_q = F.log_softmax(ref, dim=-1)
     kl = (log_q.exp() * (log_q - log_p)).sum(-1)
-    return masked_mean(kl, mask)
+    return kl.sum() / max(kl.numel(), 1)
 
 
 def reference_outputs(reference_model, part, **kwargs):

@@ -9,9 +9,8 @@ def undial_loss(logits, ref_logits, labels, beta: float):
     """Mean over answer tokens of CE(q, p), q = softmax(z_ref - beta * onehot(y)), p = softmax(z)."""
     import torch.nn.functional as F
 
-    cur, target, mask = shifted(logits, labels)
-    ref = ref_logits[:, :-1, :].float()
-    cur, ref, target = cur[mask], ref[mask], target[mask]  # (N, V), (N, V), (N,)
+    cur, target, mask = shifted(logits, labels)  # (N, V), (N,)
+    ref = ref_logits[:, :-1, :][mask].float()
     if target.numel() == 0:
         return cur.sum() * 0.0
     ref = ref - beta * F.one_hot(target, ref.size(-1)).to(ref.dtype)
