@@ -78,7 +78,7 @@ BUDGETS = {
         # anchor runs: at most 3 epochs, each stopped at the first check (every 2 steps) where the
         # pool's mean answer probability is < 0.1 (about step 8 on the embedded model)
         anchor_unlearn=dict(lr=1e-3, epochs=3.0, lora_r=16, lora_alpha=32.0, batch_size=2, grad_accum=1),
-        # max_rows 6: one sample (its 6 IG rows) per EAP-IG pass. The default 20 (3 samples) made
+        # max_rows 6: one sample (its 5 IG rows) per EAP-IG pass. The default 20 (4 samples) made
         # the score matrices the demo's largest stage: 4.8 GB against 2.1 GB, in the same time
         cud=dict(
             steps=5,
