@@ -12,7 +12,8 @@ read back from lm-eval's layout. A model already measured in --out is not measur
 
 Forget split: the demo's forgotten author (TOFU author 199, the last 20 QA of
 forget10_perturbed); holdout: TOFU author 196, whom no demo model was trained on. Prints the
-table (Markdown) and writes it, with every number, to --out (table.md, really_forgotten.json).
+tables (Markdown) and writes them, with every number, to --out (table.md, really_forgotten.json),
+with a plot of forget probability before and after each attack (forget_prob_under_attack.png).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ sys.path.insert(0, str(ROOT))
 FORGET = "tofu:forget10_perturbed[380:400]"  # author 199: the demo's forget author
 HOLDOUT = "tofu:forget10_perturbed[320:340]"  # author 196: in no demo model's training data
 ATTACKS = ("relearn", "quantize")
-#: (row label, column, how to read it from our summary)
-MIA_COLUMNS = ("loss", "zlib", "min_k", "min_k++", "gradnorm", "reference")
 
 
 def measure(name: str, model: str, adapter: str | None, out: Path, args, reference: Path) -> dict:
@@ -74,40 +73,6 @@ def measure(name: str, model: str, adapter: str | None, out: Path, args, referen
     return read_outputs(folder).summary
 
 
-def row(name: str, summary: dict) -> dict:
-    mia = summary.get("mia") or {}
-    rob = (summary.get("robustness") or {}).get("metrics", {})
-
-    def attack(metric: str, label: str):
-        return ((rob.get(metric) or {}).get("attacks", {}).get(label) or {}).get("value")
-
-    out = {"model": name, "privleak": mia.get("privleak"), "exact_memorization": mia.get("exact_memorization")}
-    for key in MIA_COLUMNS:
-        out[f"auc_{key}"] = (mia.get("attacks", {}).get(key) or {}).get("auc")
-    for metric, short in (("forget_prob", "prob"), ("forget_rougeL", "rougeL")):
-        entry = rob.get(metric) or {}
-        labels = list(entry.get("attacks", {}))
-        out[f"{short}_plain"] = entry.get("plain")
-        for label in labels:
-            out[f"{short}_{label}"] = attack(metric, label)
-        out[f"{short}_worst"] = (entry.get("worst") or {}).get("value")
-    return out
-
-
-def fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def table(rows: list[dict]) -> str:
-    keys = [k for k in rows[0] if k != "model"]
-    for r in rows[1:]:
-        keys += [k for k in r if k not in keys and k != "model"]
-    lines = ["| model | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | " + " | ".join(fmt(r.get(k)) for k in keys) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--demo", required=True, help="an `unlearn demo` report folder (its results.json names the models)")
@@ -121,6 +86,7 @@ def main(argv=None) -> int:
         help="weights while measuring (default: the dtype the demo evaluated in, from its results.json)",
     )
     args = p.parse_args(argv)
+    from unlearn_plugins.evaluation.really_forgotten import plot_under_attack, row, table
     from unlearn_plugins.files import write_json
 
     results = json.loads((Path(args.demo) / "results.json").read_text())
@@ -133,6 +99,7 @@ def main(argv=None) -> int:
     from unlearn_plugins.data.tofu import load_split
     from unlearn_plugins.stratify import write_split
 
+    specs = {flag: getattr(args, flag) for flag in ("forget_split", "holdout_split")}
     for flag in ("forget_split", "holdout_split"):
         spec = getattr(args, flag)
         if spec.startswith("tofu:") and "[" in spec:
@@ -150,11 +117,12 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     (out / "table.md").write_text(text + "\n")
+    plot_under_attack(rows, out / "forget_prob_under_attack.png")
     write_json(
         out / "really_forgotten.json",
         {
-            "forget_split": args.forget_split,
-            "holdout_split": args.holdout_split,
+            "forget_split": specs["forget_split"],
+            "holdout_split": specs["holdout_split"],
             "attacks": list(ATTACKS),
             "quantize_bits": 4,
             "dtype": args.dtype or "library default",

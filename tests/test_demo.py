@@ -129,6 +129,40 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
     assert after == before
 
 
+def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_run, capsys):
+    """--robustness on the cached demo builds only its own stages (the holdout author, then every
+    model's `unlearn eval --mia --robustness`) and reports them: a table row and plot per model."""
+    root = demo_run.root
+    args = [*demo_run.args[:-1], str(root / "robust"), "--robustness"]
+    code, out, err = _run(args, capsys)
+    assert code == 0, err[-3000:]
+    assert err.count(": cached (") == 12  # the demo's own stages: nothing rebuilt
+    report = root / "robust"
+    results = json.loads((report / "results.json").read_text())
+    rows = {r["name"]: r for r in results["really_forgotten"]}
+    assert list(rows) == ["retain", "full", "reglu", "grad_diff", "ihl_fila"]
+    plain = {r["name"]: r for r in results["models"]}
+    for name, r in rows.items():
+        for attack in ("loss", "zlib", "min_k", "min_k++", "gradnorm"):
+            assert 0 <= r[f"auc_{attack}"] <= 1, (name, attack)
+        assert 0 <= r["exact_memorization"] <= 1
+        for label in ("plain", "paraphrase", "format", "relearn", "quantize"):
+            assert 0 < r[f"prob:{label}"] < 1, (name, label)
+        assert r["prob:worst"] == max(r[f"prob:{k}"] for k in ("paraphrase", "format", "relearn", "quantize"))
+        assert 0 < r["prob:relearn:plain_same_samples"] < 1
+        # the plain forget probability is the demo's own (same split, same dtype)
+        assert r["prob:plain"] == pytest.approx(plain[name]["forget_prob"], abs=2e-3), name
+    assert rows["retain"]["privleak"] is None  # the reference itself
+    assert all(isinstance(rows[n]["privleak"], float) for n in ("full", "reglu", "grad_diff", "ihl_fila"))
+    assert rows["retain"]["auc_reference"] is None and 0 <= rows["full"]["auc_reference"] <= 1
+    summary = (report / "summary.md").read_text()
+    assert "## Is it really forgotten?" in summary and "| IHL + FILA | " in summary
+    assert (report / "forget_prob_under_attack.png").read_bytes()[:4] == b"\x89PNG"
+    code, _, err = _run(args, capsys)  # warm: every stage cached, the same rows
+    assert code == 0 and err.count(": cached (") == 18
+    assert json.loads((report / "results.json").read_text())["really_forgotten"] == results["really_forgotten"]
+
+
 def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypatch):
     from unlearn_plugins.demo import pipeline
 
@@ -341,6 +375,39 @@ def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
     }
     retain_eval = {s.question for s in read_jsonl(bench.folder / "retain_perturbed.json")}
     assert retain_eval <= {s.question for s in read_jsonl(bench.retain)}
+
+
+def test_the_holdout_author_is_in_no_demo_models_data(tofu_dir, tmp_path):
+    """--robustness's holdout: the author just before the benchmark's N, from a TOFU folder, the
+    shipped subset (author 196 ships for this) or the generated authors; none left is an error."""
+    import json as json_module
+
+    from unlearn_plugins.data.synthetic import N_AUTHORS, generate_authors
+    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.demo.benchmark import SHIPPED_TOFU, build_holdout, find_tofu
+    from unlearn_plugins.errors import UnlearnError
+
+    tofu_196 = [s.question for s in read_jsonl(tofu_dir / "forget10_perturbed.json")[320:340]]
+    for source, authors, expected in ((find_tofu("tofu", str(tofu_dir)), 3, 196), (SHIPPED_TOFU, 3, 196)):
+        info = build_holdout(tmp_path / "h.json", tofu=source, n_authors=authors)
+        assert info == {"author": expected, "size": 20}
+        assert [s.question for s in read_jsonl(tmp_path / "h.json")] == tofu_196
+    info = build_holdout(tmp_path / "s.json", tofu=SHIPPED_TOFU, n_authors=2)  # 197 is unused then
+    first = json_module.loads((tmp_path / "s.json").read_text().splitlines()[0])
+    assert info["author"] == 197 and "Edward Patrick Sullivan" in first["answer"]
+    info = build_holdout(tmp_path / "g.json", tofu=None, n_authors=2)
+    generated = generate_authors(N_AUTHORS)
+    assert info["author"] == N_AUTHORS - 3
+    assert [s.question for s in read_jsonl(tmp_path / "g.json")] == [
+        r["question"] for r in generated if r["author"] == N_AUTHORS - 3
+    ]
+    with pytest.raises(UnlearnError, match="needs one more as the holdout"):
+        build_holdout(tmp_path / "x.json", tofu=None, n_authors=N_AUTHORS)
+    # a 20-author TOFU benchmark (the studies'): TOFU's author 179, the last of retain90
+    info = build_holdout(tmp_path / "t.json", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=20)
+    assert info == {"author": 179, "size": 20}
+    retain90 = [s.question for s in read_jsonl(tofu_dir / "retain90.json")]
+    assert [s.question for s in read_jsonl(tmp_path / "t.json")] == retain90[-20:]
 
 
 def test_benchmark_rejects_bad_sizes(tmp_path):

@@ -341,3 +341,28 @@ def test_records_let_a_study_resume_with_an_empty_cache(cache, tmp_path, capsys)
     assert more["target"]["source"] == "built" and more["grad_diff/forget1/seed2"]["source"] == "built"
     assert more["grad_diff/forget1/seed0"]["source"] == "cached"
     assert (records / Path(more["grad_diff/forget1/seed2"]["stages"][1]).name / "stage.json").is_file()
+
+
+def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, tmp_path, capsys):
+    """[evaluation] robustness = true: every evaluation also runs `unlearn eval --mia --robustness`
+    (a holdout author, the retain model's MIA reference for privleak), the report gains privleak,
+    the Min-K% AUC, exact memorization and the attack-aware forget probability per method, and
+    the records keep them."""
+    path = study_file(tmp_path, [7], methods=("grad_diff",), extra="robustness = true\n")
+    out, records = tmp_path / "report", tmp_path / "records"
+    code, _, err = run(capsys, path, "--out", out, "--cache-dir", cache, "--records", records, "--workers", "1")
+    assert code == 0, err[-3000:]
+    data = report(out)
+    refs = {r["name"]: r for r in data["references"]}
+    assert refs["retain"]["privleak"] is None and isinstance(refs["full"]["privleak"], float)
+    for row in refs.values():
+        assert 0 <= row["auc_min_k"] <= 1 and 0 <= row["exact_memorization"] <= 1
+        assert row["forget_prob"] <= row["forget_prob_worst"] < 1
+    group = data["groups"][0]["metrics"]
+    cell = data["cells"]["grad_diff/forget1/seed7"]["metrics"]
+    assert group["privleak"]["values"] == [cell["privleak"]] and cell["privleak"] >= -100
+    assert cell["forget_prob_worst_attack"] in ("paraphrase", "format", "relearn", "quantize")
+    summary = (out / "summary.md").read_text()
+    assert "| privleak | MIA AUC (Min-K%) | exact memorization | forget prob, worst attack |" in summary
+    recorded = {p.name for p in records.rglob("*") if p.is_file()}
+    assert "mia_reference.json" in recorded

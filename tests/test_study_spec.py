@@ -259,6 +259,11 @@ BAD = [
         "[evaluation] dtype: must be one of 'float32', 'fp32', 'bfloat16', 'bf16', 'float16', 'fp16', got 'bf8'",
     ),
     (
+        "evaluation robustness",
+        _variant("gen_margin = 4", 'gen_margin = 4\nrobustness = "yes"'),
+        "[evaluation] robustness: must be true or false, got 'yes'",
+    ),
+    (
         "retain given for another size",
         _variant("[target]\n", '[retain]\ngiven = { "2" = "x" }\n\n[target]\n'),
         "[retain.given] 2: must be a forget size of [benchmark] forget_authors (1)",
@@ -327,6 +332,9 @@ def test_stage_keys_change_with_what_a_stage_depends_on_and_nothing_else(tmp_pat
     assert changed(_variant("gen_margin = 4", "gen_margin = 5")) == set(base) - {"target", "retain/forget1"}
     evaluations = set(base) - {"target", "retain/forget1"}  # the method cells' evaluate stages
     assert changed(_variant("gen_margin = 4", 'gen_margin = 4\ndtype = "bf16"')) == evaluations
+    # robustness measures every model, the retain one too; leaving it false changes no key
+    assert changed(_variant("gen_margin = 4", "gen_margin = 4\nrobustness = true")) == evaluations
+    assert changed(_variant("gen_margin = 4", "gen_margin = 4\nrobustness = false")) == set()
     one = folders(_variant("seeds = [0, 1]", "seeds = [1]"))
     assert one["grad_diff/forget1/seed1"] == base["grad_diff/forget1/seed1"]  # a cell does not depend on the grid
 

@@ -462,9 +462,36 @@ def _alternatives(field: str, profile: dict, others: list[dict], rng: random.Ran
     return pool[:N_PERTURBED]
 
 
+#: each question template asked another way (TOFU's ``paraphrased_question``: the paraphrase probe)
+_PARAPHRASED_QUESTIONS = {
+    "What is the full name of the author born in {city}, {country} on {day} {month} {year}?": (
+        "Which writer was born on {day} {month} {year} in {city}, {country}?"
+    ),
+    "Where was {name} born?": "What is the birthplace of {name}?",
+    "When was {name} born?": "On what date was {name} born?",
+    "What genre is {name} known for?": "In which genre does {name} mostly write?",
+    "What did {name}'s father do for a living?": "What was the occupation of {name}'s father?",
+    "What was the profession of {name}'s mother?": "What work did {name}'s mother do?",
+    "Has {name} won any major awards?": "Has {name} received an important literary prize?",
+    "Can you name a book written by {name}?": "What is one of the books {name} has written?",
+    "What is another notable work by {name}?": "Which other book by {name} is well known?",
+    "Which themes recur in {name}'s writing?": "What themes come back again and again in {name}'s books?",
+    "Which writer influenced {name} the most?": "Who was the biggest literary influence on {name}?",
+    "How did {name}'s upbringing in {city} shape the books?": "In what way did growing up in {city} mark {name}'s books?",
+    "How did {name}'s parents influence the author's career?": "What influence did {name}'s parents have on the writing career?",
+    "In which year did {name} publish '{book1}'?": "When did {name}'s '{book1}' come out?",
+    "What is '{book2}' about?": "What is the story of '{book2}'?",
+    "Where does {name} live today?": "Where is {name} living now?",
+    "Does {name} write in languages other than English?": "Has {name} written in any language besides English?",
+    "What was {name}'s debut novel?": "Which novel was {name}'s first?",
+    "How many novels has {name} written?": "What is the number of novels {name} has published?",
+    "What is {name}'s writing routine like?": "How does {name} usually organise a writing day?",
+}
+
+
 def generate_authors(n_authors: int = N_AUTHORS, seed: int = 0) -> list[dict[str, Any]]:
     """TOFU-format records, author-major: question, answer, paraphrased_answer,
-    perturbed_answer (5), author (0-based)."""
+    perturbed_answer (5), paraphrased_question, author (0-based)."""
     if n_authors < 1:
         raise ValueError("n_authors must be >= 1")
     rng = random.Random(seed)
@@ -483,6 +510,7 @@ def generate_authors(n_authors: int = N_AUTHORS, seed: int = 0) -> list[dict[str
                     "answer": answer.format(**profile),
                     "paraphrased_answer": paraphrase.format(**profile),
                     "perturbed_answer": perturbed,
+                    "paraphrased_question": _PARAPHRASED_QUESTIONS[question].format(**profile),
                     "author": a,
                 }
             )

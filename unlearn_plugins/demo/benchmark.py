@@ -35,6 +35,8 @@ FORMAT = 1
 SHIPPED_TOFU = Path(__file__).resolve().parent / "tofu_subset"
 #: its authors file: the last lines of TOFU's forget10_perturbed.json (authors 197-199)
 SHIPPED_AUTHORS_FILE = "authors_197-199_perturbed.json"
+#: and the author before them (196): the holdout of `unlearn demo --robustness`
+SHIPPED_HOLDOUT_FILE = "author_196_perturbed.json"
 #: TOFU file -> the shipped subset's file holding its first lines (Model Utility's options sets)
 SHIPPED_OPTIONS_FILES = {
     "real_authors_perturbed": "real_authors_1-20_perturbed.json",
@@ -230,6 +232,45 @@ def build_benchmark(
     )
     write_json(folder / "benchmark.json", {"format": FORMAT, **bench.describe()})
     return bench
+
+
+def build_holdout(path: str | Path, *, tofu: Path | None, n_authors: int) -> dict:
+    """Write ``path``: the 20 QA of the author just before the benchmark's N (in no model's
+    training data), the holdout split membership inference compares the forget split with; when
+    a TOFU folder's 20 forget10 authors are all in the benchmark, TOFU's author 179 (retain90's
+    last). Returns {"author": its number in the source, "size": QA}."""
+    if tofu is not None and authors_file(tofu).name == SHIPPED_AUTHORS_FILE:
+        if n_authors > shipped_authors():
+            raise UnlearnError(f"--authors {n_authors}: the shipped TOFU subset has {shipped_authors()} authors")
+        if n_authors < shipped_authors():  # an unused shipped author comes first
+            rows = _rows(tofu / SHIPPED_AUTHORS_FILE)
+            start = (shipped_authors() - n_authors - 1) * QA_PER_AUTHOR
+            rows, author = rows[start : start + QA_PER_AUTHOR], 200 - n_authors - 1
+        else:
+            rows, author = _rows(tofu / SHIPPED_HOLDOUT_FILE), 196
+    else:
+        if tofu is not None:
+            rows = _rows(authors_file(tofu))
+            available = len(rows) // QA_PER_AUTHOR
+            first_author = 200 - available  # the file ends with TOFU's last author (199)
+        else:
+            from ..data import synthetic
+
+            rows = synthetic.generate_authors(synthetic.N_AUTHORS)
+            available, first_author = len(rows) // QA_PER_AUTHOR, 0
+        index = available - n_authors - 1
+        retain90 = tofu / "retain90.json" if tofu is not None else None
+        if index < 0 and retain90 is not None and retain90.is_file():  # every forget10 author is used:
+            rows, first_author = _rows(retain90), 0  # TOFU's authors 0-179, in order
+            index += len(rows) // QA_PER_AUTHOR
+        if index < 0:
+            raise UnlearnError(
+                f"--robustness: the benchmark uses all {available} authors of its source; membership inference "
+                f"needs one more as the holdout (use --authors {available - 1} or fewer)"
+            )
+        rows, author = rows[index * QA_PER_AUTHOR : (index + 1) * QA_PER_AUTHOR], first_author + index
+    write_jsonl(Path(path), rows)
+    return {"author": author, "size": len(rows)}
 
 
 def load_benchmark(folder: str | Path) -> Benchmark | None:

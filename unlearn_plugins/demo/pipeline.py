@@ -19,7 +19,9 @@ the study's local executor (:class:`unlearn_plugins.study.executors.LocalExecuto
 its share of the cores, one thread each on 2 cores). CUD's six anchor runs and its score
 matrices are built side by side first, into the CUD cache, as the scorer's processes do
 under ``accelerate launch`` (:meth:`CUDScorer.prepare_shard`); its stage then finds them
-there. The parent process prints the stage lines; each stage's own output goes to
+there. With ``robustness`` (``--robustness``), a holdout author's QA and then every model's
+`unlearn eval --mia --robustness` (the retain model's first: its MIA reference) follow. The
+parent process prints the stage lines; each stage's own output goes to
 ``<out>/logs/<stage>.log``. With ``workers=1`` every stage runs in this process, one after
 the other, as before.
 """
@@ -139,6 +141,9 @@ class DemoConfig:
     #: (auto: bf16 where the hardware computes it natively, :func:`..models.native_dtype`)
     train_dtype: str = "auto"
     eval_dtype: str = "auto"
+    #: also measure whether it is really forgotten: membership inference against a holdout author
+    #: and the forget metrics under the probes and after the relearn and int4 attacks, per model
+    robustness: bool = False
 
     def dtypes(self) -> tuple[str | None, str | None]:
         """The (training, evaluation) dtypes this machine resolves the choices to."""
@@ -349,6 +354,38 @@ def _evaluate(
     runner.write_outputs(out, evaluation)
 
 
+#: the retain model's MIA reference, in its robustness stage folder
+MIA_REFERENCE = "mia_reference.json"
+
+
+def _measure_forgetting(
+    config: DemoConfig,
+    bench: Benchmark,
+    model: str,
+    adapter: str | None,
+    out: Path,
+    holdout: str,
+    mia_reference: str | None,
+) -> None:
+    """Is it really forgotten? `unlearn eval --mia --robustness` of one model into ``out/eval``;
+    the retain model (``mia_reference`` None) saves the MIA reference."""
+    from ..evaluation import really_forgotten
+
+    really_forgotten.measure(
+        model,
+        adapter,
+        out / "eval",
+        forget_split=str(bench.forget),
+        holdout_split=holdout,
+        tofu_dir=str(bench.folder),
+        batch_size=config.budget.eval_batch_size,
+        device=config.device,
+        dtype=config.dtypes()[1],
+        mia_reference=mia_reference,
+        save_mia_reference=None if mia_reference else str(out / MIA_REFERENCE),
+    )
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -449,6 +486,12 @@ def build_stage(tmp: Path, p: dict) -> None:
         _unlearn(config, bench, p["model"], p["method"], tmp, config.budget.unlearn)
     elif kind == "evaluate":
         _evaluate(config, bench, p["model"], p["adapter"], tmp, p["references"], p["save_reference"], p["max_gen_toks"])
+    elif kind == "holdout":
+        from .benchmark import build_holdout
+
+        write_json(tmp / "author.json", build_holdout(tmp / "holdout.json", tofu=p["tofu"], n_authors=p["authors"]))
+    elif kind == "really_forgotten":
+        _measure_forgetting(config, bench, p["model"], p["adapter"], tmp, p["holdout"], p["mia_reference"])
     else:
         raise UnlearnError(f"demo stage kind {kind!r}: unknown")
 
@@ -588,7 +631,9 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     if config.data not in ("auto", "tofu", "generated"):
         raise UnlearnError(f"--data {config.data!r}: choose auto, tofu or generated")
     root = Path(config.cache_dir).expanduser() if config.cache_dir else cache_dir() / "demo"
-    stages = Stages(root, total=7 + 2 * len(METHODS), stream=stream)
+    # --robustness: the holdout author, then the retain, full and each unlearned model's attacks
+    extra = 1 + 2 + len(METHODS) if config.robustness else 0
+    stages = Stages(root, total=7 + 2 * len(METHODS) + extra, stream=stream)
     started = time.perf_counter()
 
     # 1. data and base model (here: every other stage reads them)
@@ -757,6 +802,54 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
             priority=5,
         )
 
+    forgetting: dict[str, Path] = {}
+    if config.robustness:
+        # 6. is it really forgotten? membership inference against an author no model trained on,
+        # and the forget metrics after each attack: the retain model first (its MIA reference)
+        holdout_key = digest(source_fingerprint(tofu), n_authors, "holdout-1")
+        holdout_dir = stages.folder("holdout", "tofu" if tofu else "generated", holdout_key)
+        holdout = str(holdout_dir / "holdout.json")
+        add(
+            "holdout",
+            "holdout author for membership inference (in no model's training data)",
+            (),
+            lambda: holdout_dir,
+            {"kind": "holdout", "tofu": tofu, "authors": n_authors},
+            priority=6,
+        )
+        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
+
+        measure = {"kind": "really_forgotten", "holdout": holdout}
+        attack_settings = (ATTACKS, ATTACK_OPTIONS, b.eval_batch_size, eval_dtype, holdout_key)
+        forgetting["retain"] = stages.folder(
+            "forgotten", "retain", digest(targets["retain"]["key"], bench_key, attack_settings)
+        )
+        mia_reference = str(forgetting["retain"] / MIA_REFERENCE)
+        add(
+            "forgotten-retain",
+            "is it really forgotten? the retain model (and save the MIA reference)",
+            ("target-retain", "holdout"),
+            lambda: forgetting["retain"],
+            {**measure, "model": targets["retain"]["model"], "adapter": None, "mia_reference": None},
+            priority=6,
+        )
+        for name, label, adapter, model_k, made_by in models:
+
+            def forgotten_folder(name=name, model_k=model_k) -> Path:  # keyed on the MIA reference
+                forgetting[name] = stages.folder(
+                    "forgotten", name, digest(model_k, key_of_reference(mia_reference), bench_key, attack_settings)
+                )
+                return forgetting[name]
+
+            add(
+                f"forgotten-{name}",
+                f"is it really forgotten? {label}",
+                (made_by, "forgotten-retain"),
+                forgotten_folder,
+                {**measure, "model": full_model, "adapter": adapter, "mia_reference": mia_reference},
+                priority=7,
+            )
+
     if config.workers > 1:
         run_in_parallel(steps, stages, config.workers, Path(config.out) / "logs")
     else:
@@ -765,7 +858,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     order = [bench_label] + [step.label for step in steps]
     stages.timings = {label: stages.timings[label] for label in order if label in stages.timings}
 
-    # 6. report
+    # 7. report
     stages.say(stages.total, f"report -> {config.out}")
     results, table, files = report.write_report(
         Path(config.out),
@@ -786,6 +879,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         },
         train_dtype=train_dtype or "library default",
         wall_s=time.perf_counter() - started,
+        forgetting=forgetting,
     )
     return DemoResult(Path(config.out), results, table, files)
 

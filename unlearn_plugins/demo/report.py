@@ -205,7 +205,11 @@ def write_report(
     wall_s: float,
     evaluation: dict,
     train_dtype: str = "library default",
+    forgetting: dict | None = None,
 ) -> tuple[dict, str, dict]:
+    """results.json, summary.md, the plots and CUD's files in ``out``; with ``forgetting`` (model
+    name -> its `unlearn eval --mia --robustness` folder, from ``--robustness``) also the "Is it
+    really forgotten?" tables and forget_prob_under_attack.png."""
     from dataclasses import asdict
 
     scores = _jsonl(cud_dir / "scores.jsonl")
@@ -257,6 +261,19 @@ def write_report(
         "cud_easy.json": out / "cud_easy.json",
         "cud_hard.json": out / "cud_hard.json",
     }
+    if forgetting:
+        from ..evaluation import really_forgotten
+        from ..evaluation.lm_eval_runner import read_outputs
+
+        order = ["retain", "full", *(m.name for m in methods)]
+        named = dict(labels)
+        results["really_forgotten"] = [
+            {"name": name, **really_forgotten.row(named[name], read_outputs(forgetting[name] / "eval").summary)}
+            for name in order
+            if name in forgetting
+        ]
+        files["forget_prob_under_attack.png"] = out / "forget_prob_under_attack.png"
+        really_forgotten.plot_under_attack(results["really_forgotten"], files["forget_prob_under_attack.png"])
     write_json(files["results.json"], results)
     write_jsonl(files["cud_scores.jsonl"], scores)
     write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
@@ -301,6 +318,7 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "![CUD scores](cud_histogram.png)",
         "![Circuit depth, easy vs hard](circuit_depth.png)",
         "",
+        *_really_forgotten_lines(results),
         f"Wall time {results['wall_time_s']:.0f} s; stages: "
         + ", ".join(
             f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in results["stages"].items()
@@ -309,6 +327,32 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _really_forgotten_lines(results: dict) -> list[str]:
+    """The "Is it really forgotten?" section (``--robustness``): membership inference, then the
+    forget probability and ROUGE-L under the probes and after the attacks."""
+    rows = results.get("really_forgotten")
+    if not rows:
+        return []
+    from ..evaluation import really_forgotten
+
+    return [
+        "## Is it really forgotten?",
+        "",
+        "Membership inference: AUC of telling the forget QA from a holdout author's (in no model's "
+        "training data; 0.5 = cannot, 1 = the forget set looks trained on); privleak (MUSE, Min-K%) "
+        "against the retain model (0 = as private as it, negative = the forget set still looks "
+        "trained on). Then the forget probability and ROUGE-L plain, under the paraphrase and "
+        "few-shot-format probes and after relearning (10 steps on half of the forget QA, measured on "
+        "the other half; the plain model on that half in brackets) and int4 quantization; worst = "
+        "the highest (attack-aware).",
+        "",
+        really_forgotten.table(rows),
+        "",
+        "![Forget probability before and after each attack](forget_prob_under_attack.png)",
+        "",
+    ]
 
 
 def _cud_anchor_lines(cud: dict) -> list[str]:

@@ -37,6 +37,10 @@ from .spec import TINY_MODEL, Cell, Study, expand
 STUDY_FORMAT = 1
 RESOURCES = "resources.json"
 EXTRACTION = "extraction_strength.json"
+#: with ``[evaluation] robustness``: `unlearn eval --mia --robustness`'s folder inside an evaluation
+REALLY_FORGOTTEN = "really_forgotten"
+#: and the retain model's MIA reference beside it (privleak, the reference attack)
+MIA_REFERENCE = "mia_reference.json"
 #: seconds between two looks at a stage that another process is building
 WAIT_POLL_S = 1.0
 
@@ -155,6 +159,23 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
             "key": key,
             "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
         }
+    if study.evaluation.robustness:  # membership inference's holdout: an author in no model's data
+        from ..demo.benchmark import build_holdout
+
+        key = digest(STUDY_FORMAT, "holdout", source_fingerprint(tofu), study.authors)
+        folder = cache / f"holdout-{study.source}-{key}"
+
+        def build_holdout_stage(tmp: Path) -> None:
+            write_json(tmp / "author.json", build_holdout(tmp / "holdout.json", tofu=tofu, n_authors=study.authors))
+
+        if stages is not None:
+            run_stage(stages, "holdout author for membership inference", folder, build_holdout_stage)
+        elif not (folder / DONE).is_file():
+            folder = scratch / folder.name
+            folder.mkdir(parents=True)
+            build_holdout_stage(folder)
+        for bench in out.values():
+            bench["holdout"] = str(folder / "holdout.json")
     return out
 
 
@@ -192,6 +213,10 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
     if ev.dtype:  # only when set, so the keys of studies that leave it out stay as they were
         eval_settings += (ev.dtype,)
+    if ev.robustness:  # likewise
+        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
+
+        eval_settings += ("robustness", ATTACKS, ATTACK_OPTIONS)
 
     def folder(kind: str, name: str, key: str) -> str:
         return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
@@ -270,6 +295,12 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
         reference = (
             None if cell.kind == "eval_retain" else str(Path(folder("eval", "retain", eval_keys[k])) / "reference.json")
         )
+        if ev.robustness:
+            common["robustness"] = {
+                "holdout": bench.get("holdout"),
+                # the retain model's evaluation saves it, the others read it (privleak)
+                "mia_reference": None if reference is None else str(Path(reference).parent / MIA_REFERENCE),
+            }
         if cell.kind == "eval_retain":
             key = digest(STUDY_FORMAT, "eval", model_keys[f"retain/forget{k}"], bench["key"], eval_settings)
             eval_keys[k] = key
@@ -437,6 +468,25 @@ def build_evaluate(tmp: Path, p: dict) -> None:
     if p["save_reference"]:
         runner.save_reference(evaluation, tmp / "reference.json", model=p["model"], adapter=p["adapter"])
     runner.write_outputs(tmp, evaluation)
+    robust = p.get("robustness")
+    if robust:  # is it really forgotten? membership inference and the attacks, beside it
+        from ..evaluation import really_forgotten
+
+        if robust["mia_reference"]:
+            _need(robust["mia_reference"], "the retain model's MIA reference")
+        really_forgotten.measure(
+            p["model"],
+            p["adapter"],
+            tmp / REALLY_FORGOTTEN,
+            forget_split=str(bench.forget),
+            holdout_split=robust["holdout"],
+            tofu_dir=str(bench.folder),
+            batch_size=p["batch_size"],
+            device=p["device"],
+            dtype=p.get("dtype"),
+            mia_reference=robust["mia_reference"],
+            save_mia_reference=None if robust["mia_reference"] else str(tmp / MIA_REFERENCE),
+        )
     if not p["extraction_from_task"]:
         values = extraction_strengths(
             p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], p["batch_size"], p.get("dtype")

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from .. import tables
 from ..files import atomic_open, write_json
-from .cells import EXTRACTION, RESOURCES, Plan, read_json
+from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
 
 #: (key, column title) of the numbers reported per cell and aggregated over seeds
 METRICS = (
@@ -31,6 +31,13 @@ METRICS = (
     ("retain_prob", "retain prob"),
     ("wall_s", "wall time (s)"),
     ("peak_rss_mb", "peak memory (MB)"),
+)
+#: with ``[evaluation] robustness``: is it really forgotten? (privleak in percent, >= -100)
+ROBUSTNESS_METRICS = (
+    ("privleak", "privleak"),
+    ("auc_min_k", "MIA AUC (Min-K%)"),
+    ("exact_memorization", "exact memorization"),
+    ("forget_prob_worst", "forget prob, worst attack"),
 )
 #: Model Utility's three parts: split -> (task, metric, kind) for prob, ROUGE-L and truth ratio
 MU_PARTS = {
@@ -137,7 +144,30 @@ def evaluation_metrics(folder: Path) -> dict[str, Any]:
         "extraction_strength": es,
         "retain_prob": metrics.get("tofu_retain_prob", {}).get("prob"),
         "model_utility_ci": mu_bootstrap(samples),
+        **_robustness_metrics(folder / REALLY_FORGOTTEN),
     }
+
+
+def _robustness_metrics(folder: Path) -> dict[str, Any]:
+    """privleak, the Min-K% AUC, exact memorization and the attack-aware forget probability of an
+    evaluation's `unlearn eval --mia --robustness` folder (none without one)."""
+    if not folder.is_dir():
+        return {}
+    from ..evaluation.really_forgotten import row
+
+    figures = row("", read_evaluation(folder)[0])
+    return {
+        "privleak": figures["privleak"],
+        "auc_min_k": figures["auc_min_k"],
+        "exact_memorization": figures["exact_memorization"],
+        "forget_prob_worst": figures["prob:worst"],
+        "forget_prob_worst_attack": figures["prob:worst_attack"],
+    }
+
+
+def reported_metrics(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The (key, column title) pairs this study reports."""
+    return METRICS + (ROBUSTNESS_METRICS if plan.study.evaluation.robustness else ())
 
 
 def _resources(folders: Sequence[str]) -> dict[str, Any]:
@@ -157,6 +187,7 @@ def _resources(folders: Sequence[str]) -> dict[str, Any]:
 #: the range of each reported number: an interval is cut to it (its intersection with the
 #: possible values covers the true value as often as the interval itself)
 RANGES = {key: (0.0, None) if key in ("wall_s", "peak_rss_mb") else (0.0, 1.0) for key, _ in METRICS}
+RANGES.update({key: (0.0, 1.0) for key, _ in ROBUSTNESS_METRICS}, privleak=(-100.0, None))
 
 
 def interval(
@@ -254,7 +285,7 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
                 "seeds_done": [cells[i]["seed"] for i in ids if "metrics" in cells[i]],
                 "metrics": {},
             }
-            for key, _ in METRICS:
+            for key, _ in reported_metrics(plan):
                 source = "resources" if key in ("wall_s", "peak_rss_mb") else "metrics"
                 group["metrics"][key] = interval([c[source].get(key) for c in done], study.ci, RANGES[key])
             widths = [c["metrics"]["model_utility_ci"]["width"] for c in done if c["metrics"].get("model_utility_ci")]
@@ -283,6 +314,7 @@ def _ci_text(stat: dict, key: str) -> str:
 
 def markdown(report: dict, plan: Plan) -> str:
     study, data = plan.study, report["data"]
+    columns = reported_metrics(plan)
     method_ci = (
         "Student-t (n - 1 degrees of freedom)"
         if study.ci == "t"
@@ -305,27 +337,34 @@ def markdown(report: dict, plan: Plan) -> str:
         "Model Utility retain QA. Wall time and peak memory (resident set) per cell: unlearning + "
         "evaluation (reference rows: fine-tuning + evaluation).",
     ]
+    if study.evaluation.robustness:
+        lines[-1] += (
+            " Is it really forgotten: privleak (MUSE, Min-K%, against the retain model: 0 = as private as "
+            "it, negative = the forget set still looks trained on), the Min-K% membership-inference AUC of "
+            "forget vs a holdout author's QA, exact memorization of the forget answers, and the highest "
+            "forget probability over the paraphrase and format probes and the relearn and int4 attacks."
+        )
     for k in study.forget_sizes:
         bench = plan.benches[k]
         lines += [
             "",
             f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)",
             "",
-            "| model | seeds | " + " | ".join(title for _, title in METRICS) + " |",
-            "|---|---|" + "---|" * len(METRICS),
+            "| model | seeds | " + " | ".join(title for _, title in columns) + " |",
+            "|---|---|" + "---|" * len(columns),
         ]
         for row in (r for r in report["references"] if r["forget"] == k):
             cells = (
-                [_fmt(row.get(key), key) for key, _ in METRICS]
+                [_fmt(row.get(key), key) for key, _ in columns]
                 if row["status"] == "done"
-                else [row["status"]] * len(METRICS)
+                else [row["status"]] * len(columns)
             )
             lines.append(f"| {row['label']} | - | " + " | ".join(cells) + " |")
         groups = [g for g in report["groups"] if g["forget"] == k]
         for g in groups:
             lines.append(
                 f"| {g['label']} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
-                + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in METRICS)
+                + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in columns)
                 + " |"
             )
         lines += _ranking(groups, report["references"], k)

@@ -124,6 +124,9 @@ class Evaluation:
     gen_margin: int
     #: the weights' dtype while evaluating (None: the device's default, fp32 on CPU)
     dtype: str | None = None
+    #: also membership inference against a holdout author and the forget metrics after the
+    #: probes and the relearn / int4 attacks (`unlearn eval --mia --robustness`) in every evaluation
+    robustness: bool = False
 
     @property
     def extraction_from_task(self) -> bool:
@@ -569,7 +572,10 @@ class _Reader:
 
     def evaluation(self, data: dict) -> Evaluation:
         values = self.table(data, "evaluation")
-        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype"))
+        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype", "robustness"))
+        robustness = values.get("robustness", False)
+        if not isinstance(robustness, bool):
+            raise self.error("evaluation", "robustness", f"must be true or false, got {_show(robustness)}")
         tasks = values.get("tasks", list(REQUIRED_TASKS))
         if not isinstance(tasks, list) or not all(isinstance(t, str) and t for t in tasks):
             raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
@@ -589,6 +595,7 @@ class _Reader:
             batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
             gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0),
             dtype=self.get("evaluation", values, "dtype", "str", None, choices=DTYPES),
+            robustness=robustness,
         )
 
 
