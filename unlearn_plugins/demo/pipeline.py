@@ -785,19 +785,23 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
     )
     models = [("full", "the full model", None, targets["full"]["key"], "target-full")]
     models += [(m.name, m.label, runs[m.name]["adapter"], runs[m.name]["key"], f"run-{m.name}") for m in METHODS]
+
+    def keyed_on(into: dict, kind: str, name: str, model_k: str, ref: str, settings: tuple) -> Callable[[], Path]:
+        """A stage folder keyed on a reference file the retain model's stage writes: its key is
+        worked out when the stage is planned, once that file exists."""
+
+        def folder() -> Path:
+            into[name] = stages.folder(kind, name, digest(model_k, key_of_reference(ref), bench_key, settings))
+            return into[name]
+
+        return folder
+
     for name, label, adapter, model_k, made_by in models:
-
-        def folder(name=name, model_k=model_k) -> Path:  # keyed on the reference: read once it exists
-            evals[name] = stages.folder(
-                "eval", name, digest(model_k, key_of_reference(reference), bench_key, eval_settings)
-            )
-            return evals[name]
-
         add(
             f"eval-{name}",
             f"evaluate {label}",
             (made_by, "eval-retain"),
-            folder,
+            keyed_on(evals, "eval", name, model_k, reference, eval_settings),
             {**evaluate, "model": full_model, "adapter": adapter, "references": [reference], "save_reference": False},
             priority=5,
         )
@@ -834,18 +838,11 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
             priority=6,
         )
         for name, label, adapter, model_k, made_by in models:
-
-            def forgotten_folder(name=name, model_k=model_k) -> Path:  # keyed on the MIA reference
-                forgetting[name] = stages.folder(
-                    "forgotten", name, digest(model_k, key_of_reference(mia_reference), bench_key, attack_settings)
-                )
-                return forgetting[name]
-
             add(
                 f"forgotten-{name}",
                 f"is it really forgotten? {label}",
                 (made_by, "forgotten-retain"),
-                forgotten_folder,
+                keyed_on(forgetting, "forgotten", name, model_k, mia_reference, attack_settings),
                 {**measure, "model": full_model, "adapter": adapter, "mia_reference": mia_reference},
                 priority=7,
             )
