@@ -3,7 +3,7 @@ membership inference (privleak, exact memorization, each attack's AUC) and of it
 probability and ROUGE-L plain, under each probe and after each attack, from the summaries
 `unlearn eval --mia --robustness` writes; the comparison tables and a plot of forget
 probability before and after each attack. Used by `unlearn demo --robustness` and
-bench/really_forgotten.py."""
+bench/really_forgotten.py; the study report reads its rows too."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def table(rows: list[dict]) -> str:
 
 def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> None:
     """Grouped bars: per model, the forget metric plain and under each probe and attack (relearn's
-    bar is measured on the held-back half; its plain value on that half is the hatched bar)."""
+    bar is measured on the held-back half; the plain model on that half is the black tick)."""
     from ..demo.report import _pyplot, _save
 
     labels = []
