@@ -12,6 +12,15 @@ SHARED_TOFU = Path(os.environ.get("UNLEARN_TEST_TOFU_DIR", ROOT.parent / "shared
 SHARED_MMLU = Path(os.environ.get("UNLEARN_TEST_MMLU_DIR", ROOT.parent / "shared" / "data" / "mmlu"))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``), one torch thread per worker process, set before any test
+    module imports torch: two workers each spinning two OpenMP threads on two cores make tiny
+    ops many times slower. Subprocesses that tests start inherit it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = "1"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_cache(tmp_path_factory):
     """A cache folder for the whole run (UNLEARN_CACHE_DIR set by CI is kept, so the

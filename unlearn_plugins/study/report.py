@@ -244,6 +244,7 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             "seed": cp.cell.seed,
             "status": result["status"],
             "source": result.get("source"),
+            "sources": result.get("sources"),  # per stage: built, cached or waited
             "error": result.get("error"),
             "log": result.get("log"),
             "stages": [s.folder for s in cp.stages],
