@@ -119,3 +119,35 @@ def test_extraction_strength_of_a_study_without_the_task(monkeypatch, tmp_path, 
         for e in encode_samples(tiny_tokenizer, load_split(str(data)), max_length=128)
     ]
     assert got == pytest.approx([min(m, n) / n for n in answers])  # 1 - k/n with k = n - min(m, n)
+
+
+def _group(method: str, values: list[float]) -> dict:
+    return {"method": method, "label": method.upper(), "metrics": {"forget_quality": interval(values, "t")}}
+
+
+def test_the_leader_is_tested_against_every_other_method():
+    """One-sided p-values of "the method with the highest mean is better": the permutation test
+    against every split of the pooled seeds counted by hand, Welch's t-test against scipy's."""
+    import itertools
+
+    from scipy import stats
+
+    from unlearn_plugins.study.report import leader_tests
+
+    a, b, c = [0.571, 0.571, 0.336], [0.175, 0.336, 0.175], [0.175, 0.175, 0.175]
+    test = leader_tests([_group("b", b), _group("a", a), _group("c", c), _group("empty", [])])
+    assert test["leader"] == "a" and [r["method"] for r in test["against"]] == ["b", "c"]
+    for row, other in zip(test["against"], (b, c)):
+        pooled, observed = a + other, sum(a) / 3 - sum(other) / 3
+        splits = list(itertools.combinations(range(6), 3))
+        diffs = [sum(pooled[i] for i in s) / 3 - sum(pooled[i] for i in range(6) if i not in s) / 3 for s in splits]
+        assert row["permutation_p"] == pytest.approx(sum(d >= observed - 1e-12 for d in diffs) / len(splits))
+        assert row["difference"] == pytest.approx(observed) and row["n"] == [3, 3]
+        want = stats.ttest_ind(a, other, equal_var=False, alternative="greater").pvalue
+        assert row["welch_p"] == pytest.approx(want)
+    assert test["against"][0]["permutation_p"] == pytest.approx(2 / 20)  # the tie at 0.336 counts
+    # no spread on either side: Welch's t is undefined, the permutation test still answers
+    flat = leader_tests([_group("x", [0.5, 0.5, 0.5]), _group("y", [0.1, 0.1, 0.1])])
+    assert flat["against"][0]["welch_p"] is None and flat["against"][0]["permutation_p"] == pytest.approx(1 / 20)
+    assert leader_tests([_group("x", [0.5]), _group("y", [0.1, 0.2])]) is None  # one seed: nothing to test
+    assert leader_tests([_group("x", [0.5, 0.6])]) is None

@@ -123,6 +123,10 @@ def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
     summary = (out / "summary.md").read_text()
     assert "| GradDiff | 2/2 |" in summary and "| IHL + FILA | 2/2 |" in summary
     assert "Student-t" in summary and "8 cells: 8 built in this run, 0 cached" in summary
+    # the Forget Quality leader tested against the other method over the two seeds
+    test = data["comparisons"]["1"]
+    assert {test["leader"], test["against"][0]["method"]} == {"grad_diff", "ihl_fila"}
+    assert 0 < test["against"][0]["permutation_p"] <= 1 and "exact permutation test" in summary
     assert "GradDiff" in stdout and f"report -> {out}/" in stdout
 
     # the rerun builds nothing, starts no worker, and reports the same numbers
