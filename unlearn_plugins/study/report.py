@@ -256,7 +256,7 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality") -> dict
             lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
             permutation_type="independent",
             alternative="greater",
-            n_resamples=100_000,  # exact (every split) up to 100,000 splits: 8 seeds a side
+            n_resamples=100_000,  # exact (every split) up to 100,000 splits: 9 seeds a side
             vectorized=True,
             random_state=0,
         )
