@@ -150,8 +150,21 @@ def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_r
             assert 0 < r[f"prob:{label}"] < 1, (name, label)
         assert r["prob:worst"] == max(r[f"prob:{k}"] for k in ("paraphrase", "format", "relearn", "quantize"))
         assert 0 < r["prob:relearn:plain_same_samples"] < 1
-        # the plain forget probability is the demo's own (same split, same dtype)
+        # the plain forget probability and ROUGE-L are the demo's own (same split, same dtype,
+        # generations capped as the demo's evaluation caps them)
         assert r["prob:plain"] == pytest.approx(plain[name]["forget_prob"], abs=2e-3), name
+        assert r["rougeL_recall:plain"] == pytest.approx(plain[name]["forget_rougeL_recall"], abs=1e-6), name
+    # the measurement generates as the demo's evaluation does (its cap, not lm-eval's 200 tokens)
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
+    def cap(folder):
+        return read_outputs(folder).results["configs"]["tofu_forget_rouge"]["generation_kwargs"]["max_gen_toks"]
+
+    cache = root / "cache"
+    for name in ("retain", "grad_diff"):
+        (measured,) = cache.glob(f"forgotten-{name}-*")
+        (evaluated,) = cache.glob(f"eval-{name}-*")
+        assert cap(measured / "eval") == cap(evaluated) < 200, name
     assert rows["retain"]["privleak"] is None  # the reference itself
     assert all(isinstance(rows[n]["privleak"], float) for n in ("full", "reglu", "grad_diff", "ihl_fila"))
     assert rows["retain"]["auc_reference"] is None and 0 <= rows["full"]["auc_reference"] <= 1

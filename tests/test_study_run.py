@@ -371,6 +371,18 @@ def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, t
     cell = data["cells"]["grad_diff/forget1/seed7"]["metrics"]
     assert group["privleak"]["values"] == [cell["privleak"]] and cell["privleak"] >= -100
     assert cell["forget_prob_worst_attack"] in ("paraphrase", "format", "relearn", "quantize")
+    # its plain forget ROUGE-L is the evaluation's own: its generations are capped alike
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
+    stage = Path(data["cells"]["grad_diff/forget1/seed7"]["stages"][1])
+    measured = read_outputs(stage / "really_forgotten")
+    rouge = measured.summary["robustness"]["metrics"]["rougeL_recall"]
+    assert rouge["plain"] == pytest.approx(cell["forget_rougeL"], abs=1e-6)
+
+    def cap(results):
+        return results["configs"]["tofu_forget_rouge"]["generation_kwargs"]["max_gen_toks"]
+
+    assert cap(measured.results) == cap(read_outputs(stage).results) < 200  # not lm-eval's default
     summary = (out / "summary.md").read_text()
     assert "| privleak | MIA AUC (Min-K%) | exact memorization | forget prob, worst attack |" in summary
     recorded = {p.name for p in records.rglob("*") if p.is_file()}

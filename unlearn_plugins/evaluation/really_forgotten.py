@@ -32,10 +32,12 @@ def measure(
     dtype: str | None,
     mia_reference: str | None = None,
     save_mia_reference: str | None = None,
+    max_gen_toks: int | None = None,
 ) -> dict:
     """`unlearn eval --mia --robustness` of one model into ``out`` (what it prints: ``out``.log);
     its summary. The retain model saves the MIA reference (``save_mia_reference``), the others
-    read it (``mia_reference``): privleak and the reference attack."""
+    read it (``mia_reference``): privleak and the reference attack. ``max_gen_toks``: the cap of
+    the caller's own evaluation, so the plain ROUGE-L here is the one it reports."""
     import contextlib
     import io
 
@@ -55,6 +57,7 @@ def measure(
         ("--dtype", dtype),
         ("--mia-reference", mia_reference),
         ("--save-mia-reference", save_mia_reference),
+        ("--max-gen-toks", max_gen_toks),
     ):
         if value:
             argv += [flag, str(value)]

@@ -216,7 +216,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     if ev.robustness:  # likewise
         from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
 
-        eval_settings += ("robustness", ATTACKS, ATTACK_OPTIONS)
+        eval_settings += ("robustness", ATTACKS, ATTACK_OPTIONS, "capped-generations")
 
     def folder(kind: str, name: str, key: str) -> str:
         return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
@@ -486,6 +486,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
             dtype=p.get("dtype"),
             mia_reference=robust["mia_reference"],
             save_mia_reference=None if robust["mia_reference"] else str(tmp / MIA_REFERENCE),
+            max_gen_toks=max_gen_toks,  # the evaluation's own cap: the same plain ROUGE-L
         )
     if not p["extraction_from_task"]:
         values = extraction_strengths(
