@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,56 @@ def test_the_leader_is_tested_against_every_other_method():
     assert flat["against"][0]["welch_p"] is None and flat["against"][0]["permutation_p"] == pytest.approx(1 / 20)
     assert leader_tests([_group("x", [0.5]), _group("y", [0.1, 0.2])]) is None  # one seed: nothing to test
     assert leader_tests([_group("x", [0.5, 0.6])]) is None
+
+
+def test_a_named_method_is_tested_against_every_other_method_whatever_its_rank():
+    """A paper's claim ("ReGLU forgets best") is tested for that method even where it is not
+    the leader: its p-values are then large, not the leader's small ones."""
+    from unlearn_plugins.study.report import leader_tests
+
+    a, b, c = [0.571, 0.571, 0.336], [0.175, 0.336, 0.175], [0.175, 0.175, 0.175]
+    groups = [_group("a", a), _group("b", b), _group("c", c)]
+    test = leader_tests(groups, method="b")
+    assert test["leader"] == "b" and [r["method"] for r in test["against"]] == ["a", "c"]
+    vs_a, vs_c = test["against"]
+    assert vs_a["difference"] < 0 and vs_a["permutation_p"] > 0.5  # b is not above a
+    assert vs_c["difference"] > 0 and vs_c["permutation_p"] == pytest.approx(
+        10 / 20
+    )  # 0.336 on b's side: 10 of 20 splits
+    assert leader_tests(groups, method="absent") is None
+
+
+def test_reglu_claim_holds_only_against_every_near_target_rival(tmp_path):
+    """bench/reglu_claim.py: the claim holds where the claimant's utility is near the target's
+    and its Forget Quality beats every near-target method's (a far-from-target method may beat
+    it); it fails where a near-target rival is as good."""
+    import json
+    import subprocess
+    import sys
+
+    def group(method, fq, mu, forget):
+        return {
+            "method": method,
+            "label": method.upper(),
+            "forget": forget,
+            "metrics": {"forget_quality": interval(fq, "t"), "model_utility": interval(mu, "t")},
+        }
+
+    near, low = [0.35, 0.36, 0.355], [0.20, 0.21, 0.22]
+    data = {
+        "references": [{"name": "full", "forget": f, "model_utility": 0.356} for f in (1, 2)],
+        "groups": [
+            group("reglu", [0.8, 0.9, 0.85], near, 1),
+            group("ihl", [0.1, 0.2, 0.15], near, 1),
+            group("vila", [0.95, 0.99, 0.97], low, 1),  # better, but far below the target's utility
+            group("reglu", [0.3, 0.4, 0.35], near, 2),
+            group("ihl_rila", [0.3, 0.45, 0.35], near, 2),  # as good: no claim
+        ],
+    }
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(data))
+    bench = Path(__file__).resolve().parents[1] / "bench" / "reglu_claim.py"
+    proc = subprocess.run([sys.executable, str(bench), str(path)], capture_output=True, text=True, check=True)
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["claim_holds"] == {"1": True, "2": False}
+    assert "| VILA | -0.120 |" in proc.stdout and "| no |" in proc.stdout

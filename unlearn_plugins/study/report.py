@@ -228,8 +228,9 @@ def interval(
     return out
 
 
-def leader_tests(groups: Sequence[dict], metric: str = "forget_quality") -> dict | None:
-    """Is the method with the highest mean ``metric`` better than each other method? One-sided
+def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method: str | None = None) -> dict | None:
+    """Is the method with the highest mean ``metric`` (or ``method``, a paper's claimant) better
+    than each other method? One-sided
     p-values over the seeds: an exact permutation test of the difference in means (every split
     of the pooled seed values, so ties and non-normal values are fine; with 3 seeds a side its
     smallest possible p is 1/20) and Welch's t-test (None where neither side varies). None
@@ -242,7 +243,12 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality") -> dict
     scored = [g for g in groups if g["metrics"][metric]["n"] >= 1]
     if len(scored) < 2:
         return None
-    leader = max(scored, key=lambda g: g["metrics"][metric]["mean"])
+    if method is None:
+        leader = max(scored, key=lambda g: g["metrics"][metric]["mean"])
+    else:
+        leader = next((g for g in scored if g["method"] == method), None)
+        if leader is None:
+            return None
     a = np.asarray(leader["metrics"][metric]["values"], dtype=float)
     if len(a) < 2:
         return None
