@@ -32,7 +32,7 @@ def claim(data: dict, method: str = "reglu", tolerance: float = 0.02, alpha: flo
         near = {m: v is not None and v >= target["model_utility"] - tolerance for m, v in mu.items()}
         test = leader_tests(groups, method=method)
         if test is None:
-            out[str(forget)] = {"holds": None, "why": f"{method}: fewer than 2 seeds"}
+            out[str(forget)] = {"holds": None, "why": f"{method}: fewer than 2 seeds done"}
             continue
         rivals = [r for r in test["against"] if near[r["method"]]]
         holds = near[method] and all(r["permutation_p"] <= alpha for r in rivals)
@@ -54,8 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=0.05)
     args = parser.parse_args(argv)
     data = json.loads(args.study_json.read_text())
-    result = claim(data, args.method, args.tolerance, args.alpha)
     labels = {g["method"]: g["label"] for g in data["groups"]}
+    if args.method not in labels:
+        print(
+            f"reglu_claim: {args.study_json}: no method {args.method!r} (it has {', '.join(labels)})", file=sys.stderr
+        )
+        return 2
+    result = claim(data, args.method, args.tolerance, args.alpha)
     for forget, r in result.items():
         print(f"\nForget {forget}: target Model Utility {r.get('target_model_utility', float('nan')):.3f}")
         if r["holds"] is None:

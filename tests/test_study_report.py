@@ -205,3 +205,7 @@ def test_reglu_claim_holds_only_against_every_near_target_rival(tmp_path):
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["claim_holds"] == {"1": True, "2": False}
     assert "| VILA | -0.120 |" in proc.stdout and "| no |" in proc.stdout
+    missing = subprocess.run(
+        [sys.executable, str(bench), str(path), "--method", "rila"], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "no method 'rila'" in missing.stderr and not missing.stdout
