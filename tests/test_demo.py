@@ -110,6 +110,9 @@ def test_fast_demo_writes_a_complete_report(demo_run):
 
     native = native_dtype("auto", "cpu") or "library default"
     assert results["train_dtype"] == native and results["evaluation"]["dtype"] == native
+    # CUD's anchor runs are unlearning runs: trained in the same dtype as the demo's others
+    assert cud["anchor_unlearn"]["lr"] == results["budget"]["anchor_unlearn"]["lr"]
+    assert cud["anchor_unlearn"].get("dtype", "library default") == native
 
     # the terminal table and the Markdown summary show the same five models
     table = [line for line in out.splitlines() if line.startswith(("full", "retain", "ReGLU", "GradDiff", "IHL"))]

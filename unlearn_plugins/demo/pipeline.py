@@ -236,6 +236,8 @@ def _cud_scorer(config: DemoConfig, bench: Benchmark, full_model: str):
     cud = dict(b.cud)
     pool, anchor_retain = anchor_split(bench, b.anchor_pool)
     anchor_options = {**b.anchor_unlearn, "retain": anchor_retain, "max_length": b.max_length, "save_steps": 0}
+    if dtype := config.dtypes()[0]:  # anchor runs are unlearning runs: trained as the demo's others
+        anchor_options["dtype"] = dtype
     return CUDScorer(
         anchor_data=pool,
         objectives=cud.pop("objectives"),
@@ -720,6 +722,7 @@ def _run_demo(config: DemoConfig, *, stream=None) -> DemoResult:
         b.easy_hard,
         b.max_length,
         b.anchor_pool,
+        train_dtype,
     )
     cud_dir = stages.folder("cud", "forget", cud_key)
 

@@ -240,6 +240,8 @@ def write_report(
             "anchors": {k: anchors.get(k) for k in ("easy", "hard")},
             "anchor_pool": meta.get("anchor_pool"),
             "anchor_votes": meta.get("anchors"),
+            # the anchor runs' UnlearnConfig options (lr, epochs, retain, dtype, ...)
+            "anchor_unlearn": ((meta.get("settings") or {}).get("runner") or {}).get("options"),
             "anchor_runs": [
                 {k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
                 for r in meta.get("runs") or []
