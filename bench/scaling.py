@@ -51,8 +51,10 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def eap_ig_rounds(folder: str, args) -> tuple[list[float], list[float]]:
-    """(EAP-IG seconds, plain forward+backward seconds) per round."""
+def eap_ig_rounds(folder: str, args) -> tuple[list[float], list[float], dict]:
+    """(EAP-IG seconds, plain forward+backward seconds) per round, and EAP-IG's mean seconds per
+    round in each part (the engine's own timings: sources, forward, backward; hooks, the
+    gradient reductions and edge contractions, run inside the backward)."""
     from eap_ig import plain_passes
 
     from unlearn_plugins.circuits.eap_ig import EAPIG
@@ -66,11 +68,12 @@ def eap_ig_rounds(folder: str, args) -> tuple[list[float], list[float]]:
     engine = EAPIG(model, steps=args.steps, max_rows=args.max_rows, pad_token_id=pad)
     engine.score(examples[:1])  # warm-up
     plain_passes(model, examples[:1], args.steps, pad, args.max_rows)
+    engine.timings = dict.fromkeys(engine.timings, 0.0)
     eap, plain = [], []
     for _ in range(args.rounds):
         eap.append(timed(lambda: engine.score(examples)))
         plain.append(timed(lambda: plain_passes(model, examples, args.steps, pad, args.max_rows)))
-    return eap, plain
+    return eap, plain, {part: round(t / args.rounds, 4) for part, t in engine.timings.items()}
 
 
 def rila_rounds(folder: str, args) -> tuple[list[float], list[float]]:
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per depth (figures are medians)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per depth (figures are medians)")
     parser.add_argument("--samples", type=int, default=8, help="EAP-IG samples; RILA: forget and retain samples each")
     parser.add_argument("--steps", type=int, default=5, help="EAP-IG steps")
     parser.add_argument("--max-rows", type=int, default=20)
@@ -169,6 +172,7 @@ def main(argv=None) -> int:
         "rila_over_forward": ("rila", "forward"),
     }
     ratio_rounds: dict[str, dict[str, list[float]]] = {name: {} for name in measures}
+    breakdown: dict[str, dict] = {}
     seconds: dict[str, list[float]] = {side: [] for pair in measures.values() for side in pair}
     with tempfile.TemporaryDirectory(prefix="unlearn-bench-scaling-") as tmp:
         for n_layers in args.layers:
@@ -182,8 +186,9 @@ def main(argv=None) -> int:
                     kv_heads=args.kv_heads,
                 )
             )
+            eap, plain, breakdown[str(n_layers)] = eap_ig_rounds(folder, args)
             results = {
-                "eap_ig_over_fwd_bwd": eap_ig_rounds(folder, args),
+                "eap_ig_over_fwd_bwd": (eap, plain),
                 "trainer_over_bare_loop": trainer_rounds(folder, args, Path(tmp) / f"runs-{n_layers}"),
                 "rila_over_forward": rila_rounds(folder, args),
             }
@@ -209,6 +214,15 @@ def main(argv=None) -> int:
         "exponent": {side: exponent(args.layers, values) for side, values in seconds.items()},
         "seconds": {
             side: dict(zip(map(str, args.layers), (round(v, 4) for v in values))) for side, values in seconds.items()
+        },
+        # where EAP-IG's time goes per depth; hooks_share is the part whose edge contraction
+        # grows with (sources x destinations), i.e. with layers squared
+        "eap_ig_breakdown_s": {
+            depth: {
+                **parts,
+                "hooks_share": round(parts["hooks"] / max(sum(v for k, v in parts.items() if k != "hooks"), 1e-9), 3),
+            }
+            for depth, parts in breakdown.items()
         },
         "spread": {
             name: {depth: spread(values, 3) for depth, values in per.items()} for name, per in ratio_rounds.items()

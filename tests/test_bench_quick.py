@@ -85,6 +85,11 @@ def test_scaling_bench(tofu_dir):
     sides = {"eap_ig", "fwd_bwd", "trainer_step", "bare_step", "rila", "forward"}
     assert set(line["exponent"]) == sides and all(math.isfinite(v) for v in line["exponent"].values())
     assert all(positive(s) for side in sides for s in line["seconds"][side].values())
+    # where EAP-IG's time went at each depth: its parts add up to about its measured time
+    for depth, parts in line["eap_ig_breakdown_s"].items():
+        total = parts["sources"] + parts["forward"] + parts["backward"]
+        assert 0 < parts["hooks"] < parts["backward"] and 0 < parts["hooks_share"] < 1, depth
+        assert total <= line["seconds"]["eap_ig"][depth] * 1.5, depth
 
 
 @pytest.mark.parametrize(
