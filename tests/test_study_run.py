@@ -81,8 +81,8 @@ def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
     code, stdout, err = run(capsys, "tiny", "--workers", "2", "--out", out, "--cache-dir", cache)
     assert code == 0, err[-3000:]
     assert "executor: local: 2 worker process(es), 1 thread(s) each" in err
-    workers = {line.split(" on ")[1] for line in err.splitlines() if " start " in line}
-    assert len(workers) == 2  # both workers built cells
+    workers = {line.split(" on ")[1].split(" (pid")[0] for line in err.splitlines() if " start " in line}
+    assert workers == {"worker 0", "worker 1"}  # both workers built cells
     for name in ("study.json", "summary.md", "pareto.png"):
         assert (out / name).stat().st_size > 0
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -217,6 +217,27 @@ def _wait_for(predicate, timeout: float, proc: subprocess.Popen):
     proc.kill()
     out, err = proc.communicate()
     pytest.fail(f"not seen within {timeout} s; the study said: {err[-3000:]}")
+
+
+def test_a_worker_whose_memory_grew_retires_and_a_fresh_one_takes_the_next_cell(cache, tmp_path, capsys, monkeypatch):
+    """UNLEARN_WORKER_GROWTH_MB: a worker that holds more after a cell than after its first one
+    (here: any growth at all) hands its slot to a fresh process; every cell is still built."""
+    monkeypatch.setenv("UNLEARN_WORKER_GROWTH_MB", "0.001")
+    out = tmp_path / "report"
+    study = study_file(tmp_path, seeds=[20, 21, 22, 23, 24, 25], methods=("grad_diff",))
+    code, _, err = run(capsys, study, "--workers", "2", "--out", out, "--cache-dir", cache)
+    assert code == 0, err[-3000:]
+    starts = [line.split(" on ")[1] for line in err.splitlines() if " start " in line]
+    slots = {w.split(" (pid")[0] for w in starts}
+    assert slots <= {"worker 0", "worker 1"} and len(set(starts)) > len(slots)  # fresh processes
+    assert all(c["status"] == "done" for c in report(out)["cells"].values())
+
+
+def test_a_bad_worker_growth_limit_is_a_one_line_error(cache, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("UNLEARN_WORKER_GROWTH_MB", "lots")
+    code, _, err = run(capsys, "tiny", "--workers", "2", "--out", tmp_path / "r", "--cache-dir", cache)
+    assert code != 0 and "UNLEARN_WORKER_GROWTH_MB='lots': not a number of MB" in err
+    assert "Traceback" not in err
 
 
 def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):

@@ -568,6 +568,16 @@ def builder(name: str) -> Callable[[Path, dict], None]:
 # ----------------------------------------------------------------------------- running a cell
 
 
+def resident_mb() -> float | None:
+    """This process's resident set now, in MB (MiB); None where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as handle:
+            pages = int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class PeakSampler:
     """A stage's own peak resident memory, sampled: a thread reads this process's resident set
     (/proc/self/statm) every ``every`` seconds while the stage runs. It does not reset the

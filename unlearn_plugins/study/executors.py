@@ -10,7 +10,12 @@ state), each pinned to its share of the cores (``torch.set_num_threads`` and the
 thread variables): on 2 cores two single-threaded workers do more cells per hour than one
 two-threaded one (bench/study_throughput.py). With GPUs, worker k sees GPU k mod N only. A
 worker that dies (killed, out of memory) fails the cell it was running, and a new worker
-takes its place; the others go on.
+takes its place; the others go on. A worker whose resident memory, once a cell is done and
+its freed memory handed back, has grown more than ``UNLEARN_WORKER_GROWTH_MB`` (default 256)
+above what it held after its first cell retires, and a fresh one takes the next cell: what
+a process keeps from cell to cell (imported libraries' caches, heap it cannot return) adds to
+every later cell's peak (the demo's unlearning stages peaked 0.7 GB higher in a worker that had
+built other stages than alone).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import uuid
 from typing import Any
 
 from ..errors import UnlearnError
-from .cells import CellTask, execute_cell
+from .cells import CellTask, execute_cell, resident_mb
 
 EXECUTORS = ("local", "dask")
 
@@ -35,6 +40,17 @@ def threads_per_worker(workers: int) -> int:
     share = max(1, cores // max(workers, 1))
     cap = os.environ.get("OMP_NUM_THREADS", "")
     return min(share, int(cap)) if cap.isdigit() and int(cap) >= 1 else share
+
+
+def growth_limit_mb() -> float | None:
+    """``UNLEARN_WORKER_GROWTH_MB``: how far a worker's memory after a cell may grow above its
+    memory after its first cell before it retires (default 256; 0 or less: never retires)."""
+    value = os.environ.get("UNLEARN_WORKER_GROWTH_MB", "").strip()
+    try:
+        limit = float(value) if value else 256.0
+    except ValueError:
+        raise UnlearnError(f"UNLEARN_WORKER_GROWTH_MB={value!r}: not a number of MB") from None
+    return limit if limit > 0 else None
 
 
 def _gpu_count() -> int:
@@ -61,8 +77,9 @@ def _pin(threads: int, gpu: int | None) -> None:
 # ----------------------------------------------------------------------------- local
 
 
-def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> None:
-    """A local worker: cells from ``inbox`` until None, events to ``outbox``."""
+def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growth_mb: float | None = None) -> None:
+    """A local worker: cells from ``inbox`` until None, events to ``outbox``; it retires (its
+    last "done" says so) once its memory has grown ``growth_mb`` above its first cell's."""
     # Ctrl-C (or the runner's SIGINT) interrupts the cell, whose stage removes its temporary
     # folder, even when the study was started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -70,6 +87,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> No
     where = f"worker {slot} (pid {os.getpid()})"
     parent = os.getppid()
     _watch_parent(parent)
+    first_mb = None
     try:
         while True:
             try:
@@ -82,7 +100,12 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None) -> No
                 return
             outbox.put(("start", task.plan.cell.id, where))
             result = execute_cell(task, lambda *event: outbox.put(event))
-            outbox.put(("done", task.plan.cell.id, {**result, "worker": where}))
+            now_mb = resident_mb()
+            first_mb = now_mb if first_mb is None else first_mb
+            retire = growth_mb is not None and now_mb is not None and now_mb > first_mb + growth_mb
+            outbox.put(("done", task.plan.cell.id, {**result, "worker": where, "retired": retire}))
+            if retire:
+                return
     except KeyboardInterrupt:  # the stage being built has removed its temporary folder
         return
 
@@ -112,6 +135,7 @@ class LocalExecutor:
         self.threads = threads or threads_per_worker(workers)
         self.gpus = _gpu_count()
         self.ctx = multiprocessing.get_context("spawn")
+        self.growth_mb = growth_limit_mb()
         self.outbox = None
         self.slots: dict[int, dict[str, Any]] = {}
 
@@ -126,7 +150,7 @@ class LocalExecutor:
         gpu = slot % self.gpus if self.gpus else None
         proc = self.ctx.Process(
             target=_local_worker,
-            args=(slot, inbox, self.outbox, self.threads, gpu),
+            args=(slot, inbox, self.outbox, self.threads, gpu, self.growth_mb),
             name=f"unlearn-study-worker-{slot}",
             daemon=True,
         )
@@ -140,7 +164,12 @@ class LocalExecutor:
     def submit(self, task: CellTask) -> None:
         for slot in range(self.workers):
             state = self.slots.get(slot)
-            if state is None or not state["proc"].is_alive():
+            if state is not None and state.get("retired"):
+                state["proc"].join(30)  # it returns right after its last "done"
+                if state["proc"].is_alive():
+                    state["proc"].terminate()
+                    state["proc"].join(5)
+            if state is None or state.get("retired") or not state["proc"].is_alive():
                 self._spawn(slot)  # started on first need: a fully cached study starts none
                 state = self.slots[slot]
             if state["cell"] is None:
@@ -162,6 +191,7 @@ class LocalExecutor:
                 for state in self.slots.values():
                     if state["cell"] == event[1]:
                         state["cell"] = None
+                        state["retired"] = bool(event[2].get("retired"))
         return events
 
     def events(self, timeout: float) -> list[tuple]:
