@@ -177,6 +177,7 @@ class TrainerAnchorRunner:
         from ...files import write_jsonl
         from ...likelihood import answer_nll
         from ...models import load_model
+        from ...study.cells import release_memory
         from ...training.config import UnlearnConfig
         from ...training.run import run_unlearning
 
@@ -204,6 +205,9 @@ class TrainerAnchorRunner:
                     trace=self.trace,
                 )
             result = run_unlearning(config, callbacks=[watch] if watch else [])
+            # the trained model is gone: hand its memory back before loading the unlearned one
+            # (an anchor run peaked at 2.84 GB without this, ~2.5 with it)
+            release_memory()
             if config.full_finetune:
                 unlearned, _ = load_model(str(result.out), device=device)
             else:
