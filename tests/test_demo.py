@@ -218,7 +218,8 @@ def _numbers(report) -> dict:
     """What results.json says about the models and CUD, less what differs between two runs by
     nature (folders, timings)."""
     results = json.loads((report / "results.json").read_text())
-    cud = {k: v for k, v in results["cud"].items() if k != "anchor_pool"}  # (its spec names the cache folder)
+    # (the anchor pool's spec and the anchor runs' retain split name the cache folder)
+    cud = {k: v for k, v in results["cud"].items() if k not in ("anchor_pool", "anchor_unlearn")}
     return {"models": [{k: v for k, v in r.items() if k != "eval_seconds"} for r in results["models"]], "cud": cud}
 
 
@@ -268,7 +269,8 @@ def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(paralle
     cache = run.root / "cache"
     pids = [json.loads(p.read_text())["pid"] for p in cache.glob("*/resources.json")]
     assert len(pids) == 11  # every stage but the benchmark (built here: every other stage reads it)
-    assert len(set(pids)) == 2 and os.getpid() not in pids
+    # two workers at a time (a worker whose memory grew retires and a fresh one takes its slot)
+    assert len(set(pids)) >= 2 and os.getpid() not in pids
     # CUD's six anchor runs and its matrices were parts built side by side; their marks are gone
     assert run.err.count("[4/13]   CUD anchor run ") == 6 and "[4/13]   CUD score matrices" in run.err
     assert not list(cache.glob("cudpart-*")) and not list(cache.glob("*.tmp-*"))

@@ -233,9 +233,9 @@ def test_a_worker_whose_memory_grew_retires_and_a_fresh_one_takes_the_next_cell(
     assert all(c["status"] == "done" for c in report(out)["cells"].values())
 
 
-def test_a_bad_worker_growth_limit_is_a_one_line_error(cache, tmp_path, capsys, monkeypatch):
+def test_a_bad_worker_growth_limit_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("UNLEARN_WORKER_GROWTH_MB", "lots")
-    code, _, err = run(capsys, "tiny", "--workers", "2", "--out", tmp_path / "r", "--cache-dir", cache)
+    code, _, err = run(capsys, "tiny", "--workers", "2", "--out", tmp_path / "r", "--cache-dir", tmp_path / "c")
     assert code != 0 and "UNLEARN_WORKER_GROWTH_MB='lots': not a number of MB" in err
     assert "Traceback" not in err
 
