@@ -321,8 +321,9 @@ def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
         *tiny_args(tiny_model_dir, tofu_dir, two, *flags),
     ]
     proc = subprocess.run(launch, env=child_env(), capture_output=True, text=True, timeout=400)
-    # the failing rank's own error (a peer's "connection closed" comes last): its lines first
-    failing = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank"))[-4000:]
+    # the failing rank's own error (a traceback's [rankN] lines, or the CLI's one error: line;
+    # a peer's "connection closed" comes last): those lines first
+    failing = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[rank", "error:")))[-4000:]
     assert proc.returncode == 0, failing + "\n---\n" + proc.stderr[-3000:]
     record = json.loads((two / "run.json").read_text())
     assert record["num_processes"] == 2
