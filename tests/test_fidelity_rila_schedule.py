@@ -345,3 +345,40 @@ def test_default_init_is_pefts_kaiming_uniform_with_zero_b(tiny_model):
     ours, peft_own = torch.cat(ours), torch.cat(peft_own)
     assert abs(float(ours.std()) - float(peft_own.std())) < 0.05 * float(peft_own.std())
     assert abs(float(ours.std()) - 1 / math.sqrt(3)) < 0.05  # std of U(-1, 1)
+
+
+@pytest.mark.parametrize("path", ["rows", "dense"])
+def test_rila_retain_basis_with_fewer_rows_than_k_never_holds_forget_directions(path):
+    """Fewer data rows than rol_rank (forget 1 TOFU author: 20 + 20 rows against k = 128): P_B has
+    k columns, spans the retain rows, and is completed away from the forget rows, as the
+    reference's dense eigendecomposition of Cr + eps I can complete it (its degenerate
+    eigenspace); the step-0 ROL penalty equals the one from an independent dense computation.
+    The old code kept numerically-zero eigenpairs inside the forget span (min(k, n) columns)."""
+    from unlearn_plugins.initializers.rila import RIDGE, _Stats, solve
+
+    g = torch.Generator().manual_seed(3)
+    d, nf, nr, r, k, beta = 96, 10, 10, 4, 32, 0.7
+    hf = torch.randn(nf, d, generator=g)
+    hr = torch.randn(nr, d, generator=g)
+    weight = torch.randn(d, 48, generator=g)
+    fs, rs = _Stats(path), _Stats(path)
+    for stats, h in ((fs, hf), (rs, hr)):
+        stats.add(h)
+    (solution,) = solve([(fs, rs, weight)], beta, [r], [k])
+    pb = solution.retain_basis.double()
+    assert pb.shape == (d, k)
+    assert torch.allclose(pb.T @ pb, torch.eye(k, dtype=torch.float64), atol=1e-8)
+
+    # independent dense computation: the retain span, and the forget directions outside it
+    hf64, hr64 = hf.double(), hr.double()
+    u_r = torch.linalg.svd(hr64.T, full_matrices=False)[0]  # d x nr
+    forget_only = hf64.T - u_r @ (u_r.T @ hf64.T)
+    assert float(torch.linalg.matrix_norm(u_r - pb @ (pb.T @ u_r))) < 1e-6  # retain span inside P_B
+    assert float((pb.T @ forget_only).abs().max()) < 1e-6 * float(forget_only.abs().max())  # no forget
+
+    eye = torch.eye(d, dtype=torch.float64)
+    cf, cr = hf64.T @ hf64 / nf + RIDGE * eye, hr64.T @ hr64 / nr + RIDGE * eye
+    q = torch.linalg.eigh((1 - beta) * cf - beta * cr)[1][:, -r:]
+    expected = float((q.T @ u_r).pow(2).sum())  # the completion adds nothing: Q lies in the data span
+    penalty = float((solution.q.double().T @ pb).pow(2).sum())
+    assert penalty == pytest.approx(expected, rel=1e-6)

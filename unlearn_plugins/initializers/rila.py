@@ -197,7 +197,7 @@ SOLVE_CHUNK_BYTES = 256 * 2**20  # float64 working set of one stacked solve (bou
 
 class Solution:
     """One module's result: Q (d x r) and the eigenvalues of Delta (largest algebraic first), and
-    the retain basis P_B (top-k eigenvectors of Cr)."""
+    the retain basis P_B (top-k eigenvectors of Cr, completed by :func:`retain_basis`)."""
 
     def __init__(self, q, values, retain_basis):
         self.q, self.values, self.retain_basis = q, values, retain_basis
@@ -276,15 +276,55 @@ def solve(problems: list, beta: float, r: list, k: list) -> list[Solution]:
     mats = torch.cat([delta, cr])
     evals, evecs = torch.linalg.eigh((mats + mats.mT) / 2)
     shift = 0.0 if basis is None else beta * RIDGE
+    # rows are projected in float64; Gram matrices were summed in float32
+    rounding = torch.finfo(torch.float64 if path == "rows" else torch.float32).eps
     out = []
     for i, weight in enumerate(weights):
         d = weight.shape[0]
         own = None if basis is None else basis[i]
         q, vals = _top(evals[i], evecs[i], own, d, r[i], 0.0)
-        kk = k[i] if own is None else min(k[i], m)
-        retain = _top(evals[len(weights) + i], evecs[len(weights) + i], own, d, kk, 0.0)[0][:, :kk]
+        j = len(weights) + i
+        retain = retain_basis(evals[j], evecs[j], cf[i], own, d, min(k[i], d), rounding)
         out.append(Solution(q, vals - shift, retain))
     return out
+
+
+def retain_basis(evals, evecs, cf, basis, d: int, k: int, rounding: float):
+    """P_B, k orthonormal columns: the eigenvectors of Cr whose eigenvalues stand above rounding
+    (largest first), completed where Cr has fewer than k such directions as the reference's
+    degenerate ridge eigenspace completes them, but never with forget directions: first the
+    directions no data reaches (the orthogonal complement of the forget and retain rows), and
+    only if those run out the remaining forget directions, the least used first.
+
+    ``evals``/``evecs``: Cr's ascending eigendecomposition in the coordinates ``basis`` (d x m;
+    None: the dense path, m = d); ``cf``: Cf in the same coordinates; ``rounding``: the relative
+    precision of the statistics (an eigenvalue under ``max * m * rounding`` is numerically 0)."""
+    import torch
+
+    evals, evecs = evals.flip(0), evecs.flip(1)
+    m = evecs.shape[0]
+    top = float(evals.abs().max()) if evals.numel() else 0.0
+    keep = evals > top * m * rounding
+    chosen = evecs[:, keep][:, :k]
+    if chosen.shape[1] < k:
+        # Cr's numerical null space in these coordinates, ordered by how much forget data uses it
+        null = evecs[:, ~keep]
+        fvals, fvecs = torch.linalg.eigh(null.mT @ cf @ null)
+        ftop = float(cf.diagonal().abs().max())
+        quiet = fvals <= ftop * m * rounding
+        null = null @ fvecs  # ascending forget energy
+        unused, used = null[:, quiet], null[:, ~quiet]
+        lift = (lambda x: x) if basis is None else (lambda x: basis @ x)
+        parts = [lift(chosen), lift(unused)]
+        outside = 0 if basis is None else d - m  # directions outside the subspace: no data there
+        have = chosen.shape[1] + unused.shape[1]
+        if have < k and outside > 0:
+            parts.append(_complement(basis, d, min(k - have, outside)))
+            have += parts[-1].shape[1]
+        if have < k:
+            parts.append(lift(used[:, : k - have]))
+        return torch.cat(parts, 1)[:, :k]
+    return chosen if basis is None else basis @ chosen
 
 
 def _solve_bytes(fs: _Stats, rs: _Stats, weight) -> int:

@@ -104,6 +104,9 @@ class ROL:
     ``max_samples`` (retain examples used when computing the basis here, 256)."""
 
     name = "rol"
+    #: 2: RILA's retain basis has k columns completed away from the forget rows (issue 29); a
+    #: study re-keys (rebuilds) the cells that use ROL
+    revision = 2
     regularizer = True
     needs_reference_model = False
     needs_retain_data = False  # only when the initializer gives no basis; checked in prepare()

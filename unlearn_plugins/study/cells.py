@@ -198,6 +198,26 @@ def _initializer_seed(config: dict, seed: int) -> dict:
     return options
 
 
+def component_revisions(config: dict) -> dict:
+    """{kind/name: revision} of the components an unlearning config uses whose numbers changed
+    since the study format began (a component's ``revision`` attribute, 1 when absent). Only
+    revisions above 1 enter a run's key, so cells of unchanged components keep their keys."""
+    from ..host import get_component
+    from ..interfaces import ADAPTER_INITIALIZER, UNLEARNING_OBJECTIVE
+
+    used = [(UNLEARNING_OBJECTIVE, config.get("objective")), (UNLEARNING_OBJECTIVE, config.get("regularizer"))]
+    if not config.get("full_finetune"):
+        used.append((ADAPTER_INITIALIZER, config.get("initializer")))
+    revisions = {}
+    for kind, name in used:
+        if not name:
+            continue
+        revision = getattr(get_component(kind, name), "revision", 1)
+        if revision != 1:
+            revisions[f"{kind}/{name}"] = revision
+    return revisions
+
+
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
@@ -344,6 +364,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 bench["content"]["forget"],
                 bench["content"]["retain"],
                 config,
+                *([revisions] if (revisions := component_revisions(config)) else []),
             )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
             unlearn = Stage(
