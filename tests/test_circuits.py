@@ -161,7 +161,15 @@ def test_circuit_similarity_dispatch():
     a = select(s, G, n=5)
     b = Circuit(G, a.mask.clone(), -a.scores)
     assert circuit_similarity(a, a) == pytest.approx(1.0)
-    assert circuit_similarity(a, b, "cosine") == pytest.approx(-1.0)
+    # the CUD paper compares circuits as 0/1 edge masks (vectorize_circuit_binary): the same
+    # edges are the same circuit whatever their scores; signed scores are the option
+    assert circuit_similarity(a, b, "cosine") == pytest.approx(1.0)
+    assert circuit_similarity(a, b, "cosine", "signed") == pytest.approx(-1.0)
+    c = select(scores_from({"m1->logits": 5.0, "input->m1": 4.0, "m0->m1": 0.1}), G, n=2)
+    shared = int((a.edge_vector() & c.edge_vector()).sum())
+    assert circuit_similarity(a, c) == pytest.approx(shared / math.sqrt(a.n_edges * c.n_edges))
     assert circuit_similarity(a, b, "jaccard") == 1.0 and circuit_similarity(a, b, "hamming") == 1.0
     with pytest.raises(ValueError, match="similarity"):
         circuit_similarity(a, b, "euclid")
+    with pytest.raises(ValueError, match="vector"):
+        circuit_similarity(a, b, "cosine", "weighted")

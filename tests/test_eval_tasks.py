@@ -216,7 +216,7 @@ def test_tofu_metrics_match_direct_pytorch_tiny(tiny, tiny_model_dir, tofu_dir, 
         assert abs(tr_ra - math.exp(-sum(w) / len(w)) / math.exp(-c)) < TOL
 
 
-def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir, tofu_dir):
+def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir, tofu_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from unlearn_plugins.data.tofu import encode_qa
@@ -242,18 +242,45 @@ def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir
                 break
     model.eval()
 
-    ev = run_tasks(model, tiny_model_dir, ["tofu_forget01_extraction_strength"], limit=2, tofu_dir=tofu_dir)
-    got = per_sample(ev, "tofu_forget01_extraction_strength", "extraction_strength")
-    docs = sorted(ev.samples["tofu_forget01_extraction_strength"], key=lambda s: s["doc_id"])
+    def extraction(model):
+        ev = run_tasks(model, tiny_model_dir, ["tofu_forget01_extraction_strength"], limit=2, tofu_dir=tofu_dir)
+        got = per_sample(ev, "tofu_forget01_extraction_strength", "extraction_strength")
+        return got, sorted(ev.samples["tofu_forget01_extraction_strength"], key=lambda s: s["doc_id"])
+
+    got, docs = extraction(model)
     assert got[0] == 1.0  # fully extractable
     for rec, value, row in zip(recs, got, docs):
         _, preds, labels_ = direct_scores(model, tok, rec["question"], rec["answer"])
-        k = tm.first_matching_suffix(preds, labels_)
-        n = len(labels_)
-        assert row["doc"]["n_tokens"][0] == n
+        # open-unlearning's extraction strength ignores the end token's prediction
+        k = tm.first_matching_suffix(preds[:-1], labels_[:-1])
+        n = len(labels_) - 1
+        assert row["doc"]["es_n_tokens"] == n
         # positions the tokenizer cannot isolate round k up to the next isolated one
         isolated = {0, n} | {s for s in row["doc"]["es_starts"] if s > 0}
         assert value == pytest.approx(1 - min(s for s in isolated if s >= k) / n)
+
+    # the answer reproduced exactly, its end token never the greedy choice: 1.0 as in
+    # open-unlearning (the end-token-inclusive version scored it 0.0), in the task and in the
+    # study's direct computation (cells.extraction_strengths)
+    eos = tok.eos_token_id
+
+    def no_end_token(_module, _args, logits):
+        logits[..., eos] = -1e4
+        return logits
+
+    model.get_output_embeddings().register_forward_hook(no_end_token)
+    _, preds, labels_ = direct_scores(model, tok, recs[0]["question"], recs[0]["answer"])
+    assert preds[:-1] == labels_[:-1] and preds[-1] != labels_[-1] == eos
+    got, _ = extraction(model)
+    assert got[0] == 1.0
+
+    import unlearn_plugins.models as models
+    from unlearn_plugins.study.cells import extraction_strengths
+
+    data = tmp_path / "forget.json"
+    data.write_text(json.dumps(recs[0]) + "\n")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: (model, tok))
+    assert extraction_strengths(str(tiny_model_dir), None, str(data), 256, None) == [1.0]
 
 
 def test_rouge_matches_direct_greedy_generation(tiny, tiny_model_dir, tofu_dir):

@@ -310,3 +310,26 @@ def test_rmu_averages_per_sequence_then_over_the_batch():
     got = obj.loss(model, {"forget": part, "retain": part}, reference_model=reference).item()
     retain = reference_activation_loss(h_r, h_ref, mask)
     assert got == pytest.approx(forget + retain, rel=1e-5)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_rmu_reads_the_raw_output_of_every_layer_even_the_last(layer):
+    """The reference hooks the decoder layer's output; transformers' hidden_states[L] is the
+    final norm's output, so layer L-1 used to read normalised activations."""
+    from unlearn_plugins.objectives.rmu import layer_activations
+    from unlearn_plugins.testing import tiny_llama
+
+    model = tiny_llama(64, layers=2).eval()
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))
+    part = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    seen = {}
+    handle = model.model.layers[layer].register_forward_hook(
+        lambda _m, _a, out: seen.setdefault("h", out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        states = model(input_ids=ids, output_hidden_states=True).hidden_states
+    handle.remove()
+    got = layer_activations(model, part, layer, no_grad=True)
+    assert torch.allclose(got, seen["h"], atol=1e-6)
+    if layer == 1:  # the last layer: hidden_states holds the final norm's output instead
+        assert not torch.allclose(states[2], seen["h"], atol=1e-3)

@@ -267,14 +267,33 @@ def test_rol_value_and_basis_binding(tiny_model):
     assert set(combined.last_terms) == {"forget", "rol"}
 
 
+def test_rol_without_an_initializer_basis_draws_the_references_random_basis(tiny_model, tiny_tokenizer):
+    """reglu-open's ``_random_rol_basis``: an orthonormal random basis, no data needed."""
+    from unlearn_plugins.training.lora import build_lora_model
+
+    peft_model = build_lora_model(tiny_model, r=2, alpha=4, dropout=0.0, target_modules=["v_proj"])
+    rol = create(UNLEARNING_OBJECTIVE, "rol", rank=4)
+    ctx = ObjectiveContext(model=peft_model, tokenizer=tiny_tokenizer)  # no retain data
+    rol.prepare(ctx)
+    assert ctx.info["rol_basis"] == {"from_initializer": 0, "random": 2}
+    for _weight, p in rol.pairs:
+        assert p.shape[1] == 4 and torch.allclose(p.T @ p, torch.eye(4), atol=1e-5)
+    again = create(UNLEARNING_OBJECTIVE, "rol", rank=4)
+    again.prepare(ObjectiveContext(model=peft_model, tokenizer=tiny_tokenizer))
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rol.pairs, again.pairs))  # seeded
+    with pytest.raises(UnlearnError, match="basis"):
+        create(UNLEARNING_OBJECTIVE, "rol", basis="svd")
+
+
 def test_rol_basis_from_retain_data(tiny_model, tiny_tokenizer):
-    """Without an initializer basis, ROL computes the top-k eigenvectors of the retain output moment."""
+    """With basis=data and no initializer basis, ROL computes the top-k eigenvectors of the retain
+    output moment."""
     from unlearn_plugins.data.tofu import encode_qa
     from unlearn_plugins.training.lora import build_lora_model, lora_layers
 
     peft_model = build_lora_model(tiny_model, r=2, alpha=4, dropout=0.0, target_modules=["v_proj"])
     retain = [encode_qa(tiny_tokenizer, q, a, max_length=48) for q, a in RETAIN_QA]
-    rol = create(UNLEARNING_OBJECTIVE, "rol", rank=4)
+    rol = create(UNLEARNING_OBJECTIVE, "rol", rank=4, basis="data")
     ctx = ObjectiveContext(model=peft_model, tokenizer=tiny_tokenizer, retain=retain)
     rol.prepare(ctx)
     assert ctx.info["rol_basis"] == {"from_initializer": 0, "from_retain_data": 2}
@@ -294,7 +313,9 @@ def test_rol_basis_from_retain_data(tiny_model, tiny_tokenizer):
     # same subspace: projector difference is ~0
     assert torch.allclose(p @ p.T, top @ top.T, atol=1e-4)
     with pytest.raises(UnlearnError, match="no retain data"):
-        create(UNLEARNING_OBJECTIVE, "rol").prepare(ObjectiveContext(model=peft_model, tokenizer=tiny_tokenizer))
+        create(UNLEARNING_OBJECTIVE, "rol", basis="data").prepare(
+            ObjectiveContext(model=peft_model, tokenizer=tiny_tokenizer)
+        )
 
 
 def test_registry_and_options():

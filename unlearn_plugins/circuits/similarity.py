@@ -1,7 +1,8 @@
 """Similarity of circuits and the CUD formula (pure functions, tested by hand).
 
-- cosine: of the signed masked score vectors (default; 0 when either vector is ~0,
-  as in the CUD paper code);
+- cosine: of the circuits' 0/1 edge masks over the real edges (``vector="binary"``, default: the
+  CUD paper's table, ``vectorize_circuit_binary``), or of the signed masked score vectors
+  (``vector="signed"``, the repository's later ``vectorize_circuit``); 0 when either is ~0;
 - jaccard: |A and B| / |A or B| of the edge sets (1 for two empty sets);
 - hamming: 1 - |A xor B| / n over the n real edges, so that with d = 1 - s,
   CUD = |Q xor E| / (|Q xor E| + |Q xor H|).
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 
 SIMILARITIES = ("cosine", "jaccard", "hamming")
+#: what cosine compares: 0/1 edge masks (the paper's scores) or the signed edge scores in the circuit
+VECTORS = ("binary", "signed")
 
 
 def cosine(a, b, eps: float = 1e-12) -> float:
@@ -53,9 +56,14 @@ def hamming(a, b) -> float:
     return 1.0 - int((a ^ b).sum()) / a.numel()
 
 
-def circuit_similarity(query, anchor, metric: str = "cosine") -> float:
-    """Similarity of two :class:`~unlearn_plugins.circuits.circuit.Circuit` objects."""
+def circuit_similarity(query, anchor, metric: str = "cosine", vector: str = "binary") -> float:
+    """Similarity of two :class:`~unlearn_plugins.circuits.circuit.Circuit` objects; ``vector``
+    (cosine only): ``binary`` edge masks or ``signed`` edge scores."""
     if metric == "cosine":
+        if vector not in VECTORS:
+            raise ValueError(f"vector {vector!r}: choose one of {', '.join(VECTORS)}")
+        if vector == "binary":
+            return cosine(query.edge_vector().float(), anchor.edge_vector().float())
         return cosine(query.vector(), anchor.vector())
     if metric == "jaccard":
         return jaccard(query.edge_vector(), anchor.edge_vector())

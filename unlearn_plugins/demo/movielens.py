@@ -92,7 +92,9 @@ REC_BUDGETS = {
         unlearn=dict(lr=5e-4, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=4, grad_accum=1),
         e2urec=dict(teacher_lr=1e-3, teacher_epochs=2.0, teacher_batch_size=8),
         anchor_unlearn=dict(lr=1e-3, epochs=2.0, lora_r=16, lora_alpha=32.0, batch_size=2, grad_accum=1),
-        cud=dict(steps=5, n_edges=75, objectives=["npo"], seeds=[0, 1, 2], k=2, stop_prob=0.1, check_steps=2),
+        cud=dict(
+            steps=5, n_edges=75, vector="binary", objectives=["npo"], seeds=[0, 1, 2], k=2, stop_prob=0.1, check_steps=2
+        ),
         shards=3,
         aggregator="attention",
         aggregator_prompts=32,
@@ -109,7 +111,9 @@ REC_BUDGETS = {
         unlearn=dict(lr=1e-3, epochs=2.0, lora_r=4, lora_alpha=8.0, batch_size=4, grad_accum=1, max_length=512),
         e2urec=dict(teacher_lr=1e-3, teacher_epochs=1.0, teacher_batch_size=4, teacher_lora_r=4),
         anchor_unlearn=dict(lr=1e-3, epochs=1.0, lora_r=4, lora_alpha=8.0, batch_size=2, grad_accum=1),
-        cud=dict(steps=2, n_edges=20, objectives=["npo"], seeds=[0, 1], k=1, stop_prob=0.1, check_steps=1),
+        cud=dict(
+            steps=2, n_edges=20, vector="binary", objectives=["npo"], seeds=[0, 1], k=1, stop_prob=0.1, check_steps=1
+        ),
         shards=2,
         aggregator="attention",
         aggregator_prompts=8,

@@ -310,7 +310,8 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
         f"CUD: each forget prompt scored (EAP-IG on the Yes/No token; anchors chosen by "
         f"{' and '.join(objectives) or 'n/a'} x {len(runs) // max(1, len(objectives))} "
-        f"seeds on the {b['anchor_users']} anchor users' prompts, never scored), users ranked by their mean score: "
+        f"seeds on the {b['anchor_users']} anchor users' prompts, never scored; a deviation from the CUD paper's "
+        f"vote over five methods, threshold 3), users ranked by their mean score: "
         f"CUD-easy users {results['cud']['easy_users']}, CUD-hard users {results['cud']['hard_users']}; the last "
         f"two columns are the forget AUC over those users' prompts (n/a: one class only).",
         "",

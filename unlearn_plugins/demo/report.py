@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
+from ..scorers.cud.scorer import PAPER_OBJECTIVES
 
 COLUMNS = (
     "model",
@@ -240,6 +241,8 @@ def write_report(
             "anchors": {k: anchors.get(k) for k in ("easy", "hard")},
             "anchor_pool": meta.get("anchor_pool"),
             "anchor_votes": meta.get("anchors"),
+            # the vote's thresholds and what the circuits were compared as (paper: 3 of 5, binary)
+            "settings": {k: (meta.get("settings") or {}).get(k) for k in ("min_votes", "min_objectives", "vector")},
             # the anchor runs' UnlearnConfig options (lr, epochs, retain, dtype, ...)
             "anchor_unlearn": ((meta.get("settings") or {}).get("runner") or {}).get("options"),
             "anchor_runs": [
@@ -375,4 +378,13 @@ def _cud_anchor_lines(cud: dict) -> list[str]:
         f"{' and '.join(objectives)} x {seeds} seeds (kept when chosen by at least half the seeds of an "
         f"objective and half the objectives); the anchor runs stopped after {span} steps; seed-to-seed "
         f"Spearman of their losses: {agree}.",
+        *(
+            []
+            if set(objectives) == set(PAPER_OBJECTIVES)
+            else [
+                f"Deviation: the CUD paper votes over five methods ({', '.join(PAPER_OBJECTIVES)}), keeping a "
+                f"sample 3 of them choose; this vote used {len(objectives)} (threshold "
+                f"{(cud.get('settings') or {}).get('min_objectives', 'n/a')}) to save anchor runs.",
+            ]
+        ),
     ]

@@ -115,17 +115,20 @@ def _score_plan(tokenizer, prompt: str, continuation: str, where: str) -> tuple[
     return len(full) - len(ps), False
 
 
-def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list[str], list[int], str]:
+def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list[str], list[int], str, int]:
     """Requests that give, through lm-eval's greedy flag, for each answer position s
     whether every teacher-forced greedy prediction from s on equals the label.
 
-    Returns contexts, continuations, the suffix start each request measures (negative:
-    the request also covers the prompt's trailing whitespace) and the text of the first
-    answer token.
+    ``continuation`` is the answer without the end token: open-unlearning's extraction strength
+    drops the last label ("-1 to ignore eos prediction"). Returns contexts, continuations, the
+    suffix start each request measures (negative: the request also covers the prompt's trailing
+    whitespace), the text of the first answer token and the answer's token count n.
     """
     p = _encode(tokenizer, prompt)
     full = _encode(tokenizer, prompt + continuation)
     answer = full[len(p) :]
+    if not answer:
+        return [], [], [], "", 0
     contexts, conts, starts = [], [], []
     seen = set()
     for k in range(len(answer)):
@@ -144,7 +147,7 @@ def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list
         conts.append(rest)
         starts.append(start)
     first = tokenizer.decode([answer[0]], skip_special_tokens=True)
-    return contexts, conts, starts, first
+    return contexts, conts, starts, first, len(answer)
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -266,8 +269,8 @@ def tofu_dataset(
             "ws_sub": ws,
         }
         if tofu_role == "es":
-            ctxs, rests, starts, first = _es_plan(tok, prompt, s.answer + eos)
-            doc.update(es_contexts=ctxs, es_continuations=rests, es_starts=starts, first_token=first)
+            ctxs, rests, starts, first, n = _es_plan(tok, prompt, s.answer)
+            doc.update(es_contexts=ctxs, es_continuations=rests, es_starts=starts, first_token=first, es_n_tokens=n)
         docs.append(doc)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
@@ -441,7 +444,8 @@ class TofuRougeTask(TofuTask):
 
 
 class TofuExtractionStrengthTask(TofuTask):
-    """Extraction strength 1 - k/n from lm-eval's greedy flags on answer suffixes (one
+    """Extraction strength 1 - k/n over the answer's n tokens without the end token, as
+    open-unlearning's ``extraction_strength``, from lm-eval's greedy flags on answer suffixes (one
     forward per sample thanks to lm-eval's shared-prefix cache) plus one greedy token for
     the first answer position.
 
@@ -466,7 +470,9 @@ class TofuExtractionStrengthTask(TofuTask):
         return reqs
 
     def process_results(self, doc, results):
-        n = doc["n_tokens"][0]
+        n = doc["es_n_tokens"]  # the answer's tokens, not the end token (open-unlearning's)
+        if n == 0:  # no answer token: open-unlearning scores 0
+            return {"extraction_strength": 0.0}
         starts = doc["es_starts"]
         greedy = {s: bool(results[i][1]) for i, s in enumerate(starts)}
         first_is_greedy = results[-1] == doc["first_token"]

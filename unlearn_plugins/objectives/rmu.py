@@ -16,15 +16,43 @@ def _config(model):
     raise UnlearnError("rmu: the model has no config (cannot find its number of layers)")
 
 
+def _decoder_layers(model):
+    """The model's decoder layers (the ModuleList named ``layers``), through PEFT wrappers."""
+    import torch
+
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            return module
+    raise UnlearnError("rmu: cannot find the model's decoder layers (a module list named 'layers')")
+
+
 def layer_activations(model, part, layer: int, *, no_grad: bool = False):
-    """Output of decoder layer ``layer`` (0-based) for every position: (B, T, D)."""
+    """Raw output of decoder layer ``layer`` (0-based) for every position: (B, T, D), as the
+    reference's forward hook on the layer reads it. ``hidden_states[layer + 1]`` is that output
+    except for the last layer, where transformers gives the final norm's output instead: the
+    last layer is read through a hook."""
     call = reference_outputs if no_grad else forward
-    kwargs = {"output_hidden_states": True}
+    config = next((c for c in (getattr(model, "config", None), getattr(model, "module", None)) if c), None)
+    last = getattr(config, "num_hidden_layers", None)
+    layers = _decoder_layers(model) if last is not None and layer == int(last) - 1 else None
+    captured = {}
+    handle = None
+    if layers is not None:
+
+        def keep(_module, _args, output):
+            captured["h"] = output[0] if isinstance(output, tuple) else output
+
+        handle = layers[layer].register_forward_hook(keep)
+    kwargs = {} if layers is not None else {"output_hidden_states": True}
     try:
-        out = call(model, part, logits_to_keep=1, **kwargs)  # skip the LM head where supported
-    except TypeError:
-        out = call(model, part, **kwargs)
-    return out.hidden_states[layer + 1]
+        try:
+            out = call(model, part, logits_to_keep=1, **kwargs)  # skip the LM head where supported
+        except TypeError:
+            out = call(model, part, **kwargs)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return captured["h"] if layers is not None else out.hidden_states[layer + 1]
 
 
 def masked_mse(hidden, target, labels):

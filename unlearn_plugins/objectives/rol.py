@@ -2,9 +2,11 @@
 
 L_ROL = sum over LoRA modules of ||B^T P_B||_F^2 (fp32), where P_B (d_out x k) spans the top-k
 directions of the module's outputs on retain data. The basis comes from the adapter
-initializer (``InitResult.retain_basis``, e.g. RILA) or, for modules it does not cover, is
-computed here from retain data: top-k eigenvectors of the uncentered second moment
-C_r = H_r^T H_r / n_r of the module's (base layer) outputs over attended tokens.
+initializer (``InitResult.retain_basis``, e.g. RILA). For modules it does not cover, the
+reference draws a random orthonormal basis (``basis="random"``, the default: QR of a Gaussian
+d_out x k matrix, seeded by ``seed``); ``basis="data"`` computes it here from retain data instead:
+top-k eigenvectors of the uncentered second moment C_r = H_r^T H_r / n_r of the module's (base
+layer) outputs over attended tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ def top_eigenvectors(moment, k: int):
     values, vectors = torch.linalg.eigh(moment.double())
     order = torch.argsort(values, descending=True)[:k]
     return vectors[:, order].float().contiguous()
+
+
+def random_basis(d_out: int, k: int, seed: int):
+    """The reference's ``_random_rol_basis``: the Q of a QR of a Gaussian d_out x k matrix (fp32)."""
+    import torch
+
+    g = torch.Generator().manual_seed(int(seed))
+    q, _ = torch.linalg.qr(torch.randn(d_out, k, generator=g))
+    return q.contiguous()
 
 
 def retain_basis_from_data(
@@ -100,8 +111,9 @@ def retain_basis_from_data(
 
 class ROL:
     """ReGLU's representation-orthogonality regulariser (component kind: unlearning objective,
-    ``regularizer = True``). Options: ``weight`` (lambda, 0.5), ``rank`` (k = 128),
-    ``max_samples`` (retain examples used when computing the basis here, 256)."""
+    ``regularizer = True``). Options: ``weight`` (lambda, 0.5), ``rank`` (k = 128), ``basis``
+    ("random", the reference's, or "data": for modules the initializer gives no basis),
+    ``seed`` (of the random basis, 0), ``max_samples`` (retain examples for ``basis="data"``, 256)."""
 
     name = "rol"
     #: 2: RILA's retain basis has k columns completed away from the forget rows (issue 29); a
@@ -111,21 +123,39 @@ class ROL:
     needs_reference_model = False
     needs_retain_data = False  # only when the initializer gives no basis; checked in prepare()
 
-    def __init__(self, *, weight: float = 0.5, rank: int = 128, max_samples: int = 256, batch_size: int = 8):
+    def __init__(
+        self,
+        *,
+        weight: float = 0.5,
+        rank: int = 128,
+        basis: str = "random",
+        seed: int = 0,
+        max_samples: int = 256,
+        batch_size: int = 8,
+    ):
         check_option(self.name, "weight", weight, isinstance(weight, (int, float)) and weight >= 0, "a number >= 0")
         check_option(self.name, "rank", rank, isinstance(rank, int) and rank > 0, "an integer > 0")
         check_option(
             self.name, "max_samples", max_samples, isinstance(max_samples, int) and max_samples > 0, "an integer > 0"
         )
+        check_option(self.name, "basis", basis, basis in ("random", "data"), "'random' or 'data'")
+        check_option(
+            self.name,
+            "seed",
+            seed,
+            isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+            "an integer >= 0",
+        )
         self.weight = float(weight)
         self.rank = rank
+        self.basis, self.seed = basis, seed
         self.max_samples = max_samples
         self.batch_size = batch_size
         self.pairs: list[tuple[Any, Any]] = []  # (lora_B weight, P_B)
         self.last_terms = {}
 
     def __repr__(self) -> str:
-        return f"rol(weight={self.weight}, rank={self.rank}, max_samples={self.max_samples})"
+        return f"rol(weight={self.weight}, rank={self.rank}, basis={self.basis!r}, max_samples={self.max_samples})"
 
     def set_basis(self, model, basis: dict[str, Any]) -> None:
         """Bind each LoRA module's B to its retain basis (names as in ``named_modules``)."""
@@ -153,7 +183,11 @@ class ROL:
         given = getattr(context.init_result, "retain_basis", None) or {}
         basis = {canonical_name(k): v for k, v in given.items()}
         missing = [(name, module) for name, module in modules if name not in basis]
-        if missing:
+        if missing and self.basis == "random":
+            for i, (name, module) in enumerate(missing):
+                d_out = int(module.get_base_layer().weight.shape[0])
+                basis[name] = random_basis(d_out, min(self.rank, d_out), self.seed * 100003 + i)
+        elif missing:
             if not context.retain:
                 raise UnlearnError(
                     "regularizer 'rol': the initializer gives no retain basis and there is no retain "
@@ -171,7 +205,10 @@ class ROL:
                 )
             )
         self.set_basis(context.model, basis)
-        context.info["rol_basis"] = {"from_initializer": len(modules) - len(missing), "from_retain_data": len(missing)}
+        context.info["rol_basis"] = {
+            "from_initializer": len(modules) - len(missing),
+            ("random" if self.basis == "random" else "from_retain_data"): len(missing),
+        }
         return None
 
     def loss(self, model=None, batch=None, reference_model=None):

@@ -540,7 +540,7 @@ def extraction_strengths(
 ) -> list[float]:
     """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..evaluation.tofu_metrics`): ``k``
     the first answer position from which every teacher-forced greedy prediction equals the
-    answer (its tokens and the end token), in one forward pass per batch; for studies whose
+    answer's tokens (not the end token, as open-unlearning), in one forward pass per batch; for studies whose
     evaluation does not run the ``tofu_forget_extraction_strength`` task."""
     import torch
 
@@ -560,7 +560,11 @@ def extraction_strengths(
             logits = loaded(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predicted, labels = logits[:, :-1].argmax(-1), batch["labels"][:, 1:]
             for row_pred, row_labels in zip(predicted.tolist(), labels.tolist()):
-                pairs = [(p, y) for p, y in zip(row_pred, row_labels) if y != IGNORE_INDEX]
+                # the last label is the end token: open-unlearning ignores its prediction
+                pairs = [(p, y) for p, y in zip(row_pred, row_labels) if y != IGNORE_INDEX][:-1]
+                if not pairs:
+                    out.append(0.0)
+                    continue
                 k = tm.first_matching_suffix([p for p, _ in pairs], [y for _, y in pairs])
                 out.append(tm.extraction_strength(k, len(pairs)))
     return out

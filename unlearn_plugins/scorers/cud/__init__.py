@@ -5,16 +5,19 @@
    for TOFU data: forget10, or retain90[3200:3600] when the scored samples overlap forget10;
    ``anchor_data=self`` chooses anchors among the scored samples (circular: ``unlearn
    stratify`` then drops them).
-2. Anchors: unlearning runs on the pool (objectives x seeds, default 2 x 3), each stopped
+2. Anchors: unlearning runs on the pool (objectives x seeds, default the paper's five methods,
+   GradDiff, NPO, SimNPO, RMU and UNDIAL, x 3 seeds), each stopped
    at the first check where the pool's mean answer probability falls below ``stop_prob``;
    per run, easy = the k highest post-unlearning losses (or loss increases), hard = the k
    lowest; a sample is an objective's anchor when at least half its seeds (2 of 3) chose it,
-   a common anchor when at least half the objectives did; samples in both sets are dropped.
+   a common anchor when at least half the objectives did (3 of the paper's 5; with two
+   objectives that is 1, the union); samples in both sets are dropped.
    ``per_objective=true`` scores against each objective's anchors separately.
 3. Circuits: EAP-IG score matrix per sample (:mod:`unlearn_plugins.circuits.eap_ig`);
    anchor matrix = mean over the anchor samples (the query left out when it is one of
    them); circuit = greedy top-n with pruning (n = 75) by default.
-4. Score: s_E, s_H = similarity of the query circuit to the easy / hard anchor circuits;
+4. Score: s_E, s_H = similarity of the query circuit to the easy / hard anchor circuits
+   (cosine of 0/1 edge masks, the paper's table; ``vector=signed``: of the signed edge scores);
    CUD = d_E / (d_E + d_H), d = max(1 - s, 0); 1 = hard to unlearn.
 
 Anchor runs go through a small interface, :class:`AnchorRunner` (``losses(samples, ...)

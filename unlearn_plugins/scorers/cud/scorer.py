@@ -28,6 +28,10 @@ from .anchors import (
 )
 from .cache import CUDCache, anchor_run_key, default_cache_dir, matrix_key, model_fingerprint, samples_fingerprint
 
+#: the CUD paper's anchor vote (``find_easy_hard_samples.py``): five unlearning methods, a sample
+#: kept when 3 of them choose it (the default min_objectives, ceil(5 / 2))
+PAPER_OBJECTIVES = ("grad_diff", "npo", "simnpo", "rmu", "undial")
+
 
 def first_answer_tokens(encoded: list[dict], n: int | None) -> list[dict]:
     """Encoded examples with labels kept on their first ``n`` answer tokens only (None: all), so
@@ -60,7 +64,7 @@ class CUDScorer:
         *,
         anchor_data: str | Sequence[Any] | None = None,
         tofu_dir: str | None = None,
-        objectives: Sequence[str] = ("grad_diff", "npo"),
+        objectives: Sequence[str] = PAPER_OBJECTIVES,
         seeds: Sequence[int] = (0, 1, 2),
         k: int | None = None,
         min_votes: int | None = None,
@@ -75,6 +79,7 @@ class CUDScorer:
         model_spec: str | None = None,
         unlearn_options: dict | None = None,
         similarity: str = "cosine",
+        vector: str = "binary",
         circuit: str = "greedy",
         n_edges: int = 75,
         tau: float | None = None,
@@ -90,10 +95,11 @@ class CUDScorer:
         progress: bool = False,
     ):
         from ...circuits.eap_ig import BASELINES, METRICS, MODES
-        from ...circuits.similarity import SIMILARITIES
+        from ...circuits.similarity import SIMILARITIES, VECTORS
 
         for name, value, allowed in (
             ("similarity", similarity, SIMILARITIES),
+            ("vector", vector, VECTORS),
             ("mode", mode, MODES),
             ("baseline", baseline, BASELINES),
             ("metric", metric, METRICS),
@@ -134,6 +140,7 @@ class CUDScorer:
                 model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps
             )
         self.similarity, self.circuit, self.n_edges, self.tau = similarity, circuit, int(n_edges), tau
+        self.vector = vector  # cosine of 0/1 edge masks (the paper's table) or of signed edge scores
         self.eap = {"mode": mode, "steps": int(steps), "baseline": baseline, "metric": metric}
         self.max_rows, self.max_length = int(max_rows), int(max_length)
         if answer_tokens is not None and (
@@ -512,7 +519,7 @@ class CUDScorer:
                     if pool.in_sample and i in members[kind]:  # leave the query out of its own anchor
                         anchor = self._circuit((sums[kind] - matrices[i]) / (len(members[kind]) - 1), graph)
                         role = kind
-                    sims[kind] = circuit_similarity(query, anchor, self.similarity)
+                    sims[kind] = circuit_similarity(query, anchor, self.similarity, self.vector)
                 results[name] = (cud(sims["easy"], sims["hard"]), sims, role)
             if self.per_objective:
                 roles = {o: r for o, (_, _, r) in results.items() if r}
@@ -577,6 +584,7 @@ class CUDScorer:
                 "fixed_anchors": self.anchors is not None,
                 "given_losses": self.anchor_losses is not None,
                 "similarity": self.similarity,
+                "vector": self.vector,
                 "circuit": self.circuit,
                 "n_edges": self.n_edges,
                 "tau": self.tau,
