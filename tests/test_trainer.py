@@ -288,20 +288,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo) vs one process with the
-    same global batch through gradient accumulation (batch 2 x 2 accumulation steps).
+SLOW_RANK1 = """
+import os, sys, time
+import unlearn_plugins.training.run as run
 
-    Both take the same samples per optimizer step (accelerate's seeded sampler; process k gets
-    batch 2i+k) and average the same two per-micro-batch mean losses, so they are the same
-    computation; only the order of floating-point sums in the gradient all-reduce differs.
-    Tolerance 1e-5 relative on the final loss and 1e-5 absolute on the weights covers that
-    rounding over 4 steps and catches any real difference (a different data order or loss
-    scaling changes the loss in the 2nd-3rd digit).
-    """
-    flags = ["--max-steps", "4", "--save-steps", "0"]
-    two = tmp_path / "two"
-    launch = [
+checked = run.check_output
+
+
+def late_check(*args, **kwargs):
+    if os.environ.get("RANK") == "1":  # rank 1 checks the folder late, as under a loaded CI machine
+        time.sleep(float(os.environ["SLOW_RANK1_S"]))
+    return checked(*args, **kwargs)
+
+
+run.check_output = late_check
+from unlearn_plugins.cli import main
+
+sys.exit(main())
+"""
+
+
+def launch_two(script: list[str], args: list[str], env: dict) -> subprocess.CompletedProcess:
+    command = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
@@ -316,11 +324,42 @@ def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
         "no",
         "--main_process_port",
         str(free_port()),
-        "-m",
-        "unlearn_plugins.cli",
-        *tiny_args(tiny_model_dir, tofu_dir, two, *flags),
+        *script,
+        *args,
     ]
-    proc = subprocess.run(launch, env=child_env(), capture_output=True, text=True, timeout=400)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+
+
+def test_two_processes_when_one_checks_the_output_folder_late(tiny_model_dir, tofu_dir, tmp_path):
+    """The flaky CI failure (rank 1 exits 1 while rank 0 waits at a barrier): rank 0 created the
+    checkpoint folder (the Trainer does) before rank 1 had checked --out, so rank 1 found "a run"
+    there and refused. Every process now checks the folder before any writes to it."""
+    script = tmp_path / "slow_rank1.py"
+    script.write_text(SLOW_RANK1)
+    out = tmp_path / "two"
+    env = dict(child_env(), SLOW_RANK1_S="8")
+    proc = launch_two(
+        [str(script)], tiny_args(tiny_model_dir, tofu_dir, out, "--max-steps", "1", "--save-steps", "0"), env
+    )
+    failing = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[rank", "error:")))[-4000:]
+    assert proc.returncode == 0, failing + "\n---\n" + proc.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "completed"
+
+
+def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo) vs one process with the
+    same global batch through gradient accumulation (batch 2 x 2 accumulation steps).
+
+    Both take the same samples per optimizer step (accelerate's seeded sampler; process k gets
+    batch 2i+k) and average the same two per-micro-batch mean losses, so they are the same
+    computation; only the order of floating-point sums in the gradient all-reduce differs.
+    Tolerance 1e-5 relative on the final loss and 1e-5 absolute on the weights covers that
+    rounding over 4 steps and catches any real difference (a different data order or loss
+    scaling changes the loss in the 2nd-3rd digit).
+    """
+    flags = ["--max-steps", "4", "--save-steps", "0"]
+    two = tmp_path / "two"
+    proc = launch_two(["-m", "unlearn_plugins.cli"], tiny_args(tiny_model_dir, tofu_dir, two, *flags), child_env())
     # the failing rank's own error (a traceback's [rankN] lines, or the CLI's one error: line;
     # a peer's "connection closed" comes last): those lines first
     failing = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[rank", "error:")))[-4000:]

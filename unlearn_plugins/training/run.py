@@ -334,6 +334,13 @@ def _train_locked(
     ckpt_dir = checkpoint_dir(out)
     had_checkpoints = ckpt_dir.exists()
     resume_from = check_output(config, report=is_main)
+    # every process checks --out before any writes to it (the Trainer creates the checkpoint
+    # folder): a late process would otherwise find the folder and refuse to run
+    if args.world_size > 1:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
 
     # Everything that can fail before training, with nothing written (the Trainer creates
     # the empty checkpoint folder; removed again on failure).
