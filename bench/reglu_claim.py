@@ -35,9 +35,14 @@ def claim(data: dict, method: str = "reglu", tolerance: float = 0.02, alpha: flo
             out[str(forget)] = {"holds": None, "why": f"{method}: fewer than 2 seeds done"}
             continue
         rivals = [r for r in test["against"] if near[r["method"]]]
-        holds = near[method] and all(r["permutation_p"] <= alpha for r in rivals)
+        # a rival with one seed cannot be tested: the claim is then undecided, not held
+        if any(r["permutation_p"] is None for r in rivals):
+            holds = None
+        else:
+            holds = near[method] and all(r["permutation_p"] <= alpha for r in rivals)
         out[str(forget)] = {
-            "holds": bool(holds),
+            "holds": None if holds is None else bool(holds),
+            "why": "a near-target rival has one seed: no permutation test" if holds is None else None,
             "target_model_utility": target["model_utility"],
             "model_utility": mu,
             "near_target": near,
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     result = claim(data, args.method, args.tolerance, args.alpha)
     for forget, r in result.items():
         print(f"\nForget {forget}: target Model Utility {r.get('target_model_utility', float('nan')):.3f}")
-        if r["holds"] is None:
+        if r["holds"] is None and "against" not in r:
             print(r["why"])
             continue
         print(
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             welch = "n/a" if row["welch_p"] is None else f"{row['welch_p']:.3f}"
             m = row["method"]
             print(
-                f"| {row['label']} | {row['difference']:+.3f} | {row['permutation_p']:.3f} | {welch} "
+                f"| {row['label']} | {row['difference']:+.3f} | "
+                f"{'n/a' if row['permutation_p'] is None else format(row['permutation_p'], '.3f')} | {welch} "
                 f"| {r['model_utility'][m]:.3f} | {'yes' if r['near_target'][m] else 'no'} |"
             )
         mine = r["model_utility"][args.method]

@@ -408,3 +408,29 @@ def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, t
     assert "| privleak | MIA AUC (Min-K%) | exact memorization | forget prob, worst attack |" in summary
     recorded = {p.name for p in records.rglob("*") if p.is_file()}
     assert "mia_reference.json" in recorded
+
+
+def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, capsys, tofu_dir, monkeypatch):
+    """Issue 32, item 2: one method with a single finished seed beside others with three. The
+    leader test cannot test against it (scipy refuses a one-value sample), so that row is n/a and
+    the report (summary.md and study.json) is still written."""
+    import shutil
+
+    records = tmp_path / "records"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "bench" / "results" / "reglu_tofu", records)
+    for seed in (1, 2):
+        for folder in records.glob(f"eval-grad_diff-forget1-seed{seed}-*"):
+            shutil.rmtree(folder)
+    monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
+    out = tmp_path / "report"
+    code, _, err = run(
+        capsys, "reglu_tofu", "--report-only", "--records", records, "--out", out, "--cache-dir", tmp_path / "c"
+    )
+    assert "Traceback" not in err
+    assert (out / "summary.md").is_file() and (out / "study.json").is_file(), err[-2000:]
+    data = json.loads((out / "study.json").read_text())
+    rows = [r for t in data["comparisons"].values() if t for r in t["against"] if r["method"] == "grad_diff"]
+    one = [r for r in rows if r["n"][1] == 1]
+    assert one and all(r["permutation_p"] is None for r in one)
+    assert "n/a (one seed)" in (out / "summary.md").read_text()
+    assert code in (0, 1)

@@ -257,15 +257,17 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method:
         if g is leader:
             continue
         b = np.asarray(g["metrics"][metric]["values"], dtype=float)
-        perm = stats.permutation_test(
-            (a, b),
-            lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
-            permutation_type="independent",
-            alternative="greater",
-            n_resamples=100_000,  # exact (every split) up to 100,000 splits: 9 seeds a side
-            vectorized=True,
-            random_state=0,
-        )
+        perm = None
+        if len(b) >= 2:  # scipy refuses a sample of one value: n/a, and the report is still written
+            perm = stats.permutation_test(
+                (a, b),
+                lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+                permutation_type="independent",
+                alternative="greater",
+                n_resamples=100_000,  # exact (every split) up to 100,000 splits: 9 seeds a side
+                vectorized=True,
+                random_state=0,
+            ).pvalue
         welch = None
         if len(b) >= 2 and (np.ptp(a) > 0 or np.ptp(b) > 0):
             with warnings.catch_warnings():  # repeated values (Forget Quality takes few) are expected
@@ -276,7 +278,8 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method:
                 "method": g["method"],
                 "label": g["label"],
                 "difference": float(a.mean() - b.mean()),
-                "permutation_p": float(perm.pvalue),
+                "permutation_p": None if perm is None else float(perm),
+                "smallest_p": 1 / math.comb(len(a) + len(b), len(a)),
                 "welch_p": welch,
                 "n": [len(a), len(b)],
             }
@@ -291,14 +294,17 @@ def _leader_lines(test: dict | None) -> list[str]:
         "",
         f"Is {test['label']}'s Forget Quality higher than each other method's? One-sided p-values over "
         "the seeds: an exact permutation test of the difference in means (no normality assumed; its "
-        "smallest possible value with 3 seeds a side is 0.05) and Welch's t-test.",
+        "smallest possible value is 1 / C(n_a + n_b, n_a), in the last column) and Welch's t-test.",
         "",
-        f"| {test['label']} vs | difference in mean | permutation p | Welch p |",
-        "|---|---|---|---|",
+        f"| {test['label']} vs | difference in mean | permutation p | Welch p | smallest possible p |",
+        "|---|---|---|---|---|",
     ]
     for row in test["against"]:
+        n_a, n_b = row["n"]
         welch = "n/a (no spread)" if row["welch_p"] is None else f"{row['welch_p']:.3f}"
-        lines.append(f"| {row['label']} | {row['difference']:+.3f} | {row['permutation_p']:.3f} | {welch} |")
+        perm = "n/a (one seed)" if row["permutation_p"] is None else f"{row['permutation_p']:.3f}"
+        smallest = row.get("smallest_p", 1 / math.comb(n_a + n_b, n_a))
+        lines.append(f"| {row['label']} | {row['difference']:+.3f} | {perm} | {welch} | {smallest:.3f} |")
     return lines
 
 
