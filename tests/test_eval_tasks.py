@@ -488,12 +488,37 @@ def test_unlearn_eval_writes_and_prints_like_lm_eval(tiny_model_dir, tofu_dir, t
     assert "|Forget Quality|tofu_forget01_truth_ratio|unavailable" in tofu and "|Model Utility " in tofu
 
     # --use_cache: lm-eval's SQLite cache of the responses; a rerun answers from it, same numbers
-    assert Path(f"{cache}_rank0.db").stat().st_size > 0
+    (db,) = cache.parent.glob(f"{cache.name}-*_rank0.db")  # keyed by the model's weights
+    assert db.stat().st_size > 0
     assert cli(*args) == 0
     capsys.readouterr()
     again = get_latest_filename(get_results_filenames([str(p) for p in out.rglob("results_*.json")]))
     assert again != results_file  # lm-eval's habit: one dated file per run
     assert json.loads(Path(again).read_text())["results"]["tofu_forget01_prob"]["prob,none"] == prob
+    assert list(cache.parent.glob(f"{cache.name}-*_rank0.db")) == [db]
+
+    # another model with the same --use_cache gets its own numbers, not the first model's
+    # (lm-eval's cache keys requests only: it used to answer with model A's values, exit 0)
+    from unlearn_plugins.testing import save_tiny_model
+
+    other = tmp_path / "other-model"
+    save_tiny_model(other, seed=7)
+    other_args = [f"pretrained={other}" if a == f"pretrained={tiny_model_dir}" else a for a in map(str, args)]
+    other_args[other_args.index("--output_path") + 1] = str(tmp_path / "out-other")
+    assert cli(*other_args) == 0
+    capsys.readouterr()
+    fresh = [*other_args]
+    fresh[fresh.index("--use_cache") : fresh.index("--use_cache") + 2] = []
+    fresh[fresh.index("--output_path") + 1] = str(tmp_path / "out-fresh")
+    assert cli(*fresh) == 0
+    capsys.readouterr()
+
+    def value(folder):
+        (path,) = (tmp_path / folder).rglob("results_*.json")
+        return json.loads(path.read_text())["results"]["tofu_forget01_prob"]["prob,none"]
+
+    assert value("out-other") == value("out-fresh") != prob
+    assert len(list(cache.parent.glob(f"{cache.name}-*_rank0.db"))) == 2
 
 
 def test_a_write_lm_eval_refuses_leaves_nothing_behind(tmp_path):

@@ -118,7 +118,8 @@ def add_parser(sub) -> None:
         dest="use_cache",
         default=None,
         metavar="PATH",
-        help="lm-eval's cache of model responses (SQLite, PATH_rank0.db): a rerun of the same model reuses them",
+        help="lm-eval's cache of model responses (SQLite, PATH-<digest>_rank0.db, the digest of the model's and "
+        "adapter's weights and the dtype): a rerun of the same model reuses them, another model gets its own",
     )
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument(

@@ -614,6 +614,9 @@ def evaluate_model(
         **({"adapter_merged": True} if adapter and merge_adapter else {}),
     }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
+    if use_cache:
+        use_cache = keyed_cache_path(use_cache, where, adapter, describe["dtype"], merge_adapter)
+        describe["response_cache"] = use_cache + "_rank0.db"
     return evaluate(
         lm,
         prepared,
@@ -623,3 +626,18 @@ def evaluate_model(
         model_args=model_args,
         use_cache=use_cache,
     )
+
+
+def keyed_cache_path(use_cache: str, where: str, adapter: str | None, dtype: str, merged: bool = False) -> str:
+    """lm-eval's response cache keys requests, not models: ``--use-cache DB`` for another model
+    would answer with the first model's numbers. The path given becomes ``DB-<digest>``, the
+    digest of the model's and the adapter's weight files (content) and the dtype, so each model
+    gets its own cache file and a rerun of the same one finds it."""
+    from ..files import file_sha256, json_digest
+    from ..models import ADAPTER_WEIGHTS, weights_fingerprint
+
+    parts = [weights_fingerprint(where) or where, dtype, bool(merged)]
+    if adapter:
+        files = [Path(adapter) / name for name in ADAPTER_WEIGHTS if (Path(adapter) / name).is_file()]
+        parts.append([file_sha256(f) for f in files] or adapter)
+    return f"{use_cache}-{json_digest(parts, length=12)}"
