@@ -790,3 +790,39 @@ def test_score_option_strings(option, tiny_model_dir, tofu_dir, tmp_path, capsys
     else:
         assert code == 1 and not out.exists()
         error_line(err)
+
+
+# ----------------------------------------------------------------------------- issue 32, item 6
+
+
+def test_weights_that_do_not_fit_the_config_are_an_error(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """A tensor dropped from model.safetensors, or a GPT-2 config.json beside Llama weights: transformers
+    initialises the missing weights at random and only logs it; `unlearn probs` printed numbers
+    with exit 0. Now one error line naming the folder and the keys."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config
+
+    dropped = tmp_path / "dropped"
+    shutil.copytree(tiny_model_dir, dropped)
+    tensors = load_file(dropped / "model.safetensors")
+    gone = sorted(tensors)[-1]
+    del tensors[gone]
+    save_file(tensors, dropped / "model.safetensors", metadata={"format": "pt"})
+    code, out, err = run_cli(
+        capsys, "probs", "--model", dropped, "--data", "tofu:forget01[0:2]", "--tofu-dir", tofu_dir
+    )
+    assert code == 1 and out == ""
+    assert err.strip().splitlines()[-1] == (
+        f"error: --model {dropped}: 1 weight(s) missing from the weight files in {dropped} ({gone}); "
+        f"the folder's weights do not match its config.json"
+    )
+
+    gpt2 = tmp_path / "gpt2-config"
+    shutil.copytree(tiny_model_dir, gpt2)
+    GPT2Config(vocab_size=384, n_layer=1, n_embd=32, n_head=2).save_pretrained(gpt2)
+    code, out, err = run_cli(capsys, "probs", "--model", gpt2, "--data", "tofu:forget01[0:2]", "--tofu-dir", tofu_dir)
+    assert code == 1 and out == "" and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: --model {gpt2}: ") and "the folder's weights do not match its config.json" in last

@@ -380,3 +380,23 @@ def test_plugins_json_into_a_closed_pipe_is_not_an_error():
         timeout=120,
     )
     assert shell.stdout == "[\n" and shell.stderr == ""
+
+
+def test_a_plugin_that_exits_or_interrupts_at_import_is_named(tmp_path):
+    """Issue 32, item 7: sys.exit(0) at import made every plugin-loading command exit 0 with no
+    output; a KeyboardInterrupt printed "interrupted" without naming the plugin."""
+    (tmp_path / "exiting_plugin.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp_path / "interrupting_plugin.py").write_text("raise KeyboardInterrupt\n")
+    _dist_info(tmp_path, "exiting-dist", "exiting_plugin")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = run_cli(["plugins"], env)
+    assert out.returncode == 0, out.stderr
+    assert "plugin 'exiting-dist' (entry point) refused: failed to import: it called sys.exit(0)" in out.stderr
+    assert "builtin-scorers" in out.stdout  # the command went on
+
+    _dist_info(tmp_path, "interrupting-dist", "interrupting_plugin")
+    out = run_cli(["plugins"], env)
+    assert out.returncode == 130
+    assert out.stderr.strip().splitlines()[-1] == (
+        "interrupted while importing plugin 'interrupting-dist' (entry point)"
+    )

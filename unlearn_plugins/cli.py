@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("terminated", file=sys.stderr)
         return 143
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"interrupted {exc.args[0]}" if exc.args else "interrupted", file=sys.stderr)
         return 130
 
 

@@ -338,6 +338,13 @@ class PluginHost:
         except Exception as exc:  # an import error must not take the host down
             self._fail(info, "failed to import", _describe(exc), exc)
             return
+        except SystemExit as exc:  # sys.exit() at import would end every command, silently
+            self._fail(info, "failed to import", f"it called sys.exit({exc.code!r}) while being imported", exc)
+            return
+        except KeyboardInterrupt as exc:
+            if type(exc) is not KeyboardInterrupt or exc.args:
+                raise
+            raise KeyboardInterrupt(f"while importing plugin {info.name!r} ({info.source})") from exc
         other = self.pm.get_name(obj)
         if other is not None:  # two entry points naming one module
             module = getattr(obj, "__name__", obj)

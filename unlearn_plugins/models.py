@@ -276,9 +276,27 @@ def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = F
 
     check_weight_files(where, f"--model {spec}")
     try:
-        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            where, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
+        )
     except _load_errors() as exc:
         raise ModelError(f"--model {spec}: cannot load: {_first_line(exc)}") from None
+    # transformers initialises missing weights at random and only logs it: a model folder whose
+    # weights do not fit its config.json would give numbers from a random model
+    for kind, what in (
+        ("missing_keys", "missing from"),
+        ("unexpected_keys", "not expected by"),
+        ("mismatched_keys", "of the wrong shape for"),
+    ):
+        keys = sorted(str(k if isinstance(k, str) else k[0]) for k in (info.get(kind) or ()))
+        if keys:
+            shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            relation = "the weight files" if kind == "missing_keys" else "the config.json architecture"
+            raise ModelError(
+                f"--model {spec}: {len(keys)} weight(s) {what} {relation} in {where} ({shown}); the folder's "
+                f"weights do not match its config.json"
+            )
+    return model
 
 
 def _first_line(exc: BaseException) -> str:
