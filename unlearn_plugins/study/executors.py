@@ -164,6 +164,10 @@ class LocalExecutor:
     def submit(self, task: CellTask) -> None:
         for slot in range(self.workers):
             state = self.slots.get(slot)
+            if state is not None and state["cell"] is not None:
+                # busy, or dead while holding a cell: events() reports that cell failed and frees
+                # the slot; replacing the worker here would lose the cell (the study never ends)
+                continue
             if state is not None and state.get("retired"):
                 state["proc"].join(30)  # it returns right after its last "done"
                 if state["proc"].is_alive():
