@@ -434,3 +434,47 @@ def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, cap
     assert one and all(r["permutation_p"] is None for r in one)
     assert "n/a (one seed)" in (out / "summary.md").read_text()
     assert code in (0, 1)
+
+
+def test_a_corrupt_cached_or_recorded_evaluation_is_rebuilt_or_named(cache, tmp_path, capsys):
+    """Issue 32, item 4: a truncated results_*.json was shown as "failed (unreadable)" in
+    summary.md only, the exit status was 0 and no rerun rebuilt it. Now --report-only exits 1,
+    a run rebuilds the cached evaluation, and a corrupt record is an error naming it."""
+    out, records = tmp_path / "report", tmp_path / "records"
+    code, _, err = run(capsys, "tiny", "--out", out, "--cache-dir", cache, "--records", records)
+    assert code == 0, err[-3000:]
+    cell = "grad_diff/forget1/seed1"
+    folder = Path(report(out)["cells"][cell]["stages"][1])
+    (results,) = folder.rglob("results_*.json")
+    results.write_text(results.read_text()[:100])
+
+    code, _, err = run(capsys, "tiny", "--report-only", "--out", tmp_path / "partial", "--cache-dir", cache)
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: 1 finished cell(s) cannot be read: {cell}")
+    assert report(tmp_path / "partial")["cells"][cell]["status"] == "failed"
+
+    code, _, err = run(capsys, "tiny", "--out", tmp_path / "rebuilt", "--cache-dir", cache)
+    assert code == 0, err[-3000:]
+    assert f"warning: the cached evaluation of {cell} ({folder}) is unreadable (" in err
+    rebuilt = report(tmp_path / "rebuilt")
+    assert rebuilt["cells"][cell]["status"] == "done" and rebuilt["failed"] == []
+
+    (recorded,) = (records / folder.name).rglob("results_*.json")
+    recorded.write_text("{")
+    code, _, err = run(
+        capsys,
+        "tiny",
+        "--report-only",
+        "--out",
+        tmp_path / "r",
+        "--cache-dir",
+        tmp_path / "empty",
+        "--records",
+        records,
+    )
+    assert code == 1 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(
+        f"error: --records {records}: the recorded evaluation of {cell}, {records / folder.name}, is unreadable ("
+    )
+    assert line.endswith("remove that folder to rebuild the cell")

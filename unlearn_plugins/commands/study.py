@@ -158,6 +158,13 @@ def run(args) -> int:
         )
         print(outcome.table)
         print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
+        if outcome.failed:
+            print(
+                f"error: {len(outcome.failed)} finished cell(s) cannot be read: {', '.join(outcome.failed[:5])}"
+                f"{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md; a run rebuilds them)",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     from ..study.runner import run_study
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import tables
+from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE
-from .cells import CellTask, Plan, cell_source, plan_study
+from .cells import EXTRACTION, CellTask, Plan, cell_source, plan_study
 from .progress import Progress
 from .spec import Study
 
@@ -160,6 +161,61 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
     return results
 
 
+def unreadable_evaluation(folder: Path) -> str | None:
+    """Why an evaluation stage folder cannot be read (a truncated results or samples file, say),
+    or None when it can."""
+    import json
+
+    from .report import read_evaluation
+
+    try:
+        read_evaluation(folder)
+        extraction = folder / EXTRACTION
+        if extraction.is_file():
+            json.loads(extraction.read_text())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return f"{type(exc).__name__}: {text}"[:300]
+    return None
+
+
+def _evaluation_stages(plan: Plan):
+    for cp in plan.cells.values():
+        for stage in cp.stages:
+            if stage.build == "evaluate":
+                yield cp, Path(stage.folder)
+
+
+def check_records(plan: Plan, records: Path) -> None:
+    """A recorded evaluation that cannot be read is an error naming it (it is never restored
+    and averaged away): the user removes it, and the cell is rebuilt."""
+    for cp, folder in _evaluation_stages(plan):
+        record = records / folder.name
+        if (record / DONE).is_file() and (problem := unreadable_evaluation(record)):
+            raise UnlearnError(
+                f"--records {records}: the recorded evaluation of {cp.cell.id}, {record}, is unreadable "
+                f"({problem}); remove that folder to rebuild the cell"
+            )
+
+
+def drop_unreadable(plan: Plan, stream) -> list[str]:
+    """Cached evaluations that cannot be read are removed, so this run rebuilds them; returns
+    the cells concerned."""
+    import shutil
+
+    dropped = []
+    for cp, folder in _evaluation_stages(plan):
+        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder)):
+            print(
+                f"warning: the cached evaluation of {cp.cell.id} ({folder}) is unreadable ({problem}): rebuilding it",
+                file=stream,
+                flush=True,
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+            dropped.append(cp.cell.id)
+    return dropped
+
+
 def record_cell(cp, records: Path, stream) -> None:
     """Record a finished cell; a failure to record is said, and the study goes on."""
     from . import records as ledger
@@ -195,9 +251,11 @@ def run_study(
     plan = plan_study(study, cache=cache, device=device, stream=stream)
     if records is not None:
         records = Path(records)
+        check_records(plan, records)
         restored = ledger.restore(plan, records)
         if restored:
             print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
+    drop_unreadable(plan, stream)
     results = run_cells(
         plan,
         lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
@@ -232,12 +290,21 @@ def report_study(
     out = Path(out)
     plan = plan_study(study, cache=cache, device=device, stream=stream)
     if records is not None:
+        check_records(plan, Path(records))
         ledger.restore(plan, Path(records))
-    results = {
-        cp.cell.id: {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
-        for cp in plan.ordered()
-        if cp.cached
-    }
+    results = {}
+    for cp in plan.ordered():
+        if not cp.cached:
+            continue
+        problem = unreadable_evaluation(Path(cp.result)) if cp.stages[-1].build == "evaluate" else None
+        if problem:  # a report never averages it away; a run (not --report-only) rebuilds it
+            results[cp.cell.id] = {
+                "status": "failed",
+                "sources": [],
+                "error": f"its evaluation is unreadable ({problem})",
+            }
+        else:
+            results[cp.cell.id] = {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
     files, table = _write_report(out, plan, results, {"report_only": True}, stream)
     return Outcome(plan, results, files, table)
 
