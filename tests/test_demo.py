@@ -531,12 +531,17 @@ def test_generated_authors_look_like_tofu():
 def test_orphaned_temporary_stage_folders_are_removed(tmp_path):
     import os
 
-    from unlearn_plugins.stages import Stages
+    from unlearn_plugins.stages import Stages, host_name, temporary_folder
 
-    gone = tmp_path / "run-x-abc.tmp-99999999"  # no such process
+    gone = tmp_path / "run-x-abc.tmp-99999999"  # no such process (the old name: this host's)
     mine = tmp_path / f"run-y-abc.tmp-{os.getpid()}"
     done = tmp_path / "run-z-abc"
-    for folder in (gone, mine, done):
+    gone_here = tmp_path / f"run-v-abc.tmp-{host_name()}-99999999"
+    mine_here = temporary_folder(tmp_path / "run-w-abc")
+    # a cache shared by several machines: another host's folder may be work in progress there
+    elsewhere = tmp_path / "run-u-abc.tmp-another-host.example-99999999"
+    for folder in (gone, mine, done, gone_here, mine_here, elsewhere):
         folder.mkdir()
     Stages(tmp_path, total=1)
     assert not gone.exists() and mine.exists() and done.exists()
+    assert not gone_here.exists() and mine_here.exists() and elsewhere.exists()

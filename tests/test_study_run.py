@@ -247,7 +247,7 @@ def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
     proc = run_cli(*args)
     # one worker builds the seeds in order: kill it (SIGKILL) while it builds the second one
     building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed6-*.tmp-*")), None), 600, proc)
-    pid = int(building.name.rsplit(".tmp-", 1)[1])
+    pid = int(building.name.rsplit("-", 1)[1])  # <folder>.tmp-<host>-<pid>
     assert pid != proc.pid
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=600)

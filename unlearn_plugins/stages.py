@@ -30,6 +30,30 @@ def digest(*parts: Any) -> str:
     return json_digest(parts, length=12)
 
 
+def host_name() -> str:
+    """This machine's name as it goes into temporary folder names (letters, digits, '.', '_')."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9._]", "_", socket.gethostname()) or "host"
+
+
+def temporary_folder(folder: Path) -> Path:
+    """Where a stage is built: beside it, named after this host and process."""
+    return folder.with_name(f"{folder.name}.tmp-{host_name()}-{os.getpid()}")
+
+
+def orphaned(path: Path) -> bool:
+    """A temporary stage folder whose builder is gone: its process on this host is not running
+    (folders of other hosts are not this machine's to judge; the old ``.tmp-<pid>`` names
+    are this host's)."""
+    owner = path.name.rsplit(".tmp-", 1)[1]
+    host, _, pid = owner.rpartition("-")
+    if host and host != host_name():
+        return False
+    return not pid.isdigit() or not _alive(int(pid))
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -70,13 +94,12 @@ class Stages:
         self.remove_orphans()
 
     def remove_orphans(self) -> None:
-        """Temporary stage folders of processes that are gone (killed without a chance to
-        clean up, e.g. SIGKILL or a power cut; Ctrl-C cleans up after itself)."""
+        """Temporary stage folders of this host's processes that are gone (killed without a
+        chance to clean up, e.g. SIGKILL or a power cut; Ctrl-C cleans up after itself)."""
         if not self.root.is_dir():
             return
         for path in self.root.glob("*.tmp-*"):
-            pid = path.name.rsplit(".tmp-", 1)[1]
-            if not pid.isdigit() or not _alive(int(pid)):
+            if orphaned(path):
                 shutil.rmtree(path, ignore_errors=True)
 
     def folder(self, kind: str, name: str, key: str) -> Path:
@@ -102,7 +125,7 @@ class Stages:
                 return folder
             self.say(n, f"{label} ...")
             self.remove_orphans()  # e.g. this stage's folder from a killed run
-            tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+            tmp = temporary_folder(folder)
             tmp.mkdir(parents=True, exist_ok=True)
             started = time.perf_counter()
             try:

@@ -4,7 +4,7 @@ run_unlearning, evaluate_model), each cached.
 Cache: ``$UNLEARN_CACHE_DIR/demo/<stage>-<name>-<key>/``. The key digests everything the
 stage's result depends on (base model files, benchmark data, the budget, the keys of the
 stages it reads), so a change of any of them recomputes that stage and the ones after it,
-and nothing else. A stage is built in ``<folder>.tmp-<pid>`` and renamed into place when
+and nothing else. A stage is built in ``<folder>.tmp-<host>-<pid>`` and renamed into place when
 complete, so Ctrl-C leaves either a finished stage or a temporary folder that the next
 run deletes: a rerun continues with the unfinished stages (:mod:`unlearn_plugins.stages`).
 A stage being built holds an exclusive lock (``.<folder>.lock`` beside it), and another demo
