@@ -478,3 +478,72 @@ def test_a_corrupt_cached_or_recorded_evaluation_is_rebuilt_or_named(cache, tmp_
         f"error: --records {records}: the recorded evaluation of {cell}, {records / folder.name}, is unreadable ("
     )
     assert line.endswith("remove that folder to rebuild the cell")
+
+
+PLUGIN = '''
+from unlearn_plugins import hookimpl
+from unlearn_plugins.objectives.gradient import GradDiff
+
+
+class MyDiff(GradDiff):
+    """GradDiff under another name: a third-party objective."""
+
+    name = "my_diff"
+
+
+@hookimpl
+def register_unlearning_objectives(register):
+    register("my_diff", MyDiff)
+'''
+
+
+def test_a_plugins_new_code_or_version_rebuilds_the_cells_it_touches(cache, tmp_path, capsys, monkeypatch):
+    """Issue 31, item 1: a study's stage keys ignored the code that produced a cell, so a
+    plugin's fix or new version still read `cached`. Now a plugin component's distribution,
+    version and source digest are part of its cells' keys."""
+    from unlearn_plugins.host import reset_host
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "my_plugin.py").write_text(PLUGIN)
+
+    def install(version: str) -> None:
+        for old in site.glob("my-plugin-*.dist-info"):
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+        info = site / f"my-plugin-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: my-plugin\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text("[unlearn_plugins]\nmy-plugin = my_plugin\n")
+        reset_host()
+
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    install("1.0")
+    extra = '\n[[methods]]\nname = "mine"\nlabel = "Mine"\nobjective = "my_diff"\ninitializer = "kaiming"\n'
+    path = study_file(tmp_path, [0], methods=(), extra="")
+    text = path.read_text().replace("[evaluation]", extra + "\n[evaluation]")
+    path.write_text(text)
+    try:
+        code, _, err = run(capsys, path, "--out", tmp_path / "one", "--cache-dir", cache)
+        assert code == 0, err[-3000:]
+
+        def state() -> str:
+            code, stdout, err = run(capsys, path, "--dry-run", "--cache-dir", cache)
+            assert code == 0, err
+            return next(line for line in stdout.splitlines() if line.startswith("mine/forget1/seed0")).split()[-1]
+
+        assert state() == "cached"
+        (site / "my_plugin.py").write_text(PLUGIN + "\n# a fix that changes the numbers\n")
+        sys.modules.pop("my_plugin", None)
+        reset_host()
+        assert state() == "build"  # "to build"
+        (site / "my_plugin.py").write_text(PLUGIN)
+        sys.modules.pop("my_plugin", None)
+        install("1.1")
+        assert state() == "build"
+    finally:
+        sys.modules.pop("my_plugin", None)
+        monkeypatch.undo()
+        reset_host()

@@ -561,6 +561,52 @@ def accepts_option(kind: str, name: str, option: str) -> bool:
     return declared is None or declared.open_ended or option in declared.names()
 
 
+def _files_digest(files: Iterable[Path]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in files:
+        h.update(f"{path.name}\n".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _source_files(component: Component) -> list[Path]:
+    """The files a component's numbers come from: a task folder's files, else the module that
+    defines the object and, when that module is part of a package, the package's other modules."""
+    if component.kind == LM_EVAL_TASK_DIR:
+        root = Path(component.obj)
+        return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    module = sys.modules.get(getattr(component.obj, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    if not path:
+        return []
+    path = Path(path)
+    if getattr(module, "__package__", None) and (path.parent / "__init__.py").is_file():
+        return sorted(path.parent.glob("*.py"))
+    return [path]
+
+
+def code_identity(kind: str, name: str) -> dict[str, Any] | None:
+    """What identifies a component's code in a cache key (a study's stages): for a built-in
+    component its ``revision`` attribute, bumped when its numbers change (None while it is 1, so
+    keys made before revisions existed stay valid); for a plugin's, the plugin, its distribution
+    and version, and a digest of its source files (an editable or unversioned install changes
+    nothing else when its code does)."""
+    host = get_host()
+    component = host.get(kind, name)
+    info = host.plugins.get(component.plugin)
+    if info is not None and info.source == "built-in":
+        revision = getattr(component.obj, "revision", 1)
+        return None if revision == 1 else {"revision": revision}
+    return {
+        "plugin": component.plugin,
+        "distribution": getattr(info, "distribution", None),
+        "version": getattr(info, "version", None),
+        "source": _files_digest(_source_files(component)),
+    }
+
+
 def component_label(kind: str, name: str) -> str:
     """How a run-time error names a component: ``scorer 'x' (plugin 'p')`` (without the plugin
     when ``name`` is not registered, e.g. an object passed in from Python)."""

@@ -72,6 +72,8 @@ class RMU(ForgetRetainObjective):
 
     name = "rmu"
     leaves_parameters_unused = True  # layers after `layer` get no gradient
+    #: 2: the last layer is read as the reference reads it (its raw output, not the final norm's)
+    revision = 2
 
     def __init__(self, *, layer: int | None = None, steering_coeff: float = 2.0, seed: int | None = None, **kwargs):
         if "retain_loss" in kwargs:

@@ -18,6 +18,7 @@ import contextlib
 import inspect
 import json
 import os
+import re
 import resource
 import socket
 import sys
@@ -199,10 +200,11 @@ def _initializer_seed(config: dict, seed: int) -> dict:
 
 
 def component_revisions(config: dict) -> dict:
-    """{kind/name: revision} of the components an unlearning config uses whose numbers changed
-    since the study format began (a component's ``revision`` attribute, 1 when absent). Only
-    revisions above 1 enter a run's key, so cells of unchanged components keep their keys."""
-    from ..host import get_component
+    """{kind/name: code identity} of the components an unlearning config uses whose code is not
+    that of the study format's first version (:func:`..host.code_identity`: a built-in's
+    ``revision`` above 1, a plugin's version and source digest). Components without one add
+    nothing, so cells of unchanged built-ins keep their keys."""
+    from ..host import code_identity
     from ..interfaces import ADAPTER_INITIALIZER, UNLEARNING_OBJECTIVE
 
     used = [(UNLEARNING_OBJECTIVE, config.get("objective")), (UNLEARNING_OBJECTIVE, config.get("regularizer"))]
@@ -210,12 +212,29 @@ def component_revisions(config: dict) -> dict:
         used.append((ADAPTER_INITIALIZER, config.get("initializer")))
     revisions = {}
     for kind, name in used:
-        if not name:
-            continue
-        revision = getattr(get_component(kind, name), "revision", 1)
-        if revision != 1:
-            revisions[f"{kind}/{name}"] = revision
+        if name and (identity := code_identity(kind, name)) is not None:
+            # a built-in's bare revision number, as keys made before plugins were keyed had it
+            revisions[f"{kind}/{name}"] = identity["revision"] if set(identity) == {"revision"} else identity
     return revisions
+
+
+def task_code(tasks) -> dict:
+    """{task: code identity} of the study's tasks that a plugin's task folder defines (a file
+    of it names the task): a new version or edit of the plugin re-keys the evaluations."""
+    from ..host import code_identity, get_host
+    from ..interfaces import LM_EVAL_TASK_DIR
+
+    host = get_host()
+    found = {}
+    for component in host.list(LM_EVAL_TASK_DIR):
+        info = host.plugins.get(component.plugin)
+        if info is None or info.source == "built-in":
+            continue
+        texts = "\n".join(p.read_text(errors="replace") for p in Path(component.obj).rglob("*.yaml"))
+        for task in tasks:
+            if re.search(rf"^\s*task:\s*['\"]?{re.escape(task)}['\"]?\s*$", texts, re.M):
+                found[task] = code_identity(LM_EVAL_TASK_DIR, component.name)
+    return found
 
 
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
@@ -234,6 +253,8 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
     if ev.dtype:  # only when set, so the keys of studies that leave it out stay as they were
         eval_settings += (ev.dtype,)
+    if plugin_tasks := task_code(ev.tasks):  # likewise: only studies with a plugin's task
+        eval_settings += ("task-code", plugin_tasks)
     if ev.robustness:  # likewise
         from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
 
