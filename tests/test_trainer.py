@@ -554,3 +554,20 @@ def test_reglu_preset_sets_the_recipe_and_flags_override_it():
     bad = parser.parse_args(["run", "--preset", "nope", "--out", "x"])
     with pytest.raises(Exception, match="unknown preset 'nope'; presets: reglu"):
         run_cmd.resolve_config(UnlearnConfig, bad)
+
+
+def test_unlearn_run_passes_its_seed_to_components_that_take_one(tiny_model_dir, tofu_dir, tmp_path):
+    """Issue 31, item 6: a component with a `seed` option got the study's seed in a study but its
+    own default from `unlearn run --seed S`; now both pass the run's seed where none is set."""
+    out = tmp_path / "run"
+    args = tiny_args(tiny_model_dir, tofu_dir, out, "--max-steps", "1", "--save-steps", "0", "--seed", "5")
+    args += ["--initializer", "fila", "--objective", "rmu"]
+    assert main(args) == 0
+    components = json.loads((out / "run.json").read_text())["components"]
+    assert components["initializer"]["options"]["seed"] == 5
+    assert components["objective"]["options"]["seed"] == 5
+    fixed = tmp_path / "fixed"
+    args = tiny_args(tiny_model_dir, tofu_dir, fixed, "--max-steps", "1", "--save-steps", "0", "--seed", "5")
+    args += ["--initializer", "fila", "--initializer-option", "seed=2"]
+    assert main(args) == 0
+    assert json.loads((fixed / "run.json").read_text())["components"]["initializer"]["options"]["seed"] == 2

@@ -507,11 +507,25 @@ def _train_locked(
 # ----------------------------------------------------------------------------- public calls
 
 
-def _check_component(kind: str, name: str, options: dict[str, Any]):
-    """(instance, run.json record, label) of a configured component (names and options checked)."""
+def with_run_seed(kind: str, name: str, options: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    """``options`` plus ``seed``: the run's seed, for a component that declares a ``seed`` option
+    the configuration leaves unset (FILA's randomized SVD, RILA's retain draw, RMU's direction,
+    ROL's random basis): `unlearn run --seed S` and a study's cell of seed S build the same one."""
+    from ..host import get_host
+
+    component = get_host().components.get(kind, {}).get(name)
+    declared = component.options() if component is not None else None
+    if seed is None or "seed" in options or declared is None or declared.get("seed") is None:
+        return dict(options)
+    return {**options, "seed": seed}
+
+
+def _check_component(kind: str, name: str, options: dict[str, Any], seed: int | None = None):
+    """(instance, run.json record, label) of a configured component (names and options checked);
+    ``seed``: the run's seed, for a component that takes one (:func:`with_run_seed`)."""
     from ..host import component_label, create_with_record
 
-    instance, record = create_with_record(kind, name, **options)
+    instance, record = create_with_record(kind, name, **with_run_seed(kind, name, options, seed))
     return instance, record, component_label(kind, name)
 
 
@@ -520,7 +534,9 @@ def build_objective(config: UnlearnConfig):
     from ..interfaces import UNLEARNING_OBJECTIVE
     from ..objectives.base import CombinedObjective
 
-    objective, record, label = _check_component(UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs())
+    objective, record, label = _check_component(
+        UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs(), config.seed
+    )
     if getattr(objective, "regularizer", False):
         raise ConfigError(
             f"--objective {config.objective}: this is a regulariser; use it as --regularizer "
@@ -529,7 +545,7 @@ def build_objective(config: UnlearnConfig):
     regularizers, records, labels = [], [record], [label]
     if config.regularizer:
         reg, reg_record, reg_label = _check_component(
-            UNLEARNING_OBJECTIVE, config.regularizer, dict(config.regularizer_options)
+            UNLEARNING_OBJECTIVE, config.regularizer, dict(config.regularizer_options), config.seed
         )
         if not getattr(reg, "regularizer", False):
             raise ConfigError(
@@ -571,7 +587,9 @@ def run_unlearning(
         if config.initializer != UnlearnConfig.initializer or initializer is not None:
             raise ConfigError(f"--initializer {config.initializer} needs LoRA; it cannot be used with --full-finetune")
     elif initializer is None:
-        obj, record, label = _check_component(ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options))
+        obj, record, label = _check_component(
+            ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options), config.seed
+        )
         initializer = Initializer(obj, label, record)
     elif not isinstance(initializer, Initializer):
         initializer = Initializer(initializer, f"initializer {type(initializer).__name__!r}")
