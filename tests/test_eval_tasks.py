@@ -857,3 +857,71 @@ def test_unlearn_eval_embedded_tofu_and_mmlu(embedded_model_dir, tofu_dir, mmlu_
     assert summary["forget_quality"]["tofu_forget01_truth_ratio"]["value"] == 1.0
     assert 0 < summary["metrics"]["tofu_forget01_prob"]["prob"] < 1
     assert 0 <= summary["metrics"]["mmlu_local_anatomy"]["acc"] <= 1
+
+
+CAP_PLUGIN = """
+from pathlib import Path
+
+from unlearn_plugins import hookimpl
+
+
+@hookimpl
+def register_lm_eval_task_dirs(register):
+    register("cap-tasks", Path(__file__).parent / "cap_tasks")
+
+
+def docs(**_metadata):
+    import datasets
+
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([{"prompt": "Hello", "answer": "world"}])})
+"""
+
+CAP_TASK = """task: {name}
+custom_dataset: !function cap_plugin.docs
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: []
+  max_gen_toks: {limit}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+metadata:
+  version: 1.0
+"""
+
+
+def test_max_gen_toks_caps_a_tasks_limit_and_never_raises_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Issue 31, item 4: --max-gen-toks (and a study's gen_margin) set every generation task's
+    max_gen_toks, raising a plugin task's 1 to 8; it is now a cap."""
+    from unlearn_plugins.host import reset_host
+
+    site = tmp_path / "site"
+    (site / "cap_tasks").mkdir(parents=True)
+    (site / "cap_plugin.py").write_text(CAP_PLUGIN)
+    (site / "cap_tasks" / "one.yaml").write_text(CAP_TASK.format(name="cap_one_token", limit=1))
+    (site / "cap_tasks" / "long.yaml").write_text(CAP_TASK.format(name="cap_long", limit=300))
+    info = site / "cap-plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cap-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[unlearn_plugins]\ncap-plugin = cap_plugin\n")
+    monkeypatch.syspath_prepend(str(site))
+    reset_host()
+    try:
+        out = tmp_path / "out"
+        code = cli(
+            "eval", "--model", tiny_model_dir, "--tasks", "cap_one_token,cap_long", "--max-gen-toks", 8, "--out", out
+        )
+        assert code == 0, capsys.readouterr().err[-2000:]
+        capsys.readouterr()
+        limits = {}
+        for path in out.rglob("samples_*.jsonl"):
+            row = json.loads(path.read_text().splitlines()[0])
+            limits[path.name.split("_20")[0]] = row["arguments"]["gen_args_0"]["arg_1"]["max_gen_toks"]
+        assert limits == {"samples_cap_one_token": 1, "samples_cap_long": 8}
+    finally:
+        sys.modules.pop("cap_plugin", None)
+        monkeypatch.undo()
+        reset_host()

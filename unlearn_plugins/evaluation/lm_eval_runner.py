@@ -176,6 +176,36 @@ def prepare(
     return Prepared(manager, specs, leaves, limit)
 
 
+#: lm-eval's HFLM generates this many new tokens for a task that sets no max_gen_toks
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+def capped(manager, cap: int | None, default: int = DEFAULT_MAX_GEN_TOKS):
+    """``manager`` whose loaded generation tasks generate at most ``cap`` new tokens: a task's own
+    ``max_gen_toks`` is lowered to the cap, never raised (lm_eval's ``gen_kwargs`` would set every
+    task's to the value given, a 1-token task's too). None: the manager itself."""
+    if not cap:
+        return manager
+    cap = int(cap)
+
+    class Capped(type(manager)):
+        def load(self, *args, **kwargs):
+            loaded = super().load(*args, **kwargs)
+            for task in loaded["tasks"].values():
+                if task.get_config("output_type") != "generate_until":
+                    continue
+                gen = dict(task.get_config("generation_kwargs") or {})
+                own = gen.get("max_gen_toks", default)
+                if own is None or int(own) > cap:
+                    gen["max_gen_toks"] = cap
+                    task.set_config(key="generation_kwargs", value=gen, update=False)
+            return loaded
+
+    wrapped = copy.copy(manager)
+    wrapped.__class__ = Capped
+    return wrapped
+
+
 def evaluate(
     lm,
     tasks: Sequence[str] | Prepared,
@@ -191,7 +221,8 @@ def evaluate(
     use_cache: str | None = None,
 ) -> Evaluation:
     """Evaluate an lm-eval LM (e.g. HFLM) on task/group/tag names (or :func:`prepare`'s result).
-    ``max_gen_toks`` caps the generation tasks' new tokens (TOFU's ROUGE tasks allow 200);
+    ``max_gen_toks`` caps the generation tasks' new tokens (TOFU's ROUGE tasks allow 200): a
+    task's own limit is lowered to it, never raised (:func:`capped`);
     ``model_args`` names the model as lm_eval's ``--model_args`` would (``pretrained``, ``peft``:
     the results folder is named after it); ``use_cache`` is lm_eval's ``--use_cache`` (an SQLite
     cache of the model's responses)."""
@@ -208,12 +239,11 @@ def evaluate(
     out = lm_eval.simple_evaluate(
         model=lm,
         tasks=prepared.specs,
-        task_manager=prepared.manager,
+        task_manager=capped(prepared.manager, max_gen_toks, getattr(lm, "max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
         limit=prepared.limit,
         num_fewshot=num_fewshot,
         log_samples=True,
         bootstrap_iters=bootstrap_iters,
-        gen_kwargs={"max_gen_toks": int(max_gen_toks)} if max_gen_toks else None,
         use_cache=use_cache,
     )
     elapsed = time.perf_counter() - started
