@@ -180,6 +180,19 @@ def test_dry_run_lists_the_grid_and_builds_nothing(tmp_path, capsys):
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_misspelt_task_fails_the_dry_run_before_any_work(tmp_path, capsys):
+    """Issue 31, item 3: a misspelt task passed --dry-run (exit 0), then the real run fine-tuned
+    the target and retain models and failed 6 of 8 cells with `unknown lm-eval task(s)`."""
+    tasks = '["tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility", "tofu_forget_rouge_l"]'
+    path = study_file(tmp_path, [0], extra=f"tasks = {tasks}\n")
+    for extra in (["--dry-run"], ["--out", tmp_path / "out"]):
+        code, stdout, err = run(capsys, path, *extra, "--cache-dir", tmp_path / "cache")
+        assert code == 1 and stdout == ""
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"error: {path}: [evaluation] tasks: unknown lm-eval task(s): tofu_forget_rouge_l")
+        assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_failed_cell_is_reported_and_the_others_go_on(cache, tmp_path, capsys):
     # a method whose training diverges (its forget loss overflows): that cell fails, the rest finish
     path = study_file(

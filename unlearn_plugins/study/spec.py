@@ -589,6 +589,12 @@ class _Reader:
             )
         if len(set(tasks)) != len(tasks):
             raise self.error("evaluation", "tasks", "lists a task twice")
+        from ..evaluation.lm_eval_runner import task_manager_for
+
+        try:  # before any work, --dry-run included: a misspelt task would fail every cell late
+            task_manager_for(tasks)
+        except UnlearnError as exc:
+            raise self.error("evaluation", "tasks", _one_line(exc)) from None
         return Evaluation(
             tasks=tuple(tasks),
             mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
