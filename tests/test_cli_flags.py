@@ -269,3 +269,78 @@ def test_verbosity_wins_over_the_demo_and_study_quieting(monkeypatch):
     with quiet_libraries():
         assert lg.level == logging.DEBUG
     lg.setLevel(before)
+
+
+# ----------------------------------------------------------------------------- issue 31, item 7
+
+
+def test_eval_prints_nothing_a_user_cannot_act_on(tiny_model_dir, tofu_dir, tmp_path):
+    """Outside a git repository lm-eval's `git describe` printed "fatal: not a git repository" on
+    every evaluation, and lm-eval warned about custom datasets and an already-loaded model."""
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for name in ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "UNLEARN_VERBOSITY"):
+        env.pop(name, None)
+    args = ["eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_prob", "--limit", 2]
+    args += ["--tofu-dir", tofu_dir, "--out", tmp_path / "out"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "unlearn_plugins.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for noise in ("fatal:", "Custom kwargs", "`pretrained` model kwarg", "already-initialized model"):
+        assert noise not in proc.stderr, noise
+
+
+def test_the_tiny_model_alias_works_on_the_command_line(tofu_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("UNLEARN_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(["probs", "--model", "tiny-llama", "--data", "tofu:forget01[0:2]", "--tofu-dir", str(tofu_dir)])
+    assert code == 0, capsys.readouterr().err
+    assert "mean answer probability over 2 samples" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache" / "models").glob("tiny-llama-*"))) == 1
+
+
+def test_an_unknown_component_of_a_disabled_plugin_says_so(tiny_model_dir, tofu_dir, tmp_path, monkeypatch, capsys):
+    from unlearn_plugins.host import reset_host
+
+    monkeypatch.setenv("UNLEARN_DISABLE_PLUGINS", "builtin-objectives")
+    reset_host()
+    try:
+        args = ["run", "--model", str(tiny_model_dir), "--objective", "npo", "--tofu-dir", str(tofu_dir)]
+        code = main([*args, "--forget", "tofu:forget01[0:2]", "--out", str(tmp_path / "run")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and err[-1].startswith("error: unknown unlearning objective 'npo'; available: ")
+        assert err[-1].endswith(
+            "; not loaded: plugin 'builtin-objectives' (built-in) is disabled by UNLEARN_DISABLE_PLUGINS"
+        )
+    finally:
+        monkeypatch.undo()
+        reset_host()
+
+
+def test_score_takes_an_adapter(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    import json
+
+    run = ["run", "--model", str(tiny_model_dir), "--tofu-dir", str(tofu_dir), "--forget", "tofu:forget01[0:4]"]
+    run += ["--retain", "tofu:retain99[0:4]", "--max-steps", "2", "--lr", "1e-2", "--lora-r", "4", "--save-steps", "0"]
+    assert main([*run, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    score = ["score", "--scorer", "loss", "--model", str(tiny_model_dir), "--data", "tofu:forget01[0:4]"]
+    score += ["--tofu-dir", str(tofu_dir)]
+    assert main([*score, "--out", str(tmp_path / "base.jsonl")]) == 0
+    assert main([*score, "--adapter", str(tmp_path / "run"), "--out", str(tmp_path / "adapted.jsonl")]) == 0
+    capsys.readouterr()
+
+    def scores(name):
+        return [json.loads(line)["score"] for line in (tmp_path / name).read_text().splitlines()]
+
+    assert scores("base.jsonl") != scores("adapted.jsonl")
+    cud = ["score", "--scorer", "cud", "--model", str(tiny_model_dir), "--adapter", str(tmp_path / "run")]
+    code = main([*cud, "--data", "tofu:forget01[0:4]", "--tofu-dir", str(tofu_dir), "--out", str(tmp_path / "c.jsonl")])
+    assert code == 1
+    assert "trains from the model folder (option model_spec)" in capsys.readouterr().err

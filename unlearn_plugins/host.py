@@ -282,7 +282,8 @@ class PluginHost:
         self.refused: list[PluginInfo] = []  # plugins refused because their name was taken
         self.components: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
 
-        for entry in load_registry(registry):
+        self.registry = load_registry(registry)
+        for entry in self.registry:
             info = PluginInfo(entry.name, "built-in", "unlearn-plugins", _own_version(), entry.summary)
             self._load(info, lambda entry=entry: import_object(entry.object))
         if load_entry_points:
@@ -459,7 +460,24 @@ class PluginHost:
             return self.components[kind][name]
         except KeyError:
             available = ", ".join(sorted(self.components[kind])) or "(none installed)"
-            raise UnknownComponentError(f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}") from None
+            raise UnknownComponentError(
+                f"unknown {kind.replace('_', ' ')} {name!r}; available: {available}{self._why_missing(kind, name)}"
+            ) from None
+
+    def _why_missing(self, kind: str, name: str) -> str:
+        """Plugins that might have given ``name`` but were not loaded: a built-in that lists it in
+        registry.toml, and every disabled or refused third-party plugin (its names are unknown)."""
+        builtin = {e.name: e for e in self.registry}
+        notes = []
+        for info in [*self.plugins.values(), *self.refused]:
+            if not (info.disabled or info.errors):
+                continue
+            entry = builtin.get(info.name) if info.source == "built-in" else None
+            if info.source == "built-in" and (entry is None or entry.kind != kind or name not in entry.components):
+                continue
+            state = f"disabled by {info.disabled_by}" if info.disabled else f"refused ({info.errors[0]})"
+            notes.append(f"plugin {info.name!r} ({info.source}) is {state}")
+        return f"; not loaded: {'; '.join(notes)}" if notes else ""
 
     def label(self, kind: str, name: str) -> str:
         """How messages name ``kind``/``name``: with its plugin when registered."""

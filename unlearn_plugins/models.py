@@ -210,10 +210,39 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+#: the tiny random Llama of :mod:`unlearn_plugins.testing`, built into the cache on first use:
+#: the same model the studies' ``[model] base = "tiny-llama"`` builds, for trying commands in seconds
+TINY_ALIAS = "tiny-llama"
+
+
+def tiny_model_dir(*, cache: Path | None = None) -> Path:
+    """Folder with the tiny test model, built on first use (keyed by the code that builds it)."""
+    from . import testing
+
+    root = (cache or cache_dir()) / "models"
+    final = root / f"{TINY_ALIAS}-{file_sha256(Path(testing.__file__))[:12]}"
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=root))
+    try:
+        testing.save_tiny_model(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process won the race
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def resolve_model(spec: str) -> str:
     """A local folder or hub id for ``spec`` (folder, hub id or alias)."""
     if spec in EMBEDDED_ALIASES:
         return str(embedded_model_dir(spec))
+    if spec == TINY_ALIAS:
+        return str(tiny_model_dir())
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():

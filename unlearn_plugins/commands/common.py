@@ -35,7 +35,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, default: str | None = 
         "--model",
         default=default,
         required=default is None,
-        help="local Hugging Face folder, hub id, or alias 'smollm2-135m' (default: %(default)s)",
+        help="local Hugging Face folder, hub id, or alias 'smollm2-135m' (the embedded model) or 'tiny-llama' "
+        "(a tiny random model for trying commands; default: %(default)s)",
     )
     parser.add_argument(
         "--device", default=None, type=device_option, help="cpu, cuda, cuda:1 ... (default: cuda if available)"

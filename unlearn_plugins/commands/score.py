@@ -8,6 +8,7 @@ each process scores a shard."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import UnlearnError
 from .common import add_data_options, add_model_options, parse_options
@@ -30,6 +31,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--scorer", required=True, help="scorer name (see `unlearn plugins`)")
     add_model_options(p)
+    p.add_argument("--adapter", default=None, help="PEFT adapter folder applied to --model (merged) before scoring")
+    p.add_argument(
+        "--allow-other-base", action="store_true", help="load --adapter even if it was trained on another base model"
+    )
     add_data_options(p)
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scorer option (repeatable)")
     p.add_argument(
@@ -69,12 +74,26 @@ def run(args) -> int:
         options["anchor_data"] = args.anchor_data
     if args.tofu_dir and _accepts(args.scorer, "tofu_dir"):
         options.setdefault("tofu_dir", args.tofu_dir)
+    if args.adapter and _accepts(args.scorer, "model_spec") and "model_spec" not in options:
+        # its own runs (CUD's anchor runs) start from a model folder, which would lack the adapter
+        raise UnlearnError(
+            f"--adapter: scorer {args.scorer!r} trains from the model folder (option model_spec); give the "
+            f"merged model as --model instead (`unlearn run` writes it in OUT/merged)"
+        )
 
     def setup():
         scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
         samples = load_split(args.data, args.tofu_dir)
         device = process_device(group, args.device)
-        model, tok = load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        model, tok = load_model(
+            args.model,
+            device=device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+            adapter=args.adapter,
+            allow_other_base=args.allow_other_base,
+            merge_adapter=bool(args.adapter),
+        )
         journal = ScoreJournal(
             args.out, _settings_key(args, options, samples, model), samples, rank=0 if group is None else group.index
         )
@@ -137,6 +156,12 @@ def _settings_key(args, options: dict, samples, model) -> str:
         "model": weights_fingerprint(where) or where,
         "dtype": str(next(model.parameters()).dtype),
     }
+    if args.adapter:  # only when given, so partial files of runs without one stay resumable
+        from ..files import file_sha256
+        from ..models import ADAPTER_WEIGHTS
+
+        files = [Path(args.adapter) / n for n in ADAPTER_WEIGHTS if (Path(args.adapter) / n).is_file()]
+        settings["adapter"] = [file_sha256(f) for f in files] or args.adapter
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 

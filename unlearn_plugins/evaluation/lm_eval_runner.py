@@ -10,6 +10,7 @@ writes the files (results_<date>.json, samples_<task>_<date>.jsonl), its make_ta
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
@@ -176,6 +177,60 @@ def prepare(
     return Prepared(manager, specs, leaves, limit)
 
 
+#: lm-eval's notices that say nothing a user of this package can act on: every TOFU task builds
+#: its documents in Python (custom_dataset), and the model is always handed over loaded
+NOISE = {
+    "lm_eval.api.task": ("Custom kwargs can be passed to `--metadata`",),
+    "lm_eval.models.huggingface": (
+        "`pretrained` model kwarg is not of type `str`",
+        "Passed an already-initialized model through `pretrained`",
+    ),
+}
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if os.environ.get("UNLEARN_VERBOSITY"):  # --verbosity asked for lm-eval's own words
+            return True
+        message = record.getMessage()
+        return not any(start in message for start in self.starts)
+
+
+for _name, _starts in NOISE.items():
+    logging.getLogger(_name).addFilter(_DropNoise(_starts))
+
+
+@contextlib.contextmanager
+def _git_quiet():
+    """lm-eval records ``git describe`` of the working folder in its results, and outside a
+    repository git prints "fatal: not a git repository" on every evaluation: its stderr is
+    silenced (lm-eval already falls back when it fails)."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+
+    original = getattr(evaluator, "get_git_commit_hash", None)
+    if original is None:
+        yield
+        return
+
+    def quiet():
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError, OSError):
+            return None
+
+    evaluator.get_git_commit_hash = quiet
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
+
+
 #: lm-eval's HFLM generates this many new tokens for a task that sets no max_gen_toks
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -236,16 +291,17 @@ def evaluate(
     )
     tracker = EvaluationTracker()  # lm-eval's timer starts here; write_outputs gives it the folder
     started = time.perf_counter()
-    out = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=prepared.specs,
-        task_manager=capped(prepared.manager, max_gen_toks, getattr(lm, "max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
-        limit=prepared.limit,
-        num_fewshot=num_fewshot,
-        log_samples=True,
-        bootstrap_iters=bootstrap_iters,
-        use_cache=use_cache,
-    )
+    with _git_quiet():
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=prepared.specs,
+            task_manager=capped(prepared.manager, max_gen_toks, getattr(lm, "max_gen_toks", DEFAULT_MAX_GEN_TOKS)),
+            limit=prepared.limit,
+            num_fewshot=num_fewshot,
+            log_samples=True,
+            bootstrap_iters=bootstrap_iters,
+            use_cache=use_cache,
+        )
     elapsed = time.perf_counter() - started
     samples = out.pop("samples", None) or {}
     # as lm_eval's CLI records them (not passed to simple_evaluate, which only warns about
