@@ -458,3 +458,18 @@ def test_unknown_scorer_lists_available(installed, tmp_path):
     assert out.returncode == 1
     assert "unknown difficulty scorer 'nope'; available:" in out.stderr and "max_surprisal" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_examples_own_tests_pass_with_the_public_fixtures_alone(installed, tmp_path):
+    """Issue 31, item 8: a plugin's tests need nothing from this repository's tests/."""
+    shutil.copytree(EXAMPLE / "tests", tmp_path / "tests")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env_for(installed),
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "4 passed" in proc.stdout
