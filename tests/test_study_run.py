@@ -560,3 +560,107 @@ def test_a_plugins_new_code_or_version_rebuilds_the_cells_it_touches(cache, tmp_
         sys.modules.pop("my_plugin", None)
         monkeypatch.undo()
         reset_host()
+
+
+def test_a_study_on_a_real_dask_cluster_survives_a_killed_worker(cache, tmp_path, capsys):
+    """Issue 31, item 9: a scheduler and two workers started as separate processes (`dask
+    scheduler`, `dask worker`) sharing one cache folder; one worker is killed (SIGKILL) while it
+    builds a cell. The study finishes, every cell is built once, and the report's numbers equal
+    the local executor's."""
+    pytest.importorskip("distributed")
+    code, _, err = run(capsys, "tiny", "--out", tmp_path / "local", "--cache-dir", cache)  # the local reference
+    assert code == 0, err[-3000:]
+    local = report(tmp_path / "local")
+
+    dask = Path(sys.executable).parent / "dask"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    info = tmp_path / "scheduler.json"
+    procs = [
+        subprocess.Popen(
+            [
+                str(dask),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(info),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    shared = tmp_path / "shared-cache"
+    study = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (info.is_file() and info.stat().st_size > 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        for k in range(2):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(dask),
+                        "worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--no-nanny",
+                        "--no-dashboard",
+                        "--name",
+                        f"w{k}",
+                    ],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        args = ["study", "tiny", "--executor", "dask", "--scheduler", address, "--out", tmp_path / "dask"]
+        study = subprocess.Popen(
+            [sys.executable, "-m", "unlearn_plugins.cli", *map(str, args), "--cache-dir", str(shared)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        workers = {p.pid for p in procs[1:]}
+        # kill the worker building an unlearning cell (its pid names the stage's temporary folder)
+        building = _wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in shared.glob("run-*.tmp-*")
+                    if p.name.rsplit("-", 1)[1].isdigit() and int(p.name.rsplit("-", 1)[1]) in workers
+                ),
+                None,
+            ),
+            600,
+            study,
+        )
+        victim = next(p for p in procs[1:] if p.pid == int(building.name.rsplit("-", 1)[1]))
+        victim.kill()  # SIGKILL
+        victim.wait(30)  # reaped, as a shell or a nanny would (a zombie still answers kill -0)
+        stdout, stderr = study.communicate(timeout=900)
+        assert study.returncode == 0, stderr[-3000:]
+    finally:
+        for proc in [*([study] if study else []), *procs]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    data = report(tmp_path / "dask")
+    assert data["failed"] == [] and all(c["status"] == "done" for c in data["cells"].values())
+    assert all(c["source"] == "built" for c in data["cells"].values())  # each built once, none read twice
+    # the same numbers (wall time and memory aside)
+    keys = ("forget_quality", "model_utility", "forget_prob", "forget_rougeL", "extraction_strength", "retain_prob")
+
+    def numbers(d):
+        groups = {(g["method"], g["forget"]): [g["metrics"][k]["values"] for k in keys] for g in d["groups"]}
+        refs = {(r["name"], r["forget"]): [r.get(k) for k in keys] for r in d["references"]}
+        return groups, refs
+
+    assert numbers(data) == numbers(local)
+    assert not list(shared.glob("*.tmp-*"))  # the killed stage's temporary folder was cleaned up
