@@ -138,6 +138,15 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
 
 
+def _close_progress_bars() -> None:
+    """Close the progress bars an error left open (the Trainer's), so the error starts its own
+    line and stays the last one (a bar closed at exit would print after it)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or ()):
+        with contextlib.suppress(Exception):
+            bar.close()
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a job scheduler's stop), raised where the program is, so that the
     cleanup Ctrl-C runs (worker processes stopped, temporary stage folders removed) runs too."""
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UnlearnError, OSError) as exc:  # OSError: a file that cannot be read or written (disk full, ...)
         if args.debug:
             raise
+        _close_progress_bars()
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except Terminated:

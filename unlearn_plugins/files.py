@@ -33,9 +33,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno:  # a failed write (disk full): name the file
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
         raise
 
 
@@ -49,6 +51,11 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     with atomic_open(path) as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file (symlinks and ``..`` resolved; neither need exist)."""
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
 # ----------------------------------------------------------------------------- content hashes

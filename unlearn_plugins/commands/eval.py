@@ -319,6 +319,7 @@ def run(args) -> int:
     check_out_folder("--out", args.out)  # before any work, so nothing computed is lost
     for flag in ("--save-reference", "--save-mia-reference"):
         check_out_file(flag, getattr(args, flag[2:].replace("-", "_")))
+    _check_not_overwriting_inputs(args)
     if args.use_cache:
         check_out_file("--use-cache", args.use_cache + "_rank0.db")
     common = dict(
@@ -344,6 +345,22 @@ def run(args) -> int:
             from ..models import load_model
 
             runner.task_manager_for(tasks)  # bad input fails before the model loads
+            if args.save_reference:  # its truth-ratio task too, as without --mia
+                from ..models import resolve_model
+
+                runner.prepare_for_model(
+                    resolve_model(args.model),
+                    tasks,
+                    metadata=metadata,
+                    trust_remote_code=args.trust_remote_code,
+                    tofu_dir=args.tofu_dir,
+                    forget_split=args.forget_split,
+                    mmlu_dir=args.mmlu_dir,
+                    wmdp_dir=args.wmdp_dir,
+                    system_prompt=args.system_prompt,
+                    limit=limit,
+                    save_reference=True,
+                )
             membership.check_before_loading(
                 args.forget_split, args.holdout_split, tofu_dir=args.tofu_dir, limit=limit, reference=args.mia_reference
             )
@@ -372,6 +389,7 @@ def run(args) -> int:
             forget_split=args.forget_split,
             metadata=metadata,
             loaded=loaded,
+            save_reference=bool(args.save_reference),
             **common,
         )
         loaded = None
@@ -426,6 +444,23 @@ def run(args) -> int:
         print(f"MIA reference -> {args.save_mia_reference}")
     print(f"results -> {paths['results']} (samples beside it)")
     return 1 if failed else 0
+
+
+def _check_not_overwriting_inputs(args) -> None:
+    """A reference written where one is read (--save-reference X --retain-reference X) would
+    replace the retain model's reference with this model's: refused before any work."""
+    from ..files import same_file
+
+    writes = [("--save-reference", args.save_reference), ("--save-mia-reference", args.save_mia_reference)]
+    reads = [("--retain-reference", path) for path in args.retain_reference]
+    reads.append(("--mia-reference", args.mia_reference))
+    for i, (flag, path) in enumerate(writes):
+        for other, read in [*reads, *writes[i + 1 :]]:
+            if path and read and same_file(path, read):
+                raise UnlearnError(
+                    f"{flag} {path} and {other} {read} are the same file: this evaluation would overwrite it; "
+                    f"give {flag} another file"
+                )
 
 
 def _robustness_attacks(args) -> tuple[list[str], dict[str, dict]]:

@@ -162,9 +162,11 @@ def prepare(
     metadata: dict[str, Any] | None = None,
     retain_references: Sequence[str] = (),
     limit: int | float | None = None,
+    save_reference: bool = False,
 ) -> Prepared:
     """Build the tasks (``metadata`` reaches each one; the TOFU tasks need ``tokenizer``)
-    and check the retain references, so bad input fails before the model is loaded."""
+    and check the retain references (and, with ``save_reference``, that there is one forget
+    truth-ratio task to save), so bad input fails before the model is loaded."""
     names = [t for t in tasks if t]
     if not names:
         raise UnlearnError("no tasks given")
@@ -174,6 +176,15 @@ def prepare(
     manager = task_manager_for(names, meta)
     specs, leaves = load_tasks(manager, names)
     check_references(leaves, [str(p) for p in retain_references], limit)
+    if save_reference:
+        from .tofu_tasks import TofuForgetTruthRatioTask
+
+        forget = sorted(n for n, t in leaves.items() if isinstance(t, TofuForgetTruthRatioTask))
+        if len(forget) != 1:
+            raise DataError(
+                f"--save-reference needs exactly one forget truth-ratio task in the run (found: "
+                f"{', '.join(forget) or 'none'}); e.g. --tasks tofu_forget01_truth_ratio"
+            )
     return Prepared(manager, specs, leaves, limit)
 
 
@@ -478,6 +489,34 @@ class _Records(logging.Handler):
     def emit(self, record):
         self.lines.append(record.getMessage())
 
+    def reason(self) -> str:
+        """Why a write failed: the logged exceptions (``OSError(28, 'No space left on device')``
+        as its message), each once."""
+        reasons = []
+        for line in self.lines:
+            if line.startswith(("Saving", "Could not")):
+                continue
+            match = re.fullmatch(r"\w*Error\(\d+, '(.*)'\)", line)
+            reasons.append(match.group(1) if match else line)
+        return "; ".join(dict.fromkeys(reasons)) or "no reason given"
+
+
+def _written_completely(path: Path, rows: int | None) -> bool:
+    """Whether the tracker's file is whole: the results file parses as JSON; a samples file has
+    one complete line per sample (JSON escapes newlines, so lines are counted)."""
+    import json
+
+    if rows is None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                json.load(handle)
+        except ValueError:
+            return False
+        return True
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return data.count(b"\n") == rows and (not data or data.endswith(b"\n"))
+
 
 @_under_out_lock
 def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Any]:
@@ -521,15 +560,25 @@ def write_outputs(out_dir: str | Path, evaluation: Evaluation) -> dict[str, Any]
         expected = [written / f"samples_{task}_{date}.jsonl" for task in samples]
         expected.append(written / f"results_{date}.json")  # last: it marks the set complete
         missing = [p.name for p in expected if not p.is_file()] if date else ["its results"]
+        why = records.reason()
         if missing:
-            why = "; ".join(line for line in records.lines if not line.startswith("Saving")) or "no reason given"
             raise UnlearnError(f"--out {out}: lm-eval's EvaluationTracker did not write {', '.join(missing)} ({why})")
         final = out / model_dir
+        counts = [len(rows) for rows in samples.values()]
+        for path, count in zip(expected, [*counts, None]):
+            try:
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+                complete = _written_completely(path, count)
+            except OSError as exc:
+                why, complete = exc.strerror or str(exc), False
+            if not complete:  # the tracker logs a failed write (a full disk) instead of raising
+                raise UnlearnError(
+                    f"--out {out}: could not write {final / path.name}: {why}; nothing of this evaluation was kept"
+                )
         final.mkdir(exist_ok=True)
         paths: dict[str, Any] = {"folder": final, "samples": {}}
         for path in expected:
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
             os.replace(path, final / path.name)
         paths["results"] = final / expected[-1].name
         paths["samples"] = {task: final / f"samples_{task}_{date}.jsonl" for task in samples}
@@ -620,6 +669,37 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else str(value)
 
 
+def prepare_for_model(
+    where: str,
+    tasks: Sequence[str],
+    *,
+    metadata: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+    tofu_dir: str | None = None,
+    forget_split: str | None = None,
+    mmlu_dir: str | None = None,
+    wmdp_dir: str | None = None,
+    system_prompt: str | None = None,
+    retain_references: Sequence[str] = (),
+    limit: int | float | None = None,
+    save_reference: bool = False,
+) -> Prepared:
+    """:func:`prepare` with the task metadata of the model folder ``where`` (its tokenizer)."""
+    metadata = {
+        **(metadata or {}),
+        "tokenizer": where,
+        "trust_remote_code": trust_remote_code or None,
+        "tofu_dir": tofu_dir,
+        "forget_split": forget_split,
+        "mmlu_dir": mmlu_dir,
+        "wmdp_dir": wmdp_dir,
+        "system_prompt": system_prompt,
+    }
+    return prepare(
+        tasks, metadata=metadata, retain_references=retain_references, limit=limit, save_reference=save_reference
+    )
+
+
 def evaluate_model(
     model: str,
     tasks: Sequence[str],
@@ -643,6 +723,7 @@ def evaluate_model(
     metadata: dict[str, Any] | None = None,
     loaded: tuple[Any, Any] | None = None,
     merge_adapter: bool = False,
+    save_reference: bool = False,
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
@@ -650,7 +731,8 @@ def evaluate_model(
     the tasks get the base model's tokenizer through the metadata. ``metadata``: more task
     metadata (e.g. the MIA tasks' ``holdout_split``); ``loaded``: the (model, tokenizer) that
     :func:`unlearn_plugins.models.load_model` gave for these arguments, when the caller needs it too;
-    ``merge_adapter``: evaluate the adapter merged into the weights (:func:`..models.load_model`).
+    ``merge_adapter``: evaluate the adapter merged into the weights (:func:`..models.load_model`);
+    ``save_reference``: the caller saves a retain reference (:func:`prepare` checks for its task).
     """
     from lm_eval.models.huggingface import HFLM
 
@@ -659,17 +741,20 @@ def evaluate_model(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UnlearnError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     where = resolve_model(model)
-    metadata = {
-        **(metadata or {}),
-        "tokenizer": where,
-        "trust_remote_code": trust_remote_code or None,
-        "tofu_dir": tofu_dir,
-        "forget_split": forget_split,
-        "mmlu_dir": mmlu_dir,
-        "wmdp_dir": wmdp_dir,
-        "system_prompt": system_prompt,
-    }
-    prepared = prepare(tasks, metadata=metadata, retain_references=retain_references, limit=limit)
+    prepared = prepare_for_model(
+        where,
+        tasks,
+        metadata=metadata,
+        trust_remote_code=trust_remote_code,
+        tofu_dir=tofu_dir,
+        forget_split=forget_split,
+        mmlu_dir=mmlu_dir,
+        wmdp_dir=wmdp_dir,
+        system_prompt=system_prompt,
+        retain_references=retain_references,
+        limit=limit,
+        save_reference=save_reference,
+    )
     loaded, tokenizer = loaded or load_model(
         model,
         device=device,

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from .. import tables
+from ..errors import UnlearnError
 from ..files import atomic_open, write_json
 from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
 
@@ -615,6 +617,7 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
     report = {
         "format": REPORT_FORMAT,
         "study": {k: v for k, v in asdict(study).items() if k != "methods"},
+        "study_digest": study.digest(),  # another study of the same name is refused this --out
         "methods": [
             {"name": m.name, "label": m.label, "settings": m.settings, "config": m.config} for m in study.methods
         ],
@@ -635,8 +638,29 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
     }
     out.mkdir(parents=True, exist_ok=True)
     files = {"study.json": out / "study.json", "summary.md": out / "summary.md", "pareto.png": out / "pareto.png"}
-    write_json(files["study.json"], report)
-    plot_pareto(report, plan, files["pareto.png"])
-    with atomic_open(files["summary.md"]) as handle:
-        handle.write(markdown({**report, "data": data}, plan))
+    # each file to a temporary first, renamed together at the end: a write that fails (a full
+    # disk) leaves the previous report whole, never a new study.json beside an old summary.md
+    staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
+    writers = {
+        "study.json": lambda path: write_json(path, report),
+        "summary.md": lambda path: _write_text(path, markdown({**report, "data": data}, plan)),
+        "pareto.png": lambda path: plot_pareto(report, plan, path),
+    }
+    try:
+        for name, write in writers.items():
+            current = name
+            write(staged[name])
+    except OSError as exc:
+        for path in staged.values():
+            path.unlink(missing_ok=True)
+        raise UnlearnError(
+            f"study report: cannot write {files[current]}: {exc.strerror or exc}; the report in {out} is unchanged"
+        ) from exc
+    for name, path in files.items():
+        os.replace(staged[name], path)
     return {k: str(v) for k, v in files.items()}, terminal_table(report, plan)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_open(path) as handle:
+        handle.write(text)

@@ -39,6 +39,33 @@ def log_path(out: Path, cell_id: str) -> Path:
     return out / "logs" / (cell_id.replace("/", "_") + ".log")
 
 
+def check_out(out: Path, study: Study) -> None:
+    """Before any work: ``out`` can be written (a read-only one failed every cell's log, and the
+    report at the end), and holds no report of another study (two studies of one name replaced
+    each other's report in the default --out and mixed their logs)."""
+    import json
+
+    try:
+        with folder_lock(out, f"--out {out}"):  # creates the folder and a file in it, then removes them
+            pass
+    except LockHeld:
+        pass  # a run of this study writes its report there: it can be written
+    existing = out / "study.json"
+    if not existing.exists():
+        return
+    try:
+        recorded = json.loads(existing.read_text(encoding="utf-8"))
+        name, digest = recorded["study"]["name"], recorded.get("study_digest")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UnlearnError(
+            f"--out {out}: its study.json is not a study report this command can read ({exc}); give another "
+            f"--out, or remove {existing}"
+        ) from None
+    if name != study.name or (digest is not None and digest != study.digest()):
+        other = f"another study, {name!r}" if name != study.name else f"another study named {name!r} (other settings)"
+        raise UnlearnError(f"--out {out}: holds the report of {other}; give this one another --out (or remove {out})")
+
+
 def dry_run_table(plan: Plan, records: Path | None = None) -> str:
     """The expanded grid: one line per cell with its stages' cache state (``recorded``: its
     evaluation is in ``records``, to be restored rather than built)."""
@@ -248,6 +275,7 @@ def run_study(
     stream = stream or sys.stderr
     out = Path(out)
     started = time.perf_counter()
+    check_out(out, study)
     plan = plan_study(study, cache=cache, device=device, stream=stream)
     if records is not None:
         records = Path(records)
@@ -288,6 +316,7 @@ def report_study(
 
     stream = stream or sys.stderr
     out = Path(out)
+    check_out(out, study)
     plan = plan_study(study, cache=cache, device=device, stream=stream)
     if records is not None:
         check_records(plan, Path(records))

@@ -156,6 +156,14 @@ class Study:
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
 
+    def digest(self) -> str:
+        """What identifies the study in its report (study.json): its settings, not where its file
+        is or how it is described, so two studies of one name are told apart."""
+        from ..files import json_digest
+
+        settings = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("path", "description")}
+        return json_digest(settings, length=16)
+
 
 @dataclass(frozen=True)
 class Cell:

@@ -13,7 +13,9 @@ on ``config.out`` (``OUT/.unlearn.lock``): a second run there is refused, naming
 from __future__ import annotations
 
 import copy
+import os
 import shutil
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -327,7 +329,7 @@ def _train_locked(
     from ..data.tofu import PaddingCollator, encode_samples
     from ..objectives.base import ObjectiveContext
     from . import lora
-    from .trainer import NonFiniteLossError, UnlearningTrainer
+    from .trainer import WRITE_ERRORS, CheckpointWriteError, NonFiniteLossError, UnlearningTrainer, write_reason
 
     is_main = args.process_index == 0
     out = Path(config.out)
@@ -450,6 +452,10 @@ def _train_locked(
     }
     try:
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except CheckpointWriteError as exc:  # a checkpoint that cannot be written (a full disk)
+        last = last_complete_checkpoint(ckpt_dir)
+        where = f"--resume continues from {last}" if last else "no checkpoint was written before it"
+        raise TrainingError(f"training stopped at step {exc.step}: {exc}; {where}") from exc
     except NonFiniteLossError as exc:
         last = last_complete_checkpoint(ckpt_dir)
         record.update(
@@ -472,19 +478,35 @@ def _train_locked(
         reference.release()  # the saved adapter and the merged model hold the trained adapter only
     outputs: dict[str, str] = {}
     if is_main:
-        if initial_adapter is not None:
-            lora.save_adapter(train_model, out, initial=initial_adapter)
-        else:
-            trainer.save_model(str(out))
-            (out / "training_args.bin").unlink(missing_ok=True)  # a pickle; run.json has the config
-        tokenizer.save_pretrained(str(out))
-        outputs["adapter" if not config.full_finetune else "model"] = str(out)
-        if config.merge and not config.full_finetune:
-            merged = lora.merge(train_model)
-            merged.config.use_cache = True
-            merged.save_pretrained(str(out / "merged"))
-            tokenizer.save_pretrained(str(out / "merged"))
-            outputs["merged"] = str(out / "merged")
+        # written to a staging folder inside --out, moved into place once complete: a full disk
+        # leaves no half-written adapter that looks like a finished run
+        staging = Path(tempfile.mkdtemp(prefix=".saving-", dir=out))
+        try:
+            if initial_adapter is not None:
+                lora.save_adapter(train_model, staging, initial=initial_adapter)
+            else:
+                trainer.save_model(str(staging))
+                (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle; run.json has the config
+            tokenizer.save_pretrained(str(staging))
+            if config.merge and not config.full_finetune:
+                merged = lora.merge(train_model)
+                merged.config.use_cache = True
+                merged.save_pretrained(str(staging / "merged"))
+                tokenizer.save_pretrained(str(staging / "merged"))
+                outputs["merged"] = str(out / "merged")
+        except WRITE_ERRORS as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            kept = f"; the checkpoints are kept in {ckpt_dir}" if last_complete_checkpoint(ckpt_dir) else ""
+            raise TrainingError(
+                f"--out {out}: cannot save the trained {'model' if config.full_finetune else 'adapter'}: "
+                f"{write_reason(exc, out)}{kept}"
+            ) from exc
+        for path in staging.iterdir():
+            if path.is_dir():
+                shutil.rmtree(out / path.name, ignore_errors=True)
+            os.replace(path, out / path.name)
+        staging.rmdir()
+        outputs = {"adapter" if not config.full_finetune else "model": str(out), **outputs}
     losses = logged_losses(trainer.state.log_history)
     record.update(
         status="completed",

@@ -10,6 +10,8 @@ progress bar that shows the loss instead of printing a line per log.
 from __future__ import annotations
 
 import math
+import re
+import shutil
 
 import torch
 from transformers import Trainer
@@ -25,6 +27,47 @@ class NonFiniteLossError(UnlearnError):
         self.step, self.value, self.terms = step, value, terms
         detail = ", ".join(f"{k}={v:.4g}" for k, v in terms.items())
         super().__init__(f"loss is {value} at optimizer step {step}" + (f" ({detail})" if detail else ""))
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What saving weights raises when a file cannot be written: OSError, safetensors' own
+    error, and torch.save's RuntimeError (``unexpected pos``) for a full disk."""
+    errors: tuple[type[BaseException], ...] = (OSError, RuntimeError)
+    try:
+        from safetensors import SafetensorError
+
+        errors += (SafetensorError,)
+    except ImportError:  # pragma: no cover
+        pass
+    return errors
+
+
+WRITE_ERRORS = _write_errors()
+
+
+def write_reason(exc: BaseException, folder) -> str:
+    """Why a file in ``folder`` could not be written, on one line (torch.save's zip writer says
+    only ``unexpected pos``: a disk with next to no space left is named as full)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split())
+    text = re.sub(r" \(os error \d+\)$", "", text.removeprefix("Error while serializing: ").removeprefix("I/O error: "))
+    if isinstance(exc, RuntimeError):
+        try:
+            full = shutil.disk_usage(folder).free < 1 << 20
+        except OSError:
+            full = False
+        if full:
+            return "No space left on device"
+    return text or type(exc).__name__
+
+
+class CheckpointWriteError(UnlearnError):
+    """A checkpoint could not be written (a full disk); the message names its folder."""
+
+    def __init__(self, step: int, folder, reason: str):
+        self.step = step
+        super().__init__(f"cannot write the checkpoint {folder}: {reason}")
 
 
 class LossBar(ProgressCallback):
@@ -112,4 +155,12 @@ class UnlearningTrainer(Trainer):
         for name, param in self.model.named_parameters():
             if param.requires_grad and not torch.isfinite(param.detach()).all():
                 raise NonFiniteLossError(self.state.global_step, float("nan"), {f"weights of {name}": float("nan")})
-        super()._save_checkpoint(model, trial)
+        try:
+            super()._save_checkpoint(model, trial)
+        except WRITE_ERRORS as exc:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = f"{self.args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            if self.is_world_process_zero():  # not left half-written
+                shutil.rmtree(folder, ignore_errors=True)
+            raise CheckpointWriteError(self.state.global_step, folder, write_reason(exc, self.args.output_dir)) from exc
