@@ -326,3 +326,191 @@ def test_study_out_that_is_read_only_is_refused_before_any_work(study_cache, tmp
     assert code == 1
     assert error_line(err) == f"error: --out {disk / 'report'}: cannot create {disk / 'report'} (Read-only file system)"
     assert tree(cache) == {}
+
+
+# ----------------------------------------------------------------------------- item 10: tracebacks
+
+
+def test_a_dask_scheduler_address_that_is_not_one_is_refused_before_any_work(tmp_path, capsys):
+    pytest.importorskip("distributed")
+    code, _, err = cli(
+        capsys, "study", "tiny", "--executor", "dask", "--scheduler", "notanaddress", "--out", tmp_path / "r"
+    )
+    assert code == 1
+    assert error_line(err) == (
+        "error: --scheduler notanaddress: not a Dask scheduler address (missing port number in address "
+        "'notanaddress'); give tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786"
+    )
+    assert tree(tmp_path) == {}
+
+
+def test_max_gen_toks_over_the_models_length_is_refused(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--tofu-dir",
+        tofu_dir,
+        "--tasks",
+        "tofu_forget01_rouge",
+        "--max-gen-toks",
+        "100000",
+        "--out",
+        tmp_path / "out",
+    )
+    assert code == 1
+    assert error_line(err) == (
+        f"error: --max-gen-toks 100000: over the model's maximum length (512 tokens, max_position_embeddings in "
+        f"{tiny_model_dir / 'config.json'}); give at most 512"
+    )
+    assert tree(tmp_path) == {}
+
+
+def test_a_huge_gen_margin_is_refused_when_the_study_is_read(tmp_path, capsys):
+    path = tmp_path / "study.toml"
+    path.write_text(TINY.replace("gen_margin = 4", "gen_margin = 1000000000000"))
+    code, _, err = cli(capsys, "study", path, "--dry-run", "--cache-dir", tmp_path / "cache")
+    assert code == 1
+    assert error_line(err) == f"error: {path}: [evaluation] gen_margin: must be <= 4096, got 1000000000000"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_corrupt_response_cache_is_named(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    from unlearn_plugins.evaluation.lm_eval_runner import keyed_cache_path
+    from unlearn_plugins.models import resolve_model
+
+    db = Path(keyed_cache_path(str(tmp_path / "cache"), resolve_model(str(tiny_model_dir)), None, "torch.float32"))
+    db = db.with_name(db.name + "_rank0.db")
+    db.write_bytes(b"not an SQLite database, but a file someone cut short")
+    before = tree(tmp_path)
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "--model",
+        tiny_model_dir,
+        "--tofu-dir",
+        tofu_dir,
+        "--tasks",
+        "tofu_forget01_prob",
+        "--limit",
+        "1",
+        "--device",
+        "cpu",
+        "--use-cache",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "out",
+    )
+    assert code == 1
+    assert error_line(err) == (
+        f"error: --use-cache: {db} is not a readable SQLite database (file is not a database); remove it to start "
+        "the cache afresh"
+    )
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("out,what", [(".", "the current folder"), ("..", "a folder holding the current one")])
+def test_attack_out_that_holds_the_current_folder_is_refused(out, what, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, _, err = cli(capsys, "attack", "--attack", "quantize", "--model", tiny_model_dir, "--out", out)
+    assert code == 1
+    assert error_line(err) == (
+        f"error: --out {out}: is {what}; the attacked model replaces its --out folder as a whole: give a folder of "
+        "its own, e.g. --out attacked"
+    )
+    assert tree(tmp_path) == {"here": None}
+
+
+@pytest.mark.parametrize(
+    "meta,says",
+    [
+        ({"anchors": [1, 2]}, "anchors must be an object of anchor groups, got list"),
+        ({"anchors": {"all": [1]}}, "anchors.all must be an object with easy and hard lists, got list"),
+        (
+            {"stable_by_objective": {"npo": {"easy": [7], "hard": []}}},
+            "stable_by_objective.npo.easy[0] must be an object with a question and an answer, got 7",
+        ),
+    ],
+)
+def test_stratify_names_a_malformed_metadata_file(meta, says, tofu_dir, tmp_path, capsys):
+    from unlearn_plugins.data.tofu import load_split
+
+    samples = load_split("tofu:forget01[0:6]", tofu_dir)
+    scores = tmp_path / "s.jsonl"
+    scores.write_text("".join(json.dumps({"index": s.index, "score": i / 10}) + "\n" for i, s in enumerate(samples)))
+    (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
+    before = tree(tmp_path)
+    args = ["--easy", "1", "--hard", "1", "--data", "tofu:forget01[0:6]", "--tofu-dir", tofu_dir]
+    code, _, err = cli(capsys, "stratify", scores, *args, "--out", tmp_path / "o")
+    assert code == 1
+    assert error_line(err) == f"error: {tmp_path / 's.jsonl.meta.json'}: {says}"
+    assert tree(tmp_path) == before
+
+
+def test_plugins_lists_a_component_whose_default_factory_raises(tmp_path):
+    import sys
+    import textwrap
+
+    (tmp_path / "factory_plugin.py").write_text(
+        textwrap.dedent("""
+        import dataclasses
+        from unlearn_plugins import hookimpl
+
+        def boom():
+            raise ValueError("no default here")
+
+        @dataclasses.dataclass
+        class Scorer:
+            weights: list = dataclasses.field(default_factory=boom)
+
+            def score(self, samples, *, model, tokenizer):
+                return [0.0 for _ in samples]
+
+        @hookimpl
+        def register_difficulty_scorers(register):
+            register("factory", Scorer)
+        """)
+    )
+    info = tmp_path / "factory_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: factory-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[unlearn_plugins]\nfactory-plugin = factory_plugin\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    for extra in ([], ["--json"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "unlearn_plugins.cli", "plugins", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert "<default_factory raised ValueError: no default here>" in done.stdout
+
+
+def test_a_weight_file_holding_a_malicious_pickle_is_refused_unrun(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'ran'}",))
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, model / name)
+    torch.save({"model.embed_tokens.weight": Payload()}, model / "pytorch_model.bin")
+    before = tree(tmp_path)
+    code, _, err = cli(capsys, "probs", "--model", model, "--tofu-dir", tofu_dir, "--data", "tofu:forget01[0:2]")
+    assert code == 1
+    assert error_line(err) == (
+        f"error: --model {model}: {model / 'pytorch_model.bin'} is not loadable as weights: a pickle holding a "
+        "reference to posix.system, which could run code if loaded; refused, nothing of it was run (use safetensors "
+        "weights from a source you trust)"
+    )
+    assert tree(tmp_path) == before  # and the payload did not run

@@ -132,6 +132,29 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
     assert after == before
 
 
+def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
+    """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback (the report
+    read it); the stage is now rebuilt, with a warning naming it, and the report is the same."""
+    import shutil
+
+    root = demo_run.root
+    cache = tmp_path / "cache"
+    shutil.copytree(root / "cache", cache)
+    (stage,) = cache.glob("eval-grad_diff-*")
+    (results,) = stage.rglob("results_*.json")
+    results.write_text(results.read_text()[:100])
+    args = [*demo_run.args[:-4], "--cache-dir", str(cache), "--out", str(tmp_path / "report")]
+    code, _, err = _run(args, capsys)
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    assert f"warning: the cached stage {stage} is unreadable ({results.relative_to(stage)}: " in err
+    assert err.count(": cached (") == 11  # everything else
+    before = json.loads((root / "report" / "results.json").read_text())["models"]
+    after = json.loads((tmp_path / "report" / "results.json").read_text())["models"]
+    assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
+        {k: v for k, v in r.items() if k != "eval_seconds"} for r in before
+    ]
+
+
 def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_run, capsys):
     """--robustness on the cached demo builds only its own stages (the holdout author, then every
     model's `unlearn eval --mia --robustness`) and reports them: a table row and plot per model."""

@@ -164,6 +164,32 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(rec_demo, capsys):
     ]
 
 
+def test_a_truncated_cached_evaluation_is_rebuilt(rec_demo, tmp_path, capsys):
+    """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback; the
+    stage is now rebuilt, with a warning naming it, and the report is the same."""
+    import shutil
+
+    root, args = rec_demo
+    if not (root / "report" / "results.json").is_file():
+        assert main(args) == 0
+        capsys.readouterr()
+    cache = tmp_path / "cache"
+    shutil.copytree(root / "cache", cache)
+    results = sorted(cache.glob("receval-*/**/results_*.json"))[0]
+    stage = cache / results.relative_to(cache).parts[0]
+    results.write_text(results.read_text()[:100])
+    args = [*args[: args.index("--cache-dir")], "--cache-dir", str(cache), "--out", str(tmp_path / "report")]
+    code, _, err = _run(args, capsys)
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    assert f"warning: the cached stage {stage} is unreadable ({results.relative_to(stage)}: " in err
+    assert err.count(": cached (") == 14  # everything else
+    before = json.loads((root / "report" / "results.json").read_text())["models"]
+    after = json.loads((tmp_path / "report" / "results.json").read_text())["models"]
+    assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
+        {k: v for k, v in r.items() if k != "eval_seconds"} for r in before
+    ]
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -308,6 +309,9 @@ def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = F
         model, info = AutoModelForCausalLM.from_pretrained(
             where, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         )
+    except pickle.UnpicklingError as exc:
+        files = [p for p in sorted(Path(where).glob("*.bin")) if WEIGHT_FILE.match(p.name)]
+        raise ModelError(_unsafe_pickle(f"--model {spec}", files or [Path(where)], exc)) from None
     except _load_errors() as exc:
         raise ModelError(f"--model {spec}: cannot load: {_first_line(exc)}") from None
     # transformers initialises missing weights at random and only logs it: a model folder whose
@@ -326,6 +330,19 @@ def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = F
                 f"weights do not match its config.json"
             )
     return model
+
+
+def _unsafe_pickle(what: str, files: list[Path], exc: BaseException) -> str:
+    """A .bin weight file that torch's weights-only load refuses: it pickles more than tensors
+    (a class or function to call while loading). Named and refused; never loaded in full, as
+    torch's own message advises (``weights_only=False`` could run any code)."""
+    found = re.search(r"unsupported GLOBAL (\S+)", str(exc))
+    holds = f"a reference to {found.group(1)}" if found else "objects other than tensors"
+    shown = ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (
+        f"{what}: {shown} is not loadable as weights: a pickle holding {holds}, which could run code if loaded; "
+        "refused, nothing of it was run (use safetensors weights from a source you trust)"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -428,6 +445,8 @@ def load_adapter(model, adapter: str):
 
     try:
         return PeftModel.from_pretrained(model, adapter)
+    except pickle.UnpicklingError as exc:
+        raise ModelError(_unsafe_pickle(f"--adapter {adapter}", [Path(adapter) / "adapter_model.bin"], exc)) from None
     except _load_errors() + (KeyError, RuntimeError) as exc:
         raise ModelError(f"--adapter {adapter}: cannot load: {_first_line(exc)}") from None
 

@@ -21,6 +21,17 @@ from typing import Any
 _MISSING = object()
 
 
+class _Unavailable:
+    """The default of a dataclass field whose ``default_factory`` raised: the option is listed
+    (with why) and the component itself reports the error when it is created."""
+
+    def __init__(self, text: str):
+        self.text = " ".join(text.split())[:200]
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 @dataclass(frozen=True)
 class Option:
     """One declared option: its name, type (as text), default, and help."""
@@ -101,7 +112,10 @@ def _from_dataclass(cls: type) -> Declared:
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
+            try:
+                default = f.default_factory()
+            except Exception as exc:  # noqa: BLE001 - a plugin's factory: listed, not fatal to the listing
+                default = _Unavailable(f"<default_factory raised {type(exc).__name__}: {exc}>")
         else:
             default = _MISSING
         options.append(

@@ -84,6 +84,47 @@ def _uninterrupted():
         signal.signal(signal.SIGINT, before)
 
 
+def unreadable(folder: Path) -> str | None:
+    """Why a finished stage folder cannot be used (a JSON or JSON-lines file in it that does not
+    parse: a truncated ``results_*.json``, say), or None when it can. A ``.json`` file may hold
+    JSON lines (TOFU's splits do)."""
+    import json
+
+    for path in sorted(folder.rglob("*.json*")):
+        if path.suffix not in (".json", ".jsonl") or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            try:
+                json.loads(text)
+            except ValueError:
+                if path.suffix == ".json" and "\n" not in text.strip():
+                    raise
+                for line in text.splitlines():
+                    if line.strip():
+                        json.loads(line)
+        except (OSError, ValueError) as exc:
+            return f"{path.relative_to(folder)}: {' '.join(str(exc).split())[:200]}"
+    return None
+
+
+def usable(folder: Path, stream=None) -> bool:
+    """Whether ``folder`` is a finished stage whose files can be read. A finished one that cannot
+    is removed, with a warning, so that it is built again (it would fail the report later)."""
+    if not (folder / DONE).is_file():
+        return False
+    problem = unreadable(folder)
+    if problem is None:
+        return True
+    print(
+        f"warning: the cached stage {folder} is unreadable ({problem}): rebuilding it",
+        file=stream or sys.stderr,
+        flush=True,
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    return False
+
+
 class Stages:
     """Numbered stage headers with timings, and the build-then-rename cache of a stage."""
 
@@ -114,12 +155,12 @@ class Stages:
         """``build(tmp)`` fills a temporary folder, which becomes ``folder`` when it returns."""
         self.n += 1
         n = self.n
-        if (folder / DONE).is_file():
+        if (folder / DONE).is_file() and unreadable(folder) is None:
             self.say(n, f"{label}: cached ({folder.name})")
             self.timings[label] = {"seconds": 0.0, "cached": True}
             return folder
         with exclusive_lock(folder.with_name(f".{folder.name}.lock"), f"stage {folder}"):
-            if (folder / DONE).is_file():  # finished by another demo meanwhile
+            if usable(folder, self.stream):  # finished by another demo meanwhile (or unreadable: removed)
                 self.say(n, f"{label}: cached ({folder.name})")
                 self.timings[label] = {"seconds": 0.0, "cached": True}
                 return folder

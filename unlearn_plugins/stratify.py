@@ -59,7 +59,36 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any] | None:
         raise DataError(f"{meta}: unreadable score metadata ({exc})") from None
     if not isinstance(data, dict):
         raise DataError(f"{meta}: expected a JSON object")
+    _check_anchor_lists(data, meta)
     return data
+
+
+def _check_anchor_lists(data: dict[str, Any], meta: Path) -> None:
+    """The anchor sections :func:`anchor_keys` reads, in the scorer's shape: ``SECTION: {GROUP:
+    {"easy": [{"question", "answer"}, ...], "hard": [...]}}`` (a hand-edited file is named)."""
+    for section in ("anchors", "stable_by_objective"):
+        groups = data.get(section)
+        if groups is None:
+            continue
+        if not isinstance(groups, dict):
+            raise DataError(f"{meta}: {section} must be an object of anchor groups, got {type(groups).__name__}")
+        for name, group in groups.items():
+            if not isinstance(group, dict):
+                raise DataError(
+                    f"{meta}: {section}.{name} must be an object with easy and hard lists, got {type(group).__name__}"
+                )
+            for kind in ("easy", "hard"):
+                entries = group.get(kind) or []
+                if not isinstance(entries, list):
+                    raise DataError(f"{meta}: {section}.{name}.{kind} must be a list, got {type(entries).__name__}")
+                for i, entry in enumerate(entries):
+                    if not (
+                        isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("question", "answer"))
+                    ):
+                        raise DataError(
+                            f"{meta}: {section}.{name}.{kind}[{i}] must be an object with a question and an answer, "
+                            f"got {json.dumps(entry)[:60]}"
+                        )
 
 
 def anchor_keys(meta: dict[str, Any] | None) -> set[tuple[str, str]]:

@@ -72,6 +72,12 @@ def run_attack(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UnlearnError(f"--out {out}: is an existing file, not a folder")
+    whole, cwd = Path(os.path.abspath(out)), Path.cwd()  # `--out .` has no name to put a staging folder beside
+    if not whole.name or whole == cwd or whole in cwd.parents:
+        raise UnlearnError(
+            f"--out {out}: is {'the current folder' if whole == cwd else 'a folder holding the current one'}; "
+            "the attacked model replaces its --out folder as a whole: give a folder of its own, e.g. --out attacked"
+        )
     instance, record, label = create_attack(name, dict(options or {}))
     if getattr(instance, "needs_forget_data", False) and forget is None:
         raise UnlearnError(

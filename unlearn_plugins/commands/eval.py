@@ -308,6 +308,7 @@ def run(args) -> int:
     attacks, options = _robustness_attacks(args) if args.robustness else ([], {})
     if args.max_gen_toks is not None:
         check_int("--max-gen-toks", args.max_gen_toks, 1)
+        _check_max_gen_toks(args.model, args.max_gen_toks)
     check_int("--batch-size", args.batch_size, 1)
     if args.num_fewshot is not None:
         check_int("--num-fewshot", args.num_fewshot, 0)
@@ -444,6 +445,29 @@ def run(args) -> int:
         print(f"MIA reference -> {args.save_mia_reference}")
     print(f"results -> {paths['results']} (samples beside it)")
     return 1 if failed else 0
+
+
+#: config.json keys that hold a model's maximum sequence length (Llama and most: the first)
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _check_max_gen_toks(model: str, cap: int) -> None:
+    """A cap over the model's maximum length can never be reached: said, not silently kept."""
+    import json
+
+    from ..models import resolve_model
+
+    config = Path(resolve_model(model)) / "config.json"
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a hub id, or a folder the model load names
+    key = next((k for k in LENGTH_KEYS if isinstance(values, dict) and isinstance(values.get(k), int)), None)
+    if key is not None and cap > values[key]:
+        raise UnlearnError(
+            f"--max-gen-toks {cap}: over the model's maximum length ({values[key]} tokens, {key} in {config}); "
+            f"give at most {values[key]}"
+        )
 
 
 def _check_not_overwriting_inputs(args) -> None:

@@ -126,6 +126,10 @@ def run(args) -> int:
         check_int("--threads", args.threads, 1)
     if args.scheduler and args.executor != "dask":
         raise UnlearnError("--scheduler is the address of a Dask scheduler: use it with --executor dask")
+    if args.scheduler:
+        from ..study.executors import check_scheduler
+
+        check_scheduler(args.scheduler)
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
     check_out_folder("--records", args.records)

@@ -41,7 +41,7 @@ from typing import Callable
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
 from ..models import merge_is_exact
-from ..stages import DONE, Stages, digest  # noqa: F401  (DONE, digest: public here too)
+from ..stages import DONE, Stages, digest, usable  # noqa: F401  (DONE, digest: public here too)
 from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
 #: the TOFU tasks the demo evaluates (extraction strength left out: one request per answer token)
@@ -553,12 +553,12 @@ def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path)
                 return
             waiting.remove(step)
             job = step.plan()
-            if (job.folder / DONE).is_file():
+            if usable(job.folder, stages.stream):
                 stages.say(step.number, f"{job.label}: cached ({job.folder.name})")
                 stages.timings[job.label] = {"seconds": 0.0, "cached": True}
                 done.add(step.name)
                 continue
-            parts = [p for p in (step.parts() if step.parts else []) if not (p.folder / DONE).is_file()]
+            parts = [p for p in (step.parts() if step.parts else []) if not usable(p.folder, stages.stream)]
             if parts:
                 finals[step.name] = job
                 parts_left[step.name] = {p.folder.name for p in parts}

@@ -755,6 +755,11 @@ def evaluate_model(
         limit=limit,
         save_reference=save_reference,
     )
+    chosen = pick_device(device)
+    dtype_name = str(pick_dtype(chosen, dtype))
+    if use_cache:  # checked before the model loads
+        use_cache = keyed_cache_path(use_cache, where, adapter, dtype_name, merge_adapter)
+        check_response_cache(use_cache + "_rank0.db")
     loaded, tokenizer = loaded or load_model(
         model,
         device=device,
@@ -772,12 +777,11 @@ def evaluate_model(
         trust_remote_code=trust_remote_code,
         softmax_dtype="float32",
     )
-    chosen = pick_device(device)
     describe = {
         "model": model,
         "adapter": adapter,
         "device": chosen,
-        "dtype": str(pick_dtype(chosen, dtype)),
+        "dtype": dtype_name,
         "limit": limit,
         "batch_size": batch_size,
         "retain_references": list(retain_references),
@@ -786,7 +790,6 @@ def evaluate_model(
     }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
     if use_cache:
-        use_cache = keyed_cache_path(use_cache, where, adapter, describe["dtype"], merge_adapter)
         describe["response_cache"] = use_cache + "_rank0.db"
     return evaluate(
         lm,
@@ -797,6 +800,22 @@ def evaluate_model(
         model_args=model_args,
         use_cache=use_cache,
     )
+
+
+def check_response_cache(path: str) -> None:
+    """An existing response cache must be an SQLite database lm-eval can open (sqlitedict fails
+    on a corrupt one inside its thread, with two tracebacks)."""
+    import sqlite3
+
+    if not os.path.exists(path):
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            db.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.Error as exc:
+        raise UnlearnError(
+            f"--use-cache: {path} is not a readable SQLite database ({exc}); remove it to start the cache afresh"
+        ) from None
 
 
 def keyed_cache_path(use_cache: str, where: str, adapter: str | None, dtype: str, merged: bool = False) -> str:

@@ -281,7 +281,7 @@ class DaskExecutor:
         if address:
             try:
                 self.client = Client(address, timeout="20s")
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError, ValueError) as exc:
                 raise UnlearnError(f"--scheduler {address}: cannot connect ({exc})") from None
         else:
             env = {name: str(self.threads) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -360,6 +360,21 @@ class DaskExecutor:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+def check_scheduler(address: str) -> None:
+    """--scheduler's address, before any work (Dask's own error came as a traceback once the
+    first cell was ready): Dask installed, and a scheme it knows with a host and a port."""
+    try:
+        from distributed.comm import get_address_host_port
+    except ImportError:
+        raise UnlearnError("--executor dask needs Dask: pip install 'unlearn-plugins[dask]'") from None
+    try:
+        get_address_host_port(address)
+    except (ValueError, TypeError) as exc:
+        raise UnlearnError(
+            f"--scheduler {address}: not a Dask scheduler address ({exc}); give tcp://HOST:PORT, e.g. tcp://10.0.0.5:8786"
+        ) from None
 
 
 def make_executor(kind: str, workers: int, *, scheduler: str | None = None, threads: int | None = None):

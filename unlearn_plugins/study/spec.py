@@ -28,6 +28,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "studies"
+#: [evaluation] gen_margin's largest value: new tokens past the longest answer (a larger one
+#: was accepted, then failed late, or over any model's length)
+MAX_GEN_MARGIN = 4096
 #: the model alias of a randomly initialised 2-layer Llama built in code (unlearn_plugins.testing)
 TINY_MODEL = "tiny-llama"
 TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation")
@@ -252,6 +255,7 @@ class _Reader:
         *,
         required: bool = False,
         minimum: float | None = None,
+        maximum: float | None = None,
         choices=None,
     ) -> Any:
         if key not in values:
@@ -270,6 +274,8 @@ class _Reader:
                 raise self.error(table, key, f"must be a table, got {_show(value)}")
         if minimum is not None and value < minimum:
             raise self.error(table, key, f"must be >= {minimum:g}, got {_show(value)}")
+        if maximum is not None and value > maximum:
+            raise self.error(table, key, f"must be <= {maximum:g}, got {_show(value)}")
         if choices is not None and value not in choices:
             raise self.error(table, key, f"must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
         return value
@@ -607,7 +613,7 @@ class _Reader:
             tasks=tuple(tasks),
             mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
             batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
-            gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0),
+            gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0, maximum=MAX_GEN_MARGIN),
             dtype=self.get("evaluation", values, "dtype", "str", None, choices=DTYPES),
             robustness=robustness,
         )
