@@ -514,3 +514,100 @@ def test_a_weight_file_holding_a_malicious_pickle_is_refused_unrun(tiny_model_di
         "weights from a source you trust)"
     )
     assert tree(tmp_path) == before  # and the payload did not run
+
+
+# ----------------------------------------------------------------------------- item 11: misleading messages
+
+
+def test_forget_split_takes_the_tofu_prefix(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """`--forget-split tofu:forget01` said "split 'tofu:forget01' not found ... available: forget01"."""
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+
+    common = ["--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--tasks", "tofu_forget_prob", "--limit", "2"]
+    for split, out in (("tofu:forget01", "a"), ("forget01", "b")):
+        code, _, err = cli(capsys, "eval", *common, "--forget-split", split, "--device", "cpu", "--out", tmp_path / out)
+        assert code == 0, err[-2000:]
+    a, b = (read_outputs(tmp_path / out).summary["metrics"] for out in "ab")
+    assert a == b
+
+
+def test_robustness_attacks_measure_a_plain_split_name(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """The quantize attack (and plugin attacks) failed with the same self-contradicting message
+    when --forget-split was a plain TOFU name."""
+    args = ["--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--robustness", "--robustness-attacks", "quantize"]
+    code, out, err = cli(
+        capsys, "eval", *args, "--forget-split", "forget01", "--limit", "1", "--device", "cpu", "--out", tmp_path / "o"
+    )
+    assert code == 0, err[-3000:]
+    assert "failed" not in out and "not found" not in err
+    assert re.search(r"\|quantize \(attack\)\s*\|\s*\d", out), out
+
+
+@pytest.mark.parametrize("name", ["loop.json", "loop"])
+def test_a_symlink_loop_as_data_is_named_as_one(name, tiny_model_dir, tofu_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).symlink_to(name)
+    code, _, err = cli(capsys, "probs", "--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--data", name)
+    assert code == 1
+    assert error_line(err) == f"error: data '{name}': {name} is a symbolic link loop (it leads back to itself)"
+
+
+def test_study_errors_name_the_study_files_keys_not_flags(tmp_path, capsys):
+    """`[model] base` was reported as `--model X`, `[benchmark] tofu_dir` as "from --tofu-dir"."""
+    base = tmp_path / "base.toml"
+    base.write_text(TINY.replace('base = "tiny-llama"', 'base = "/nonexistent/model"'))
+    tofu = tmp_path / "tofu.toml"
+    tofu.write_text(TINY.replace('source = "generated"', 'source = "tofu"\ntofu_dir = "/nonexistent/tofu"'))
+    for path, says in (
+        (base, "[model] base: /nonexistent/model: no such folder"),
+        (tofu, "[benchmark] tofu_dir: TOFU folder not found: /nonexistent/tofu"),
+    ):
+        code, _, err = cli(capsys, "study", path, "--dry-run", "--cache-dir", tmp_path / "cache")
+        assert code == 1
+        assert error_line(err) == f"error: {path}: {says}"
+        assert "--model" not in err and "--tofu-dir" not in err
+
+
+def test_a_target_given_as_an_adapter_folder_is_refused_naming_its_base(tiny_model_dir, tmp_path, capsys):
+    """Its cells failed late, each with a 2 KB regex of module names."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_model_dir)}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    head, rest = TINY.split("[target]", 1)
+    path = tmp_path / "study.toml"
+    path.write_text(
+        head
+        + f'[target]\ngiven = "{adapter}"\n\n[retain.given]\n1 = "{tiny_model_dir}"\n\n[budget]'
+        + rest.split("[budget]", 1)[1]
+    )
+    code, _, err = cli(capsys, "study", path, "--dry-run", "--cache-dir", tmp_path / "cache")
+    assert code == 1
+    assert error_line(err) == (
+        f"error: {path}: [target] given: {adapter} is a LoRA adapter folder (trained on {tiny_model_dir}), not a "
+        "whole model; merge it into its base (unlearn finetune --merge writes OUT/merged) and give that folder"
+    )
+
+
+def test_non_finite_option_values_are_refused_when_checked(tiny_model_dir, tofu_dir, tmp_path, capsys):
+    """`alpha = inf` was accepted; training then stopped on a non-finite loss advising a lower --lr."""
+    path = tmp_path / "study.toml"
+    path.write_text(
+        TINY.replace('objective = "grad_diff"', 'objective = "grad_diff"\nobjective_options = { alpha = inf }')
+    )
+    code, _, err = cli(capsys, "study", path, "--dry-run", "--cache-dir", tmp_path / "cache")
+    assert code == 1
+    assert error_line(err) == (
+        f"error: {path}: [methods.grad_diff] objective: objective 'grad_diff' (plugin 'builtin-objectives') rejected "
+        "its options {'alpha': inf}: option 'alpha' must be a finite number, got inf"
+    )
+    out = tmp_path / "run"
+    code, _, err = cli(
+        capsys, *train_args("run", tiny_model_dir, tofu_dir, out, "--objective-option", "alpha=NaN", "--max-steps", "1")
+    )
+    assert code == 1
+    assert error_line(err) == (
+        "error: objective 'grad_diff' (plugin 'builtin-objectives') rejected its options {'alpha': nan}: option "
+        "'alpha' must be a finite number, got nan"
+    )
+    assert not out.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -266,6 +267,9 @@ def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     assert f"FAILED  grad_diff/forget1/seed6: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
+    # the study's own line is the last one, not multiprocessing's resource_tracker warning (issue 32 item 11)
+    assert err.strip().splitlines()[-1].startswith("error: 1 of "), err[-1000:]
+    assert "resource_tracker" not in err
     first = report(out)
     assert first["failed"] == ["grad_diff/forget1/seed6"]
     assert first["cells"]["grad_diff/forget1/seed7"]["status"] == "done"  # a new worker went on
@@ -308,6 +312,34 @@ def test_a_stopped_study_leaves_no_worker_behind(how, tmp_path):
     else:
         assert proc.returncode == -signal.SIGKILL
     assert _gone(worker, 30), f"worker {worker} still running after the study stopped ({how})"
+    assert not list(cache.glob("*.tmp-*"))
+
+
+def test_a_ctrl_c_that_reaches_only_the_workers_stops_the_study(tmp_path):
+    """Issue 32, item 11: a script's background study ignores SIGINT (no job control), its
+    workers do not; a Ctrl-C of the script stopped the workers, and the study went on reporting
+    their cells as "died: exit code 0". The study now stops as on its own Ctrl-C: exit 130,
+    one line naming the interrupted worker, no temporary stage folder left."""
+    cache = tmp_path / "cache"
+    path = study_file(tmp_path, [0], methods=["grad_diff"])
+    proc = run_cli(
+        path,
+        "--workers",
+        "2",
+        "--out",
+        tmp_path / "report",
+        "--cache-dir",
+        cache,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    _wait_for(lambda: next(iter(cache.glob("target-*.tmp-*")), None), 600, proc)
+    time.sleep(1)  # the worker is inside the stage, its SIGINT handler set
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "died: exit code" not in err, err[-3000:]
+    assert re.fullmatch(r"interrupted \(in worker \d \(pid \d+\)\)", err.strip().splitlines()[-1]), err[-1000:]
     assert not list(cache.glob("*.tmp-*"))
 
 

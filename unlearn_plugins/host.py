@@ -43,7 +43,7 @@ from .errors import (
     UnlearnError,
 )
 from .interfaces import HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND
-from .options import Declared, declared_options, name_problems, type_problems, values_in_use
+from .options import Declared, declared_options, finite_problems, name_problems, type_problems, values_in_use
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -541,7 +541,7 @@ def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, di
     def refuse(problem: str, exc: BaseException | None = None):
         raise PluginLoadError(f"{component.label} rejected its options {options}: {problem}") from exc
 
-    problems = name_problems(declared, options)
+    problems = name_problems(declared, options) + finite_problems(options)
     if problems:
         refuse("; ".join(problems))
     try:

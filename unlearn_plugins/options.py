@@ -223,6 +223,23 @@ def type_problems(declared: Declared | None, given: dict[str, Any]) -> list[str]
     return problems
 
 
+def finite_problems(given: dict[str, Any]) -> list[str]:
+    """Given values that are NaN or infinite (a study's ``alpha = inf``; JSON's ``Infinity``):
+    accepted, they made the loss non-finite and the error said "lower --lr"."""
+    import math
+
+    def bad(value: Any) -> bool:
+        if isinstance(value, float):
+            return not math.isfinite(value)
+        if isinstance(value, (list, tuple)):
+            return any(bad(v) for v in value)
+        if isinstance(value, dict):
+            return any(bad(v) for v in value.values())
+        return False
+
+    return [f"option {name!r} must be a finite number, got {value!r}" for name, value in given.items() if bad(value)]
+
+
 def name_problems(declared: Declared | None, given: dict[str, Any]) -> list[str]:
     """Unknown option names (unless the component takes any) and missing required ones."""
     if declared is None:

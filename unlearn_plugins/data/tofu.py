@@ -179,6 +179,21 @@ def parse_spec(spec: str) -> tuple[str, slice | None]:
     return match.group("name"), sl
 
 
+def check_link(path: Path, what: str) -> None:
+    """A symbolic link that leads nowhere (a loop, a missing target) is named as one, not
+    reported as a missing file or TOFU split."""
+    import errno
+
+    if not path.is_symlink() or path.exists():
+        return
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DataError(f"{what}: {path} is a symbolic link loop (it leads back to itself)") from None
+    raise DataError(f"{what}: {path} is a symbolic link to {os.readlink(path)}, which does not exist")
+
+
 def load_split(
     spec: str,
     tofu_dir: str | os.PathLike | None = None,
@@ -193,6 +208,7 @@ def load_split(
         raise DataError(f"bad data spec {spec!r}: cannot expand {name!r}") from None
     if candidate.is_dir() and (candidate.is_absolute() or os.sep in name or name.startswith(".")):
         raise DataError(f"data {spec!r}: {candidate} is a folder; give a JSON-lines file or tofu:SPLIT")
+    check_link(candidate, f"data {spec!r}")
     if name.endswith(".json") or name.endswith(".jsonl") or candidate.is_file():
         path = candidate
     else:

@@ -611,6 +611,8 @@ def run_in_parallel(steps: list[Step], stages: Stages, workers: int, logs: Path)
                 break
             for event in executor.events(0.5):
                 kind, cell = event[0], event[1]
+                if kind == "interrupted":  # Ctrl-C reached a worker (this process may ignore SIGINT)
+                    raise KeyboardInterrupt(f"(in {event[2]})")
                 if cell not in running:
                     continue
                 step, job, part = running[cell]

@@ -83,7 +83,7 @@ def run_attacks(
     name, _ = parse_spec(forget_split)
     forget = (
         forget_split
-        if name.endswith((".json", ".jsonl")) or Path(name).expanduser().is_file()
+        if name.endswith((".json", ".jsonl")) or Path(name).expanduser().is_file() or forget_split.startswith("tofu:")
         else f"tofu:{forget_split}"
     )
     results: dict[str, Any] = {}

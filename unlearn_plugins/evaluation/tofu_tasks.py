@@ -32,7 +32,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
 from lm_eval.api.task import ConfigurableTask
 
-from ..data.tofu import control_token_in, control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
+from ..data.tofu import check_link, control_token_in, control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
 from ..errors import DataError
 from . import tofu_metrics as tm
 from .reference import HINT, Reference, references_from, sample_key
@@ -172,8 +172,10 @@ def _split_path(split: str, folder: Path | None, tofu_dir: str | None = None) ->
     configured but missing), else SPLIT.json in ``folder`` (None: ``tofu_dir``, else
     UNLEARN_TOFU_DIR, else the hub copy)."""
     candidate = Path(split).expanduser()
+    check_link(candidate, f"split {split!r}")
     if split.endswith((".json", ".jsonl")) or candidate.is_file():
         return candidate
+    split = split.removeprefix("tofu:")  # as --forget and --data spell it
     folder = folder or resolve_tofu_dir(tofu_dir)
     path = folder / f"{split}.json"
     if not path.is_file():

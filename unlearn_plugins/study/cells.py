@@ -102,6 +102,7 @@ class Plan:
 def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, str]:
     """(model folder or id, key of its weights) of the study's base model. ``tiny-llama`` is
     built into the cache (``stages`` None, a dry run: not built, its key only)."""
+    from ..errors import ModelError
     from ..models import resolve_model, weights_fingerprint
 
     if study.model == TINY_MODEL:
@@ -117,7 +118,11 @@ def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, s
 
             run_stage(stages, f"build the {TINY_MODEL} base model", folder, build)
         return str(folder / "model"), key
-    where = resolve_model(study.model)  # converts the embedded model once per machine
+    try:
+        where = resolve_model(study.model)  # converts the embedded model once per machine
+    except ModelError as exc:  # named as the study file has it, not as a --model flag
+        reason = str(exc).removeprefix(f"--model {study.model}: ")
+        raise UnlearnError(f"{study.path}: [model] base: {study.model}: {reason}") from None
     fingerprint = weights_fingerprint(where)
     return where, digest(STUDY_FORMAT, "weights", fingerprint or study.model)
 
@@ -134,6 +139,8 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
     from ..demo.benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
     from ..errors import DataError
 
+    if study.tofu_dir and not Path(study.tofu_dir).expanduser().is_dir():  # not "from --tofu-dir"
+        raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
     try:
         tofu = find_tofu(study.source, study.tofu_dir, study.authors)
     except DataError as exc:

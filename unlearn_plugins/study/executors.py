@@ -31,6 +31,8 @@ from ..errors import UnlearnError
 from .cells import CellTask, execute_cell, resident_mb
 
 EXECUTORS = ("local", "dask")
+#: a local worker's exit status after an interrupt (SIGINT), as a shell's 128 + 2
+INTERRUPTED_EXIT = 130
 
 
 def threads_per_worker(workers: int) -> int:
@@ -88,6 +90,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growt
     parent = os.getppid()
     _watch_parent(parent)
     first_mb = None
+    cell = None
     try:
         while True:
             try:
@@ -98,16 +101,28 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growt
                 continue
             if task is None:
                 return
-            outbox.put(("start", task.plan.cell.id, where))
+            cell = task.plan.cell.id
+            outbox.put(("start", cell, where))
             result = execute_cell(task, lambda *event: outbox.put(event))
             now_mb = resident_mb()
             first_mb = now_mb if first_mb is None else first_mb
             retire = growth_mb is not None and now_mb is not None and now_mb > first_mb + growth_mb
-            outbox.put(("done", task.plan.cell.id, {**result, "worker": where, "retired": retire}))
+            outbox.put(("done", cell, {**result, "worker": where, "retired": retire}))
+            cell = None
             if retire:
                 return
     except KeyboardInterrupt:  # the stage being built has removed its temporary folder
-        return
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study's own SIGINT may follow: leave quietly
+        # said to the study, which stops too: a Ctrl-C that reached the workers but not the
+        # study itself (started with SIGINT ignored, as a script's background job) went on
+        # to report the cells as died with exit code 0
+        try:
+            outbox.put(("interrupted", cell, where))
+            if os.getppid() != parent:  # no one reads it: exit without waiting to send it
+                outbox.cancel_join_thread()
+        except (OSError, ValueError):
+            pass
+        raise SystemExit(INTERRUPTED_EXIT) from None
 
 
 def _watch_parent(parent: int, every: float = 2.0) -> None:
@@ -123,6 +138,17 @@ def _watch_parent(parent: int, every: float = 2.0) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
+def _quiet_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a process of its own, started with the first queue)
+    warns at exit about the semaphores a killed worker left, after the study's last line; it
+    removes them all the same. Its ``-W`` options are this process's (sys.warnoptions)."""
+    import sys
+
+    option = "ignore:resource_tracker:UserWarning"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
+
+
 class LocalExecutor:
     """N worker processes on this machine; the runner hands a cell to an idle one."""
 
@@ -131,6 +157,7 @@ class LocalExecutor:
     def __init__(self, workers: int, threads: int | None = None):
         import multiprocessing
 
+        _quiet_resource_tracker()
         self.workers = workers
         self.threads = threads or threads_per_worker(workers)
         self.gpus = _gpu_count()
@@ -211,6 +238,10 @@ class LocalExecutor:
             if state["cell"] is None:
                 continue
             code = proc.exitcode
+            if code in (INTERRUPTED_EXIT, -signal.SIGINT):  # its own event was lost: the same interrupt
+                events.append(("interrupted", state["cell"], f"worker {slot} (pid {proc.pid})"))
+                state["cell"] = None
+                continue
             how = (
                 f"killed by signal {-code} ({signal.Signals(-code).name})" if code and code < 0 else f"exit code {code}"
             )

@@ -160,6 +160,8 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
                 continue
             for event in executor.events(0.5):
                 kind, cell = event[0], event[1]
+                if kind == "interrupted":  # Ctrl-C reached a worker (this process may ignore SIGINT)
+                    raise KeyboardInterrupt(f"(in {event[2]})")
                 if cell not in running:
                     continue
                 if kind == "start":

@@ -431,6 +431,31 @@ class _Reader:
             return str(self.relative(value))
         return value
 
+    def given_model(self, table: str, key: str, value: str) -> str:
+        """A given target or retain model: :meth:`model_path`, refused when it is a LoRA adapter
+        folder (its cells failed late, with a 2 KB regex of module names)."""
+        import json
+
+        path = self.model_path(value)
+        folder = Path(path).expanduser()
+        if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+            try:
+                base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            except (OSError, ValueError, AttributeError):
+                base = None
+            merged = folder / "merged"
+            hint = (
+                f'its merged model is {merged}: given = "{merged}"'
+                if (merged / "config.json").is_file()
+                else "merge it into its base (unlearn finetune --merge writes OUT/merged) and give that folder"
+            )
+            raise self.error(
+                table,
+                key,
+                f"{folder} is a LoRA adapter folder{f' (trained on {base})' if base else ''}, not a whole model; {hint}",
+            )
+        return path
+
     def recipe(self, table: str, values: dict, base: Recipe | None) -> Recipe:
         from ..training.config import FinetuneConfig
 
@@ -457,7 +482,7 @@ class _Reader:
             extra = [k for k in target_t if k != "given"]
             if extra:
                 raise self.error("target", extra[0], "a given target has no recipe; remove it or 'given'")
-            target = Recipe(given=self.model_path(given))
+            target = Recipe(given=self.given_model("target", "given", given))
         else:
             target = self.recipe("target", target_t, None)
         retain_given: dict[int, str] = {}
@@ -475,7 +500,7 @@ class _Reader:
                     )
                 if not isinstance(value, str) or not value:
                     raise self.error("retain.given", key, f"must be a model folder or hub id, got {_show(value)}")
-                retain_given[int(key)] = self.model_path(value)
+                retain_given[int(key)] = self.given_model("retain.given", key, value)
             missing = [k for k in forget_sizes if k not in retain_given]
             if missing:
                 raise self.error("retain.given", str(missing[0]), "missing: give a retain model for every forget size")
