@@ -603,11 +603,12 @@ def test_non_finite_option_values_are_refused_when_checked(tiny_model_dir, tofu_
     )
     out = tmp_path / "run"
     code, _, err = cli(
-        capsys, *train_args("run", tiny_model_dir, tofu_dir, out, "--objective-option", "alpha=NaN", "--max-steps", "1")
+        capsys,
+        *train_args("run", tiny_model_dir, tofu_dir, out, "--objective-option", "alpha=Infinity", "--max-steps", "1"),
     )
     assert code == 1
     assert error_line(err) == (
-        "error: objective 'grad_diff' (plugin 'builtin-objectives') rejected its options {'alpha': nan}: option "
-        "'alpha' must be a finite number, got nan"
+        "error: objective 'grad_diff' (plugin 'builtin-objectives') rejected its options {'alpha': inf}: option "
+        "'alpha' must be a finite number, got inf"
     )
     assert not out.exists()

@@ -541,7 +541,7 @@ def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, di
     def refuse(problem: str, exc: BaseException | None = None):
         raise PluginLoadError(f"{component.label} rejected its options {options}: {problem}") from exc
 
-    problems = name_problems(declared, options) + finite_problems(options)
+    problems = name_problems(declared, options)
     if problems:
         refuse("; ".join(problems))
     try:
@@ -550,7 +550,9 @@ def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, di
         refuse(_describe_error(exc), exc)
     except Exception as exc:  # a plugin's own check (ValueError, assert ...) or a value of the wrong type
         refuse("; ".join(type_problems(declared, options)) or _describe(exc), exc)
-    problems = type_problems(declared, options)  # after the constructor: its own message comes first
+    # after the constructor: its own message comes first; a NaN or infinity it let through
+    # (alpha = inf) would make the loss non-finite and the error advise a lower --lr
+    problems = type_problems(declared, options) + finite_problems(options)
     if problems:
         refuse("; ".join(problems))
     protocol = PROTOCOL_OF_KIND.get(kind)
