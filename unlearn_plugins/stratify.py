@@ -12,6 +12,7 @@ samples the score file's metadata (``FILE.meta.json``) lists as anchors are drop
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,6 +22,9 @@ from .errors import DataError
 from .interfaces import QASample
 
 PERTURBED_FIELDS = ("paraphrased_answer", "perturbed_answer")
+# What the cud scorer writes in a row's ``anchor`` besides null: the kind of anchor the sample was
+# ("mixed": different kinds for different objectives). true / false are accepted from other tools.
+ANCHOR_ROLES = ("easy", "hard", "mixed")
 
 
 def read_scores(path: str | os.PathLike) -> list[dict]:
@@ -29,12 +33,28 @@ def read_scores(path: str | os.PathLike) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: score file not found")
     rows = []
+    line_of: dict[int, int] = {}
     for lineno, row in iter_jsonl(path):
         if not isinstance(row, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object")
         for key, kind in (("index", int), ("score", (int, float))):
             if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
                 raise DataError(f"{path}:{lineno}: field '{key}' is missing or not a number")
+        if isinstance(row["score"], float) and not math.isfinite(row["score"]):
+            raise DataError(
+                f"{path}:{lineno}: field 'score' is {json.dumps(row['score'])}; scores must be finite numbers"
+            )
+        if row["index"] in line_of:
+            raise DataError(
+                f"{path}:{lineno}: index {row['index']} is scored twice (lines {line_of[row['index']]} and {lineno})"
+            )
+        anchor = row.get("anchor")
+        if not (anchor is None or isinstance(anchor, bool) or anchor in ANCHOR_ROLES):
+            raise DataError(
+                f"{path}:{lineno}: field 'anchor' must be true, false, null or the anchor's role "
+                f"({', '.join(map(repr, ANCHOR_ROLES))}, as the cud scorer writes), got {json.dumps(anchor)}"
+            )
+        line_of[row["index"]] = lineno
         row["_line"] = lineno
         rows.append(row)
     if not rows:
@@ -252,9 +272,20 @@ def stratify_groups(
 def _score_of(row: dict, objective: str | None, where: str) -> float:
     if objective is None:
         return row["score"]
-    value = (row.get("score_by_objective") or {}).get(objective)
+    by_objective = row.get("score_by_objective") or {}
+    if not isinstance(by_objective, dict):
+        raise DataError(
+            f"{where}:{row.get('_line', '?')}: field 'score_by_objective' must be an object of scores by "
+            f"objective, got {type(by_objective).__name__}"
+        )
+    value = by_objective.get(objective)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(
+            f"{where}:{row.get('_line', '?')}: score_by_objective[{objective!r}] is {json.dumps(value)}; "
+            "scores must be finite numbers"
+        )
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        have = ", ".join(row.get("score_by_objective") or {}) or "none (score with per_objective=true)"
+        have = ", ".join(by_objective) or "none (score with per_objective=true)"
         raise DataError(
             f"{where}:{row.get('_line', '?')}: no score for objective {objective!r} (score_by_objective has: {have})"
         )

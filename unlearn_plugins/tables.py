@@ -21,6 +21,12 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, numbers_
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *map(line, cells[1:])])
 
 
+def markdown_cell(text: str) -> str:
+    """Text for a cell of a Markdown pipe table: ``|`` escaped (it would start another column)
+    and line breaks as spaces (they would end the row)."""
+    return " ".join(str(text).replace("|", "\\|").splitlines())
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A Markdown pipe table, cells as given (no padding)."""
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
@@ -39,4 +45,4 @@ def lm_eval_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     return writer.dumps().rstrip("\n")
 
 
-__all__ = ["text_table", "markdown_table", "lm_eval_table"]
+__all__ = ["text_table", "markdown_cell", "markdown_table", "lm_eval_table"]

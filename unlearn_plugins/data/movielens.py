@@ -187,11 +187,20 @@ def _both(folder: Path, ratings: str, movies: str) -> tuple[Path, Path]:
 
 
 def _lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of the non-blank lines; bytes the encoding cannot read name the line."""
+    """(line number, text) of the non-blank lines; bytes the encoding cannot read name the line.
+    A last line without a line end is an error: MovieLens' and RecBole's files end every line,
+    so it is a file cut off mid-line, and the fragment would still parse (a timestamp cut to
+    ``88`` is a rating of 1970, an item id cut to ``24`` another movie)."""
     try:
         raw_lines = path.read_bytes().split(b"\n")
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if raw_lines[-1].strip():
+        raise DataError(
+            f"{path}:{len(raw_lines)}: the last line has no line end: the file looks cut off mid-line (an "
+            f"interrupted download or copy), so the line may be a fragment; get the whole file again, or end the "
+            f"line with a newline if it is complete"
+        )
     for lineno, raw in enumerate(raw_lines, start=1):
         try:
             text = raw.decode(encoding).rstrip("\r")

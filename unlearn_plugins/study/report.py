@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import tables
-from ..errors import UnlearnError
+from ..errors import DataError, UnlearnError
 from ..files import atomic_open, write_json
 from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
 
@@ -66,20 +66,171 @@ REPORT_FORMAT = 1
 # ----------------------------------------------------------------------------- one evaluation
 
 
-def read_evaluation(folder: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """(summary, samples per task) of an evaluation stage folder."""
+class CorruptEvaluation(DataError, ValueError):
+    """An evaluation whose files parse but hold what no evaluation writes (a damaged or
+    hand-edited record or cache): a string, list or NaN where a number belongs, a number out of
+    its range, a list where an object belongs, a reported number missing. The message names the
+    file and the field; the cell is failed (never averaged), a run rebuilds a cached one."""
+
+
+#: the range of each TOFU metric an evaluation summary holds per task
+METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "prob": (0.0, 1.0),
+    "rouge1_recall": (0.0, 1.0),
+    "rougeL_recall": (0.0, 1.0),
+    "extraction_strength": (0.0, 1.0),
+    "forget_quality": (0.0, 1.0),
+    "truth_ratio": (0.0, None),
+}
+#: the numbers every study evaluation has (its tasks are required by the study file): one
+#: missing is a damaged file, not a value to leave out of the seeds' mean
+REQUIRED_METRICS = (
+    "forget_quality",
+    "model_utility",
+    "forget_prob",
+    "forget_rougeL",
+    "extraction_strength",
+    "retain_prob",
+)
+
+
+def _shown(path: Path, root: Path) -> str:
+    """A file of an evaluation, named from its stage folder (``eval-.../…/results_<date>.json``)."""
+    try:
+        return str(Path(path).relative_to(root.parent))
+    except ValueError:
+        return str(path)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else type(value).__name__
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def checked_number(
+    value: Any, where: str, bounds: tuple[float | None, float | None] = (None, None), *, required: bool = False
+) -> float | None:
+    """``value`` as a float when it is a finite number within ``bounds`` (None stays None unless
+    ``required``); otherwise :class:`CorruptEvaluation` naming ``where`` (file and field)."""
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CorruptEvaluation(f"{where} must be a number, got {_kind(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise CorruptEvaluation(f"{where} is {_kind(value)}, not a finite number")
+    lo, hi = bounds
+    if (lo is not None and number < lo) or (hi is not None and number > hi):
+        span = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+        raise CorruptEvaluation(f"{where} is {value!r}, outside its range {span}")
+    return number
+
+
+def _object(value: Any, where: str, default: Any = None) -> dict:
+    """``value`` when it is a JSON object (a missing one is ``default``); else CorruptEvaluation."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, dict):
+        raise CorruptEvaluation(f"{where} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def _check_summary(summary: Any, where: str, prefix: str) -> dict:
+    """The shapes and numbers of an evaluation summary that the report reads."""
+    summary = _object(summary, f"{where}: field {prefix.rstrip('.') or 'the summary'!r}")
+    field = lambda *keys: f"{where}: field '{prefix}{'.'.join(map(str, keys))}'"  # noqa: E731
+    for task, entry in _object(summary.get("metrics"), field("metrics"), {}).items():
+        for metric, value in _object(entry, field("metrics", task)).items():
+            if metric in METRIC_RANGES:  # TOFU's metrics (what the report reads); others are not read
+                checked_number(value, field("metrics", task, metric), METRIC_RANGES[metric])
+    for task, entry in _object(summary.get("forget_quality"), field("forget_quality"), {}).items():
+        entry = _object(entry, field("forget_quality", task))
+        checked_number(entry.get("value"), field("forget_quality", task, "value"), (0.0, 1.0))
+    mu = _object(summary.get("model_utility"), field("model_utility"), {})
+    checked_number(mu.get("value"), field("model_utility", "value"), (0.0, 1.0))
+    return summary
+
+
+def _read_samples(path: Path, where: str, checks: Sequence[str]) -> list[dict]:
+    """The rows of a samples file; each a JSON object with an integer ``doc_id`` and, for the
+    ``checks`` metrics (the ones Model Utility is recomputed from), a number in its range."""
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise CorruptEvaluation(f"{where}:{lineno}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
+        if not isinstance(row, dict):
+            raise CorruptEvaluation(f"{where}:{lineno}: must be a JSON object, got {_kind(row)}")
+        if checks:
+            doc_id = row.get("doc_id")
+            if isinstance(doc_id, bool) or not isinstance(doc_id, int):
+                raise CorruptEvaluation(f"{where}:{lineno}: field 'doc_id' must be an integer, got {_kind(doc_id)}")
+            for metric in checks:
+                checked_number(
+                    row.get(metric), f"{where}:{lineno}: field {metric!r}", METRIC_RANGES[metric], required=True
+                )
+        rows.append(row)
+    return rows
+
+
+def _results_file(folder: Path) -> Path:
+    """The results file ``read_outputs`` reads (lm-eval's latest ``results_<date>.json``)."""
+    from lm_eval.utils import get_latest_filename, get_results_filenames
+
+    found = get_results_filenames(
+        [str(p) for p in sorted(folder.glob("*/*.json*")) if not p.parent.name.startswith(".")]
+    )
+    return Path(get_latest_filename(found)) if found else folder / "summary.json"
+
+
+def read_evaluation(folder: Path, root: Path | None = None) -> tuple[dict, dict[str, list[dict]]]:
+    """(summary, samples per task) of an evaluation stage folder (``root``: the stage folder
+    that holds it, which errors name files from). Every shape and number the report reads is
+    checked: :class:`CorruptEvaluation` names the file and the field (JSON that does not parse
+    is a ValueError)."""
     from ..evaluation import lm_eval_runner as runner
 
+    folder = Path(folder)
+    root = Path(root) if root is not None else folder
     reader = getattr(runner, "read_outputs", None)
     if reader is not None:
-        written = reader(folder)
+        try:
+            written = reader(folder)
+        except (AttributeError, TypeError):  # the results file holds no JSON object
+            name = _shown(_results_file(folder), root)
+            raise CorruptEvaluation(f"{name}: must hold a JSON object of lm-eval results") from None
+        except DataError as exc:  # no results file at all
+            raise CorruptEvaluation(str(exc)) from None
+        except ValueError as exc:
+            name = _shown(_results_file(folder), root)
+            raise CorruptEvaluation(f"{name}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
         summary, files = written.summary, written.samples
+        results = written.results
+        name = _shown(_results_file(folder), root)
+        if isinstance(results, dict) and runner.SUMMARY_KEY not in results:
+            raise CorruptEvaluation(f"{name}: no field {runner.SUMMARY_KEY!r} (the evaluation's summary)")
+        summary = _check_summary(summary, name, f"{runner.SUMMARY_KEY}.")
     else:  # results.json / summary.json / samples/<task>.jsonl
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = _check_summary(
+            json.loads((folder / "summary.json").read_text()), _shown(folder / "summary.json", root), ""
+        )
         files = {p.stem: p for p in (folder / "samples").glob("*.jsonl")}
+    checks: dict[str, list[str]] = {}
+    for parts in MU_PARTS.values():
+        for task, metric in parts:
+            checks.setdefault(task, []).append(metric)
     samples = {
-        task: [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        for task, path in files.items()
+        task: _read_samples(Path(path), _shown(Path(path), root), checks.get(task, ())) for task, path in files.items()
     }
     return summary, samples
 
@@ -123,21 +274,36 @@ def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRA
     }
 
 
-def evaluation_metrics(folder: Path) -> dict[str, Any]:
-    """The reported numbers of one evaluation stage."""
+def _evaluation_numbers(folder: Path) -> tuple[dict[str, Any], dict[str, list[dict]]]:
+    """The reported numbers of one evaluation stage (all but Model Utility's bootstrap) and its
+    samples, every one checked (:class:`CorruptEvaluation` names the file and the field)."""
     from ..evaluation import tofu_metrics as tm
     from ..evaluation.reference import read_reference
 
+    folder = Path(folder)
     summary, samples = read_evaluation(folder)
+    where = _shown(_results_file(folder), folder)
     metrics = summary.get("metrics", {})
-    fq = next(iter(summary.get("forget_quality", {}).values()), {}).get("value")
-    if fq is None and (folder / "reference.json").is_file():  # the retain model is its own reference
-        ratios = read_reference(folder / "reference.json").truth_ratios
-        fq = tm.forget_quality(ratios, ratios)
+    fq_entries = summary.get("forget_quality", {})
+    fq = next(iter(fq_entries.values()), {}).get("value")
+    if (folder / "reference.json").is_file():  # the retain model's: its own Forget Quality reference
+        try:
+            ratios = read_reference(folder / "reference.json").truth_ratios
+        except DataError as exc:
+            raise CorruptEvaluation(str(exc)) from None
+        if fq is None:
+            fq = tm.forget_quality(ratios, ratios)
     es = metrics.get("tofu_forget_extraction_strength", {}).get("extraction_strength")
-    if es is None:
-        es = (read_json(folder / EXTRACTION) or {}).get("mean")
-    return {
+    extraction = folder / EXTRACTION
+    if extraction.is_file():
+        name = _shown(extraction, folder)
+        try:
+            data = json.loads(extraction.read_text())
+        except ValueError as exc:
+            raise CorruptEvaluation(f"{name}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
+        mean = checked_number(_object(data, name).get("mean"), f"{name}: field 'mean'", (0.0, 1.0))
+        es = mean if es is None else es
+    numbers = {
         "forget_quality": fq,
         "model_utility": summary.get("model_utility", {}).get("value"),
         "forget_prob": metrics.get("tofu_forget_prob", {}).get("prob"),
@@ -145,25 +311,55 @@ def evaluation_metrics(folder: Path) -> dict[str, Any]:
         "forget_truth_ratio": metrics.get("tofu_forget_truth_ratio", {}).get("truth_ratio"),
         "extraction_strength": es,
         "retain_prob": metrics.get("tofu_retain_prob", {}).get("prob"),
-        "model_utility_ci": mu_bootstrap(samples),
-        **_robustness_metrics(folder / REALLY_FORGOTTEN),
     }
+    missing = [key for key in REQUIRED_METRICS if numbers[key] is None]
+    if missing:
+        titles = dict(METRICS)
+        raise CorruptEvaluation(
+            f"{where}: no {', '.join(titles[k] for k in missing)} (every evaluation of a study has "
+            f"{'it' if len(missing) == 1 else 'them'}; the file is damaged or was edited)"
+        )
+    numbers = {k: None if v is None else float(v) for k, v in numbers.items()}
+    return {**numbers, **_robustness_metrics(folder / REALLY_FORGOTTEN, folder)}, samples
 
 
-def _robustness_metrics(folder: Path) -> dict[str, Any]:
+def check_evaluation(folder: Path) -> None:
+    """Raise what :func:`evaluation_metrics` would on ``folder`` (files that do not parse, and
+    :class:`CorruptEvaluation`), without its bootstrap: whether a finished evaluation can be
+    reported, rebuilt or restored."""
+    _evaluation_numbers(folder)
+
+
+def evaluation_metrics(folder: Path) -> dict[str, Any]:
+    """The reported numbers of one evaluation stage, each checked: a probability, Forget
+    Quality, Model Utility or extraction strength that is not a finite number in [0, 1] (or
+    any reported number missing) raises :class:`CorruptEvaluation` naming the file."""
+    numbers, samples = _evaluation_numbers(folder)
+    return {**numbers, "model_utility_ci": mu_bootstrap(samples)}
+
+
+def _robustness_metrics(folder: Path, root: Path) -> dict[str, Any]:
     """privleak, the Min-K% AUC, exact memorization and the attack-aware forget probability of an
     evaluation's `unlearn eval --mia --robustness` folder (none without one)."""
     if not folder.is_dir():
         return {}
     from ..evaluation.really_forgotten import row
 
-    figures = row("", read_evaluation(folder)[0])
+    summary = read_evaluation(folder, root)[0]
+    where = _shown(_results_file(folder), root)
+    try:
+        figures = row("", summary)
+    except (AttributeError, TypeError):  # a list or a string where an object belongs
+        raise CorruptEvaluation(f"{where}: its 'mia' or 'robustness' entries are not JSON objects") from None
+    worst = figures["prob:worst_attack"]
+    if worst is not None and not isinstance(worst, str):
+        raise CorruptEvaluation(f"{where}: the worst attack's name must be a string, got {_kind(worst)}")
     return {
-        "privleak": figures["privleak"],
-        "auc_min_k": figures["auc_min_k"],
-        "exact_memorization": figures["exact_memorization"],
-        "forget_prob_worst": figures["prob:worst"],
-        "forget_prob_worst_attack": figures["prob:worst_attack"],
+        "privleak": checked_number(figures["privleak"], f"{where}: privleak", RANGES["privleak"]),
+        "auc_min_k": checked_number(figures["auc_min_k"], f"{where}: the Min-K% AUC", (0.0, 1.0)),
+        "exact_memorization": checked_number(figures["exact_memorization"], f"{where}: exact memorization", (0.0, 1.0)),
+        "forget_prob_worst": checked_number(figures["prob:worst"], f"{where}: the worst forget prob", (0.0, 1.0)),
+        "forget_prob_worst_attack": worst,
     }
 
 
@@ -173,13 +369,20 @@ def reported_metrics(plan: Plan) -> tuple[tuple[str, str], ...]:
 
 
 def _resources(folders: Sequence[str]) -> dict[str, Any]:
-    records = [read_json(Path(f) / RESOURCES) or {} for f in folders]
-    seconds = [r["seconds"] for r in records if isinstance(r.get("seconds"), (int, float))]
-    peaks = [r["peak_rss_mb"] for r in records if isinstance(r.get("peak_rss_mb"), (int, float))]
+    """Wall time (summed) and peak memory (the highest) of a cell's stages; n/a when a stage's
+    resources.json is missing or holds no usable number (never a NaN or a negative time)."""
+    records = [read_json(Path(f) / RESOURCES) for f in folders]
+    records = [r if isinstance(r, dict) else {} for r in records]
+
+    def usable(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+    seconds = [r["seconds"] for r in records if usable(r.get("seconds"))]
+    peaks = [r["peak_rss_mb"] for r in records if usable(r.get("peak_rss_mb"))]
     return {
         "wall_s": round(sum(seconds), 1) if len(seconds) == len(records) else None,
-        "peak_rss_mb": max(peaks) if len(peaks) == len(records) else None,
-        "peak_scope": sorted({r.get("peak_scope") for r in records if r.get("peak_scope")}),
+        "peak_rss_mb": max(peaks) if len(peaks) == len(records) and peaks else None,
+        "peak_scope": sorted({r["peak_scope"] for r in records if isinstance(r.get("peak_scope"), str)}),
     }
 
 
@@ -298,7 +501,8 @@ def _leader_lines(test: dict | None) -> list[str]:
         "the seeds: an exact permutation test of the difference in means (no normality assumed; its "
         "smallest possible value is 1 / C(n_a + n_b, n_a), in the last column) and Welch's t-test.",
         "",
-        f"| {test['label']} vs | difference in mean | permutation p | Welch p | smallest possible p |",
+        f"| {tables.markdown_cell(test['label'])} vs | difference in mean | permutation p | Welch p | "
+        "smallest possible p |",
         "|---|---|---|---|---|",
     ]
     for row in test["against"]:
@@ -306,7 +510,9 @@ def _leader_lines(test: dict | None) -> list[str]:
         welch = "n/a (no spread)" if row["welch_p"] is None else f"{row['welch_p']:.3f}"
         perm = "n/a (one seed)" if row["permutation_p"] is None else f"{row['permutation_p']:.3f}"
         smallest = row.get("smallest_p", 1 / math.comb(n_a + n_b, n_a))
-        lines.append(f"| {row['label']} | {row['difference']:+.3f} | {perm} | {welch} | {smallest:.3f} |")
+        lines.append(
+            f"| {tables.markdown_cell(row['label'])} | {row['difference']:+.3f} | {perm} | {welch} | {smallest:.3f} |"
+        )
     return lines
 
 
@@ -334,7 +540,7 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
         if result["status"] == "done" and cp.cell.kind != "target" and cp.cell.kind != "retain":
             try:
                 entry["metrics"] = evaluation_metrics(Path(cp.result))
-            except (OSError, ValueError, KeyError) as exc:
+            except (OSError, ValueError, KeyError, UnlearnError) as exc:
                 entry.update(status="failed", error=f"its evaluation is unreadable: {exc}")
         if result["status"] == "done":
             entry["resources"] = _resources([s.folder for s in cp.stages])
@@ -442,11 +648,11 @@ def markdown(report: dict, plan: Plan) -> str:
                 if row["status"] == "done"
                 else [row["status"]] * len(columns)
             )
-            lines.append(f"| {row['label']} | - | " + " | ".join(cells) + " |")
+            lines.append(f"| {tables.markdown_cell(row['label'])} | - | " + " | ".join(cells) + " |")
         groups = [g for g in report["groups"] if g["forget"] == k]
         for g in groups:
             lines.append(
-                f"| {g['label']} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
+                f"| {tables.markdown_cell(g['label'])} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
                 + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in columns)
                 + " |"
             )

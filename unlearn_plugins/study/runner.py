@@ -18,7 +18,7 @@ from .. import tables
 from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE
-from .cells import EXTRACTION, CellTask, Plan, cell_source, plan_study
+from .cells import CellTask, Plan, cell_source, plan_study
 from .progress import Progress
 from .spec import Study
 
@@ -191,20 +191,15 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
 
 
 def unreadable_evaluation(folder: Path) -> str | None:
-    """Why an evaluation stage folder cannot be read (a truncated results or samples file, say),
-    or None when it can."""
-    import json
-
-    from .report import read_evaluation
+    """Why an evaluation stage folder cannot be read (a truncated results or samples file, say,
+    or a number out of its range: :func:`.report.check_evaluation`), or None when it can."""
+    from .report import check_evaluation
 
     try:
-        read_evaluation(folder)
-        extraction = folder / EXTRACTION
-        if extraction.is_file():
-            json.loads(extraction.read_text())
+        check_evaluation(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
-        return f"{type(exc).__name__}: {text}"[:300]
+        return f"{type(exc).__name__}: {text}"[:500]  # room for a file named from its stage folder
     return None
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import math
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -543,6 +544,13 @@ class _Reader:
             if any(m.name == name for m in methods):
                 raise self.error(table, "name", f"{name!r} is used by another method")
             label = self.get(table, entry, "label", "str", name)
+            if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in label):
+                raise self.error(
+                    table,
+                    "label",
+                    f"must be one line of text (it heads a row of the report's tables): no line breaks or "
+                    f"control characters, got {_show(label)}",
+                )
             preset_name = self.get(table, entry, "preset", "str")
             rest = {k: v for k, v in entry.items() if k not in ("name", "label", "preset")}
             settings = self.training_options(table, rest, UnlearnConfig, METHOD_FIELDS)

@@ -290,6 +290,12 @@ class FinetuneConfig(TrainingConfig):
             not self.authors or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)
         ):
             raise ConfigError(f"option 'authors' must be a non-empty list of author indices >= 0, got {self.authors!r}")
+        if self.authors is not None and len(set(self.authors)) < len(self.authors):
+            twice = sorted({a for a in self.authors if self.authors.count(a) > 1})
+            raise ConfigError(
+                f"option 'authors' lists author{'s' if len(twice) > 1 else ''} {', '.join(map(str, twice))} more "
+                f"than once ({self.authors!r}): their samples would be trained on repeatedly; give each author once"
+            )
 
 
 # ----------------------------------------------------------------------------- loading and merging
