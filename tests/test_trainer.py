@@ -427,7 +427,7 @@ def test_residual_init_saves_a_plain_adapter_and_feeds_rol(tiny_model_dir, tofu_
     )
     result = run_unlearning(config, initializer=ToyResidualInit())
     record = result.record
-    assert record["context"]["rol_basis"] == {"from_initializer": 14, "from_retain_data": 0}
+    assert record["context"]["rol_basis"] == {"from_initializer": 14, "random": 0}
     assert all("loss_rol" in e for e in record["losses"])
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["r"] == 8  # PEFT's conversion: [A; A0], [B, -B0]

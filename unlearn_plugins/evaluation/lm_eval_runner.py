@@ -242,6 +242,38 @@ def _git_quiet():
         evaluator.get_git_commit_hash = original
 
 
+@contextlib.contextmanager
+def _exact_shared_logits():
+    """lm-eval's HFLM computes requests that share their tokens (context + continuation, split at
+    different points) in one forward and hands each the logits of the longest continuation. Its
+    greedy check takes each request's trailing positions, but its log-probability gathers the
+    LEADING ones, so a shorter continuation in such a group gets another token's log-probability:
+    the MIA task's one-token request for an answer's last token shares its tokens with the
+    extraction strength's whole-answer request, and got the first token's log-probability. Here
+    each request of a group is given the trailing positions of its own continuation."""
+    import lm_eval.models.huggingface as hf
+
+    original = getattr(hf, "Collator", None)
+    if original is None or not hasattr(original, "get_cache"):
+        yield
+        return
+
+    class Collator(original):
+        def get_cache(self, req_str, cxt_toks, cont_toks, logits):
+            for request, cont, member_logits in super().get_cache(
+                req_str=req_str, cxt_toks=cxt_toks, cont_toks=cont_toks, logits=logits
+            ):
+                if member_logits.dim() == 3 and member_logits.shape[1] > len(cont):
+                    member_logits = member_logits[:, member_logits.shape[1] - len(cont) :, :]
+                yield request, cont, member_logits
+
+    hf.Collator = Collator
+    try:
+        yield
+    finally:
+        hf.Collator = original
+
+
 #: lm-eval's HFLM generates this many new tokens for a task that sets no max_gen_toks
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -302,7 +334,7 @@ def evaluate(
     )
     tracker = EvaluationTracker()  # lm-eval's timer starts here; write_outputs gives it the folder
     started = time.perf_counter()
-    with _git_quiet():
+    with _git_quiet(), _exact_shared_logits():
         out = lm_eval.simple_evaluate(
             model=lm,
             tasks=prepared.specs,

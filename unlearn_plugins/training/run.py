@@ -547,7 +547,10 @@ def _check_component(kind: str, name: str, options: dict[str, Any], seed: int | 
     ``seed``: the run's seed, for a component that takes one (:func:`with_run_seed`)."""
     from ..host import component_label, create_with_record
 
-    instance, record = create_with_record(kind, name, **with_run_seed(kind, name, options, seed))
+    instance, record = create_with_record(kind, name, **options)  # errors name the options given
+    seeded = with_run_seed(kind, name, options, seed)
+    if seeded != options:
+        instance, record = create_with_record(kind, name, **seeded)
     return instance, record, component_label(kind, name)
 
 
