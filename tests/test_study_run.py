@@ -696,3 +696,76 @@ def test_a_study_on_a_real_dask_cluster_survives_a_killed_worker(cache, tmp_path
 
     assert numbers(data) == numbers(local)
     assert not list(shared.glob("*.tmp-*"))  # the killed stage's temporary folder was cleaned up
+
+
+EXTRA_TASK_PLUGIN = """
+from pathlib import Path
+
+from unlearn_plugins import hookimpl
+
+
+@hookimpl
+def register_lm_eval_task_dirs(register):
+    register("extra-tasks", Path(__file__).parent / "extra_tasks")
+
+
+def docs(**_metadata):
+    import datasets
+
+    rows = [{"prompt": "The capital of France is", "answer": " Paris"}, {"prompt": "Two and two make", "answer": " four"}]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+"""
+
+EXTRA_TASK = """task: extra_recall
+custom_dataset: !function extra_task_plugin.docs
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{answer}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def test_a_studys_extra_task_is_in_its_report(cache, tmp_path, capsys, monkeypatch):
+    """Issue 31, item 2: a task beyond the required ones ran on every evaluation, but its metrics
+    appeared in neither summary.md nor study.json. Now each of its numbers is reported per cell
+    and per method, with its interval over the seeds."""
+    from unlearn_plugins.host import reset_host
+
+    site = tmp_path / "site"
+    (site / "extra_tasks").mkdir(parents=True)
+    (site / "extra_task_plugin.py").write_text(EXTRA_TASK_PLUGIN)
+    (site / "extra_tasks" / "extra_recall.yaml").write_text(EXTRA_TASK)
+    info = site / "extra-task-plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: extra-task-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[unlearn_plugins]\nextra-task-plugin = extra_task_plugin\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    reset_host()
+    tasks = '["tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility", "extra_recall"]'
+    path = study_file(tmp_path, [0], methods=("grad_diff",), extra=f"tasks = {tasks}\n")
+    try:
+        code, _, err = run(capsys, path, "--out", tmp_path / "out", "--cache-dir", cache)
+        assert code == 0, err[-3000:]
+    finally:
+        sys.modules.pop("extra_task_plugin", None)
+        monkeypatch.undo()
+        reset_host()
+    data = report(tmp_path / "out")
+    assert data["extra_metrics"] == ["extra_recall:acc"]
+    (group,) = data["groups"]
+    assert group["metrics"]["extra_recall:acc"]["n"] == 1 and group["metrics"]["extra_recall:acc"]["mean"] in (
+        0.0,
+        0.5,
+        1.0,
+    )
+    assert all("extra_recall:acc" in r for r in data["references"])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "Other tasks of the study" in summary and "| model | extra_recall:acc |" in summary

@@ -320,6 +320,12 @@ def _evaluation_numbers(folder: Path) -> tuple[dict[str, Any], dict[str, list[di
             f"{'it' if len(missing) == 1 else 'them'}; the file is damaged or was edited)"
         )
     numbers = {k: None if v is None else float(v) for k, v in numbers.items()}
+    for task, values in metrics.items():  # a study's other tasks (a plugin's, say): every number
+        if task in BUILTIN_TASK_METRICS or not isinstance(values, dict):
+            continue
+        for metric, value in sorted(values.items()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                numbers[f"{task}:{metric}"] = checked_number(value, f"{where}: field '{task}.{metric}'", (None, None))
     return {**numbers, **_robustness_metrics(folder / REALLY_FORGOTTEN, folder)}, samples
 
 
@@ -361,6 +367,23 @@ def _robustness_metrics(folder: Path, root: Path) -> dict[str, Any]:
         "forget_prob_worst": checked_number(figures["prob:worst"], f"{where}: the worst forget prob", (0.0, 1.0)),
         "forget_prob_worst_attack": worst,
     }
+
+
+#: the tasks of every study evaluation whose numbers the report has columns for (their metrics
+#: are those above); any other task's numbers are reported as "task:metric" (:func:`extra_metrics`)
+BUILTIN_TASK_METRICS = frozenset(
+    {"tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_forget_extraction_strength"}
+    | {task for task, _metric, _kind in MU_PARTS.values()}
+    | {"tofu_retain_prob", "tofu_retain_rouge", "tofu_retain_truth_ratio", "tofu_real_authors"}
+    | {"tofu_real_authors_rouge", "tofu_world_facts", "tofu_world_facts_rouge", "tofu_mia"}
+    | {"tofu_forget_exact_memorization"}
+)
+
+
+def extra_metrics(cells: dict[str, dict]) -> list[str]:
+    """The "task:metric" numbers of the study's other tasks (beyond the TOFU ones), as found in
+    its finished evaluations."""
+    return sorted({k for c in cells.values() for k in (c.get("metrics") or {}) if ":" in k})
 
 
 def reported_metrics(plan: Plan) -> tuple[tuple[str, str], ...]:
@@ -553,6 +576,7 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
         return _resources(folders)
 
     groups, references = [], []
+    extras = extra_metrics(cells)
     for k in study.forget_sizes:
         for name, label, model_cell, eval_cell in (
             ("full", "full (target, before unlearning)", "target", f"eval-full/forget{k}"),
@@ -577,10 +601,12 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             for key, _ in reported_metrics(plan):
                 source = "resources" if key in ("wall_s", "peak_rss_mb") else "metrics"
                 group["metrics"][key] = interval([c[source].get(key) for c in done], study.ci, RANGES[key])
+            for key in extras:  # the study's other tasks: their own scale, no range to cut to
+                group["metrics"][key] = interval([c["metrics"].get(key) for c in done], study.ci, (None, None))
             widths = [c["metrics"]["model_utility_ci"]["width"] for c in done if c["metrics"].get("model_utility_ci")]
             group["model_utility_qa_ci_width_max"] = max(widths) if widths else None
             groups.append(group)
-    return {"cells": cells, "groups": groups, "references": references}
+    return {"cells": cells, "groups": groups, "references": references, "extra_metrics": extras}
 
 
 def _fmt(value: Any, key: str = "") -> str:
@@ -656,6 +682,7 @@ def markdown(report: dict, plan: Plan) -> str:
                 + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in columns)
                 + " |"
             )
+        lines += _extra_lines(report, k)
         lines += _ranking(groups, report["references"], k)
         lines += _leader_lines(report.get("comparisons", {}).get(str(k)))
     widths = [
@@ -695,6 +722,30 @@ def markdown(report: dict, plan: Plan) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _extra_lines(report: dict, k: int) -> list[str]:
+    """The study's other tasks (beyond TOFU's): each metric, with its interval over the seeds."""
+    extras = report.get("extra_metrics") or []
+    if not extras:
+        return []
+    lines = [
+        "",
+        "Other tasks of the study (each metric on its own scale; mean and 95% interval over the seeds):",
+        "",
+        "| model | " + " | ".join(tables.markdown_cell(key) for key in extras) + " |",
+        "|---|" + "---|" * len(extras),
+    ]
+    for row in (r for r in report["references"] if r["forget"] == k):
+        values = [_fmt(row.get(key)) if row["status"] == "done" else row["status"] for key in extras]
+        lines.append(f"| {tables.markdown_cell(row['label'])} | " + " | ".join(values) + " |")
+    for g in (g for g in report["groups"] if g["forget"] == k):
+        lines.append(
+            f"| {tables.markdown_cell(g['label'])} | "
+            + " | ".join(_ci_text(g["metrics"][key], key) for key in extras)
+            + " |"
+        )
+    return lines
 
 
 def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
@@ -834,6 +885,8 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "run": run,
         "references": data["references"],
         "groups": data["groups"],
+        # the study's other tasks' "task:metric" numbers, in the groups' metrics (only when it has any)
+        **({"extra_metrics": data["extra_metrics"]} if data["extra_metrics"] else {}),
         # per forget size: the Forget Quality leader tested against every other method
         "comparisons": {
             str(k): leader_tests([g for g in data["groups"] if g["forget"] == k]) for k in study.forget_sizes
