@@ -344,3 +344,17 @@ def test_score_takes_an_adapter(tiny_model_dir, tofu_dir, tmp_path, capsys):
     code = main([*cud, "--data", "tofu:forget01[0:4]", "--tofu-dir", str(tofu_dir), "--out", str(tmp_path / "c.jsonl")])
     assert code == 1
     assert "trains from the model folder (option model_spec)" in capsys.readouterr().err
+
+
+def test_a_model_neither_local_nor_cached_fails_at_once(tofu_dir, capsys, monkeypatch):
+    """A hub id that is not cached: one short request decides (here the hub cannot be reached),
+    instead of transformers' minute of retries; with HF_HUB_OFFLINE set, no request at all."""
+    args = ["probs", "--model", "someone/not-a-model", "--data", "tofu:forget01[0:2]", "--tofu-dir", str(tofu_dir)]
+    assert main(args) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: --model someone/not-a-model: not a local folder nor in the hub cache, and the hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(args) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --model someone/not-a-model: not a local folder nor in the hub cache, and HF_HUB_OFFLINE is set"
+    )

@@ -238,6 +238,26 @@ def tiny_model_dir(*, cache: Path | None = None) -> Path:
     return final
 
 
+def check_hub_model(spec: str, where: str) -> None:
+    """A hub id that is not in the local hub cache must be downloadable: one request with a short
+    timeout (HF_HUB_OFFLINE: none) says so at once, where transformers would retry for a minute
+    before failing offline."""
+    if Path(where).exists() or _hub_snapshot(where) is not None:
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise ModelError(f"--model {spec}: not a local folder nor in the hub cache, and HF_HUB_OFFLINE is set")
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(where, timeout=5)
+    except Exception as exc:  # noqa: BLE001 - unreachable hub, unknown repo, no permission: one line
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ModelError(
+            f"--model {spec}: not a local folder nor in the hub cache, and the hub cannot give it "
+            f"({type(exc).__name__}: {reason}); give a model folder, or an alias: {', '.join([*EMBEDDED_ALIASES, TINY_ALIAS])}"
+        ) from None
+
+
 def resolve_model(spec: str) -> str:
     """A local folder or hub id for ``spec`` (folder, hub id or alias)."""
     if spec in EMBEDDED_ALIASES:
@@ -305,6 +325,7 @@ def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = F
     from transformers import AutoModelForCausalLM
 
     check_weight_files(where, f"--model {spec}")
+    check_hub_model(spec, where)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             where, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
@@ -455,6 +476,7 @@ def load_tokenizer(spec: str, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     where = resolve_model(spec)
+    check_hub_model(spec, where)
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     except OSError as exc:
