@@ -303,7 +303,7 @@ def test_a_stopped_study_leaves_no_worker_behind(how, tmp_path):
     path = study_file(tmp_path, [0], methods=["grad_diff"])
     proc = run_cli(path, "--workers", "1", "--out", tmp_path / "report", "--cache-dir", cache)
     building = _wait_for(lambda: next(iter(cache.glob("target-*.tmp-*")), None), 600, proc)  # in a worker
-    worker = int(building.name.rsplit(".tmp-", 1)[1])
+    worker = int(building.name.rsplit("-", 1)[1])  # <folder>.tmp-<host>-<pid>
     assert worker != proc.pid
     os.kill(proc.pid, getattr(signal, how))
     _, err = proc.communicate(timeout=120)

@@ -188,7 +188,7 @@ def stratify(
     meta: dict[str, Any] | None = None,
     objective: str | None = None,
 ) -> tuple[list[QASample], list[QASample]]:
-    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index first),
+    """(easy, hard): the n_easy lowest and n_hard highest scores (ties: lower index easier),
     CUD anchors left out (:func:`split_anchor_rows`). ``objective``: rank by a per-objective
     CUD score (``score_by_objective``) instead of ``score``."""
     by_index = _check_rows(rows, samples, where)
@@ -198,8 +198,10 @@ def stratify(
         raise DataError(f"--easy {n_easy} + --hard {n_hard} exceeds the {len(rows)} scored samples{left}")
     value = {r["index"]: _score_of(r, objective, where) for r in rows}
     order = sorted(rows, key=lambda r: (value[r["index"]], r["index"]))
+    # hard from the other end of the same order: easy and hard never share a sample, even when
+    # scores tie (ties: lower index easier)
     easy = [by_index[r["index"]] for r in order[:n_easy]]
-    hard = [by_index[r["index"]] for r in sorted(rows, key=lambda r: (-value[r["index"]], r["index"]))[:n_hard]]
+    hard = [by_index[r["index"]] for r in order[::-1][:n_hard]]
     return easy, hard
 
 
@@ -264,7 +266,7 @@ def stratify_groups(
         )
     by_index = {s.index: s for s in samples}
     easy = groups[:n_easy]
-    hard = sorted(groups, key=lambda g: (-g["score"], min(g["indices"])))[:n_hard]
+    hard = groups[::-1][:n_hard]  # the other end of the same order: disjoint from easy even on ties
     pick = lambda chosen: [by_index[i] for g in chosen for i in g["indices"]]  # noqa: E731
     return pick(easy), pick(hard), easy, hard
 
