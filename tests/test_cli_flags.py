@@ -24,9 +24,9 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def unlearn(*args, env=None) -> subprocess.CompletedProcess:
-    """The command in a fresh process: what a user sees on stdout and stderr."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+def unlearn(*args, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+    """The command in a fresh process, run from ``cwd``: what a user sees on stdout and stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     for name in ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "UNLEARN_VERBOSITY"):
         env.pop(name, None)
     return subprocess.run(
@@ -34,7 +34,7 @@ def unlearn(*args, env=None) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         timeout=300,
     )
 
@@ -279,19 +279,8 @@ def test_eval_prints_nothing_a_user_cannot_act_on(tiny_model_dir, tofu_dir, tmp_
     every evaluation, and lm-eval warned about custom datasets and an already-loaded model."""
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for name in ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "UNLEARN_VERBOSITY"):
-        env.pop(name, None)
     args = ["eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_prob", "--limit", 2]
-    args += ["--tofu-dir", tofu_dir, "--out", tmp_path / "out"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "unlearn_plugins.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
+    proc = unlearn(*args, "--tofu-dir", tofu_dir, "--out", tmp_path / "out", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     for noise in ("fatal:", "Custom kwargs", "`pretrained` model kwarg", "already-initialized model"):
         assert noise not in proc.stderr, noise
