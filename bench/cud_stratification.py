@@ -831,9 +831,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="truth ratio / ROUGE-L / Model Utility for the first N seeds (0: none)")
     args = p.parse_args(argv)
 
-    from unlearn_plugins.demo.pipeline import quiet_libraries
     from unlearn_plugins.files import write_json
     from unlearn_plugins.models import cache_dir
+    from unlearn_plugins.process import quiet_libraries
 
     config = StudyConfig(model=args.model, device=args.device, set_size=args.set_size, random_sets=args.random_sets,
                          objectives=tuple(args.objectives.split(",")), seeds=tuple(int(s) for s in args.seeds.split(",")),

@@ -256,7 +256,7 @@ def test_verbosity_wins_over_the_demo_and_study_quieting(monkeypatch):
     --verbosity was given (the CLI sets UNLEARN_VERBOSITY; study and demo workers inherit it)."""
     import logging
 
-    from unlearn_plugins.demo.pipeline import quiet_libraries
+    from unlearn_plugins.process import quiet_libraries
 
     lg = logging.getLogger("transformers")
     before = lg.level

@@ -1,7 +1,8 @@
 """`unlearn demo`: every stage end to end on the tiny model (--fast), the report's files and
 ranges, the stage cache (rerun, Ctrl-C), the benchmark folder and the generated data; and the
-same demo with its stages on two worker processes: the same numbers, a warm rerun that starts
-none, a Ctrl-C'd run that resumes."""
+same demo with its cells on two worker processes: the same numbers, a warm rerun that starts
+none, a Ctrl-C'd run that resumes. The demo is a study (unlearn_plugins/demo/demo.toml): its
+cells are built by the study's runner, one after the other in this process with --workers 1."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +20,22 @@ from unlearn_plugins.cli import main
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 MODELS = ["full", "retain", "reglu", "grad_diff", "ihl_fila"]
+#: the demo study's cells (`unlearn study demo --dry-run`)
+CELLS = [
+    "target",
+    "retain/forget1",
+    "cud/forget1",
+    "eval-retain/forget1",
+    "eval-full/forget1",
+    "reglu/forget1/seed0",
+    "grad_diff/forget1/seed0",
+    "ihl_fila/forget1/seed0",
+]
+
+
+def cells_said(err: str, word: str) -> list[str]:
+    """The cells the study's progress lines say are ``word`` (cached, done), in order."""
+    return re.findall(rf"^\[ *\d+/{len(CELLS)}\] {word:<7} (\S+)", err, re.M)
 
 
 def run_main(args) -> tuple[int, str, str]:
@@ -61,7 +79,10 @@ def test_fast_demo_writes_a_complete_report(demo_run):
     root, code, out, err = demo_run.root, demo_run.code, demo_run.out, demo_run.err
     assert code == 0, err[-2000:]
     assert "notice: --data generated: using generated fictitious authors" in err
-    assert "workers:" not in err and not (root / "report" / "logs").exists()  # no worker process
+    # --workers 1: every cell in this process, one after the other; each cell's output in its log
+    assert f"executor: inline: this process (pid {os.getpid()}), one cell after the other" in err
+    assert cells_said(err, "done") == CELLS
+    assert {p.name for p in (root / "report" / "logs").iterdir()} == {c.replace("/", "_") + ".log" for c in CELLS}
     report = root / "report"
     for name in ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json"):
         assert (report / name).stat().st_size > 0, name
@@ -136,14 +157,14 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
     before = json.loads((root / "report" / "results.json").read_text())["models"]
     code, _, err = _run(args, capsys)
     assert code == 0
-    assert err.count(": cached (") == 12  # every stage but the report
+    assert cells_said(err, "cached") == CELLS and "executor:" not in err  # nothing built
     after = json.loads((root / "report" / "results.json").read_text())["models"]
     assert after == before
 
 
 def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
     """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback (the report
-    read it); the stage is now rebuilt, with a warning naming it, and the report is the same."""
+    read it); the evaluation is now rebuilt, with a warning naming it, and the report is the same."""
     import shutil
 
     root = demo_run.root
@@ -155,8 +176,8 @@ def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
     args = [*demo_run.args[:-4], "--cache-dir", str(cache), "--out", str(tmp_path / "report")]
     code, _, err = _run(args, capsys)
     assert code == 0 and "Traceback" not in err, err[-3000:]
-    assert f"warning: the cached stage {stage} is unreadable ({results.relative_to(stage)}: " in err
-    assert err.count(": cached (") == 11  # everything else
+    assert f"warning: the cached evaluation of grad_diff/forget1/seed0 ({stage}) is unreadable (" in err
+    assert cells_said(err, "cached") == [c for c in CELLS if c != "grad_diff/forget1/seed0"]  # everything else
     before = json.loads((root / "report" / "results.json").read_text())["models"]
     after = json.loads((tmp_path / "report" / "results.json").read_text())["models"]
     assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
@@ -165,13 +186,17 @@ def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
 
 
 def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_run, capsys):
-    """--robustness on the cached demo builds only its own stages (the holdout author, then every
-    model's `unlearn eval --mia --robustness`) and reports them: a table row and plot per model."""
+    """--robustness on the cached demo: the models (targets, unlearning runs) and CUD are cached;
+    every evaluation is made again with its `unlearn eval --mia --robustness` beside it (the
+    study's [evaluation] robustness, against a holdout author), and reported: a table row and
+    plot per model."""
     root = demo_run.root
     args = [*demo_run.args[:-1], str(root / "robust"), "--robustness"]
     code, out, err = _run(args, capsys)
     assert code == 0, err[-3000:]
-    assert err.count(": cached (") == 12  # the demo's own stages: nothing rebuilt
+    assert cells_said(err, "cached") == ["target", "retain/forget1", "cud/forget1"]
+    for cell in CELLS[3:]:  # the evaluations only: the unlearning runs were cached
+        assert cell in cells_said(err, "done")
     report = root / "robust"
     from demo_baseline import check
 
@@ -200,45 +225,47 @@ def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_r
 
     cache = root / "cache"
     for name in ("retain", "grad_diff"):
-        (measured,) = cache.glob(f"forgotten-{name}-*")
-        (evaluated,) = cache.glob(f"eval-{name}-*")
-        assert cap(measured / "eval") == cap(evaluated) < 200, name
+        (evaluated,) = [p for p in cache.glob(f"eval-{name}-*") if (p / "really_forgotten").is_dir()]
+        assert cap(evaluated / "really_forgotten") == cap(evaluated) < 200, name
     assert rows["retain"]["privleak"] is None  # the reference itself
     assert all(isinstance(rows[n]["privleak"], float) for n in ("full", "reglu", "grad_diff", "ihl_fila"))
     assert rows["retain"]["auc_reference"] is None and 0 <= rows["full"]["auc_reference"] <= 1
     summary = (report / "summary.md").read_text()
     assert "## Is it really forgotten?" in summary and "| IHL + FILA | " in summary
     assert (report / "forget_prob_under_attack.png").read_bytes()[:4] == b"\x89PNG"
-    code, _, err = _run(args, capsys)  # warm: every stage cached, the same rows
-    assert code == 0 and err.count(": cached (") == 18
+    code, _, err = _run(args, capsys)  # warm: every cell cached, the same rows
+    assert code == 0 and cells_said(err, "cached") == CELLS
     assert json.loads((report / "results.json").read_text())["really_forgotten"] == results["really_forgotten"]
 
 
 def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypatch):
-    from unlearn_plugins.demo import pipeline
+    """Ctrl-C while an evaluation is built (here, in this process): it leaves neither its
+    folder nor a temporary one, and the rerun builds that evaluation only."""
+    from unlearn_plugins.study import cells
 
     root, args = demo_run.root, demo_run.args
     cache = root / "cache"
-    evals = sorted(p for p in cache.iterdir() if p.name.startswith("eval-grad_diff-"))
+    # (the robustness test's evaluation, with its measurement, is another folder)
+    evals = [p for p in cache.glob("eval-grad_diff-*") if not (p / "really_forgotten").exists()]
     assert len(evals) == 1
     import shutil
 
     shutil.rmtree(evals[0])
 
-    def interrupted(*a, **k):
-        tmp = a[4]
+    def interrupted(tmp, params):
         (tmp / "summary.json").write_text("{half")  # a half-written stage...
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "_evaluate", interrupted)
+    monkeypatch.setitem(cells.BUILDERS, "evaluate", interrupted)
     code, _, err = _run(args, capsys)
     assert code == 130 and "interrupted" in err
     # ...leaves neither a finished folder nor its temporary one
-    assert not list(cache.glob("eval-grad_diff-*"))
+    assert not evals[0].exists() and not list(cache.glob(f"{evals[0].name}.tmp-*"))
     monkeypatch.undo()
     code, _, err = _run(args, capsys)
     assert code == 0
-    assert err.count(": cached (") == 11 and "evaluate GradDiff (PEFT default init): done" in err
+    assert cells_said(err, "cached") == [c for c in CELLS if c != "grad_diff/forget1/seed0"]
+    assert cells_said(err, "done") == ["grad_diff/forget1/seed0"]
     assert json.loads((root / "report" / "results.json").read_text())["models"][3]["name"] == "grad_diff"
 
 
@@ -296,28 +323,18 @@ def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(paralle
     run = parallel_run
     assert run.code == 0, run.err[-3000:]
     logs = run.root / "report" / "logs"
-    assert f"workers: local: 2 worker process(es), 1 thread(s) each; their output: {logs}/" in run.err
+    assert "executor: local: 2 worker process(es), 1 thread(s) each" in run.err
     # full || retain: the retain model started before the full model was done, in another process
-    assert run.err.index("[3/13] fine-tune the retain model on 20 QA ...") < run.err.index(
-        "[2/13] fine-tune the full model on 40 QA: done in"
-    )
+    assert run.err.index("start   retain/forget1 on worker") < run.err.index("done    target in")
     cache = run.root / "cache"
     pids = [json.loads(p.read_text())["pid"] for p in cache.glob("*/resources.json")]
     assert len(pids) == 11  # every stage but the benchmark (built here: every other stage reads it)
     # two workers at a time (a worker whose memory grew retires and a fresh one takes its slot)
     assert len(set(pids)) >= 2 and os.getpid() not in pids
-    # CUD's six anchor runs and its matrices were parts built side by side; their marks are gone
-    assert run.err.count("[4/13]   CUD anchor run ") == 6 and "[4/13]   CUD score matrices" in run.err
-    assert not list(cache.glob("cudpart-*")) and not list(cache.glob("*.tmp-*"))
-    # the sequential run's stage lines, with the same numbers; each stage's output in its log
-    lines = run.err.splitlines()
-    for line in demo_run.err.splitlines():
-        if line.startswith("[") and line.endswith(" ..."):
-            assert line in lines, line
-            assert any(other.startswith(line[:-4] + ": done in ") for other in lines), line
-    assert {f"{p.name}.log" for p in cache.iterdir() if p.is_dir() and not p.name.startswith("bench-")} <= {
-        p.name for p in logs.iterdir()
-    }
+    assert not list(cache.glob("*.tmp-*"))
+    # the sequential run's cells, each cell's output in its log
+    assert sorted(cells_said(run.err, "done")) == sorted(CELLS)
+    assert {p.name for p in logs.iterdir()} == {c.replace("/", "_") + ".log" for c in CELLS}
     # the same table and numbers as one stage after the other
     assert _table(run.out) == _table(demo_run.out) and len(_table(run.out)) == 5
     assert _numbers(run.root / "report") == sequential_numbers
@@ -331,15 +348,14 @@ def test_a_warm_parallel_rerun_starts_no_worker(parallel_run, capsys, monkeypatc
     before = _numbers(run.root / "report")
     code, out, err = _run(run.args, capsys)
     assert code == 0, err[-2000:]
-    assert err.count(": cached (") == 12 and "workers:" not in err
-    assert not [line for line in err.splitlines() if line.endswith(" ...")]  # nothing built
+    assert cells_said(err, "cached") == CELLS and "executor:" not in err  # nothing built, no worker
     assert _numbers(run.root / "report") == before and _table(out) == _table(run.out)
 
 
 def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numbers, capsys, monkeypatch):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while both workers build:
     each removes its stage's temporary folder, the run exits 130, and the rerun builds only
-    the stages that had not finished."""
+    the stages that had not finished (the others are left as they were)."""
     import shutil
     import signal
     import subprocess
@@ -370,16 +386,17 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "interrupted" in err.splitlines(), err[-3000:]
     assert not list(cache.glob("*.tmp-*"))  # the interrupted stages left no temporary folder
-    finished = {p.name for p in cache.iterdir() if (p / "stage.json").is_file()}
+    finished = {p: (p / "stage.json").stat().st_mtime_ns for p in cache.iterdir() if (p / "stage.json").is_file()}
     assert 6 <= len(finished) < 12  # the benchmark, targets, CUD, retain evaluation and 1-2 unlearning runs
 
     for name, value in run.env.items():
         monkeypatch.setenv(name, value)
     code, out, err = _run(run.args, capsys)
     assert code == 0, err[-3000:]
-    cached = [line for line in err.splitlines() if ": cached (" in line]
-    assert sorted(line.rsplit("(", 1)[1].rstrip(")") for line in cached) == sorted(finished)
-    assert err.count(": done in") == 12 - len(finished)
+    cached, built = cells_said(err, "cached"), cells_said(err, "done")
+    assert set(CELLS[:4]) <= set(cached) and sorted(cached + built) == sorted(CELLS)  # models, CUD, retain eval
+    assert {"reglu/forget1/seed0", "grad_diff/forget1/seed0", "ihl_fila/forget1/seed0"} <= set(built)
+    assert {p: (p / "stage.json").stat().st_mtime_ns for p in finished} == finished  # not built again
     assert _numbers(run.root / "report") == sequential_numbers
 
 

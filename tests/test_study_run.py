@@ -465,6 +465,33 @@ def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, t
     assert not [f for f in folders if "__" in f]
 
 
+def test_a_study_with_cud_reports_the_forget_probability_per_stratum(cache, tmp_path, capsys):
+    """[cud] (issue 33: the demo's CUD stage as a stage kind of studies): one more cell per forget
+    size scores the forget set on the target and writes its CUD-easy / CUD-hard strata; the report
+    gives every model's forget probability on each, with its interval over the seeds."""
+    extra = (
+        '\n[cud]\nstrata = 3\n\n[cud.scorer]\nsteps = 2\nn_edges = 20\nobjectives = ["grad_diff"]\n'
+        "seeds = [0, 1]\nk = 2\n\n[cud.unlearn]\nlr = 1e-3\nepochs = 1.0\nbatch_size = 4\nlora_r = 8\n"
+    )
+    path = study_file(tmp_path, [0], methods=("grad_diff",), extra=extra)
+    out = tmp_path / "report"
+    code, _, err = run(capsys, path, "--out", out, "--cache-dir", cache, "--workers", "1")
+    assert code == 0, err[-3000:]
+    data = report(out)
+    cud = data["cells"]["cud/forget1"]
+    assert cud["status"] == "done" and cud["kind"] == "cud" and "metrics" not in cud
+    folder = Path(cud["stages"][0])
+    assert [
+        len(json.loads("[" + ",".join((folder / f).read_text().splitlines()) + "]")) for f in ("easy.json", "hard.json")
+    ] == [3, 3]
+    assert data["extra_metrics"] == ["cud_easy:forget_prob", "cud_hard:forget_prob"]
+    for row in data["references"]:
+        assert 0 < row["cud_easy:forget_prob"] < 1 and 0 < row["cud_hard:forget_prob"] < 1
+    (group,) = data["groups"]
+    assert group["metrics"]["cud_easy:forget_prob"]["n"] == 1
+    assert "CUD strata ([cud]): the forget probability on the CUD-easy" in (out / "summary.md").read_text()
+
+
 def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, capsys, tofu_dir, monkeypatch):
     """Issue 32, item 2: one method with a single finished seed beside others with three. The
     leader test cannot test against it (scipy refuses a one-value sample), so that row is n/a and

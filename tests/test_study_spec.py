@@ -11,7 +11,7 @@ import pytest
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import StudyError, builtin_studies, expand, load_study
-from unlearn_plugins.study.spec import TABLES
+from unlearn_plugins.study.spec import SCHEDULE_FIELDS, TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = builtin_studies()["tiny"].read_text()
@@ -128,6 +128,55 @@ def test_tiny_grid_and_options():
     assert study.retain.finetune == study.target.finetune  # an absent [retain] copies the target's recipe
 
 
+DEMO_CELLS = [
+    "target",
+    "retain/forget1",
+    "cud/forget1",
+    "eval-retain/forget1",
+    "eval-full/forget1",
+    "reglu/forget1/seed0",
+    "grad_diff/forget1/seed0",
+    "ihl_fila/forget1/seed0",
+]
+
+
+def test_the_demo_is_a_study_with_a_cud_cell_and_a_fast_variant():
+    """Issue 33: `unlearn demo` runs the built-in study `demo` (unlearn_plugins/demo/demo.toml)."""
+    study = load_study("demo")
+    assert Path(study.path) == ROOT / "unlearn_plugins" / "demo" / "demo.toml"
+    assert [c.id for c in expand(study)] == DEMO_CELLS
+    assert study.source == "auto" and study.authors == 3 and study.forget_sizes == (1,)
+    assert study.cud.anchor_pool == 10 and study.cud.strata == 5 and study.cud.scorer["max_rows"] == 6
+    # [budget] is every method's; ReGLU keeps the rest of its preset ([study] one_budget = false)
+    reglu, grad_diff, _ = study.methods
+    assert reglu.config["lr"] == grad_diff.config["lr"] == 2.5e-4 and reglu.config["lora_r"] == 16
+    assert reglu.config["lr_scheduler"] == "linear" and grad_diff.config["lr_scheduler"] == "constant"
+    assert reglu.config["warmup_epochs"] == 1.0 and grad_diff.config["warmup_epochs"] is None
+    # --fast: the variant's tables replace the study's whole (no key of the default's left behind)
+    fast = load_study("demo", variant="fast")
+    assert fast.authors == 2 and fast.max_length == 128 and fast.evaluation.gen_margin == 4
+    assert fast.cud.strata == 3 and "max_rows" not in fast.cud.scorer and "check_steps" not in fast.cud.scorer
+    assert [m.name for m in fast.methods] == ["reglu", "grad_diff", "ihl_fila"]
+    assert fast.methods[1].config["lr"] == 1e-3
+    with pytest.raises(StudyError, match=r"demo.toml: no variant 'slow' \(its variants: fast\)"):
+        load_study("demo", variant="slow")
+    # a study's new tables leave the digests (and reports) of the studies without them as they were
+    assert "cud" not in load_study("tiny").settings() and "one_budget" not in load_study("tiny").settings()
+
+
+def test_unlearn_study_demo_dry_run_lists_its_cells(tmp_path, tiny_model_dir, capsys):
+    """`unlearn study demo --dry-run` (here the demo's --fast variant on the tiny model, as a
+    file naming it): the demo's cells, nothing built."""
+    text = (ROOT / "unlearn_plugins" / "demo" / "demo.toml").read_text()
+    path = _write(tmp_path, text.replace('base = "smollm2-135m"', f'base = "{tiny_model_dir}"'))
+    assert main(["study", str(path), "--variant", "fast", "--dry-run", "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[2:-1]] == DEMO_CELLS
+    assert "cud/forget1              target" in out and "cud " in out
+    assert out.splitlines()[-1] == f"8 cells: 0 cached, 8 to build (cache {tmp_path / 'c'})"
+    assert not (tmp_path / "c").exists()
+
+
 def _write(tmp_path, text: str) -> Path:
     path = tmp_path / "study.toml"
     path.write_text(text)
@@ -149,7 +198,7 @@ BAD = [
     (
         "unknown key",
         _variant("seeds = [0, 1]", "seeds = [0, 1]\nseed = 3"),
-        "[study] seed: unknown key; known keys: name, description, seeds, ci",
+        "[study] seed: unknown key; known keys: name, description, seeds, ci, one_budget",
     ),
     ("repeated seed", _variant("seeds = [0, 1]", "seeds = [0, 0]"), "[study] seeds: 0 is listed twice"),
     (
@@ -176,7 +225,7 @@ BAD = [
     (
         "source",
         _variant('source = "generated"', 'source = "hub"'),
-        "[benchmark] source: must be one of 'tofu', 'generated', got 'hub'",
+        "[benchmark] source: must be one of 'tofu', 'generated', 'auto', got 'hub'",
     ),
     (
         "too many authors",
@@ -262,6 +311,34 @@ BAD = [
         "evaluation robustness",
         _variant("gen_margin = 4", 'gen_margin = 4\nrobustness = "yes"'),
         "[evaluation] robustness: must be true or false, got 'yes'",
+    ),
+    (
+        "cud scorer option the study sets",
+        TINY + '\n[cud]\n[cud.scorer]\nanchor_data = "tofu:forget01"\n',
+        "[cud.scorer] anchor_data: is set by the study (anchor_pool, [cud.unlearn], the target); remove it",
+    ),
+    (
+        "cud scorer option",
+        TINY + '\n[cud]\n[cud.scorer]\nvector = "dense"\n',
+        "[cud.scorer]: scorer 'cud' (plugin 'builtin-scorers') rejected its options {'vector': 'dense'}: "
+        "scorer cud: option vector='dense'; choose one of binary, signed",
+    ),
+    (
+        "cud anchor runs' option",
+        TINY + '\n[cud]\n[cud.unlearn]\nobjective = "npo"\n',
+        "[cud.unlearn] objective: unknown key; known keys: " + ", ".join(SCHEDULE_FIELDS),
+    ),
+    ("cud strata", TINY + "\n[cud]\nstrata = 0\n", "[cud] strata: must be >= 1, got 0"),
+    (
+        "one budget",
+        _variant("seeds = [0, 1]", 'seeds = [0, 1]\none_budget = "no"'),
+        "[study] one_budget: must be true or false, got 'no'",
+    ),
+    (
+        "a variant of the study table",
+        TINY + "\n[variants.fast.study]\nseeds = [0]\n",
+        "[variants.fast.study]: a variant replaces tables of the study (model, benchmark, target, retain, "
+        "budget, methods, evaluation, cud)",
     ),
     (
         "retain given for another size",
@@ -362,4 +439,5 @@ def test_wheel_ships_the_builtin_studies(tmp_path):
     )
     assert build.returncode == 0, build.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("unlearn_plugins-*.whl"))).namelist()
-    assert {f"unlearn_plugins/study/studies/{name}.toml" for name in builtin_studies()} <= set(names)
+    # the study layer's and the demo's (unlearn_plugins/demo/demo.toml)
+    assert {p.relative_to(ROOT).as_posix() for p in builtin_studies().values()} <= set(names)

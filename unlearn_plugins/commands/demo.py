@@ -2,7 +2,8 @@
 
 --benchmark tofu (default): a small TOFU benchmark, target models, CUD difficulty scores,
 ReGLU and two baselines on the same budget, TOFU Forget Quality and Model Utility through
-lm-eval, and a report.
+lm-eval, and a report. It is a study (unlearn_plugins/demo/demo.toml; `unlearn study demo
+--dry-run` shows its cells), run through the study's cells, cache and workers.
 
 --benchmark movielens: recommendation unlearning on an LLM recommender: MovieLens prompts,
 target and retrain models, E2URec, NegGrad, Bad-T and RecEraser (sharded), test / forget AUC
@@ -18,6 +19,10 @@ import argparse
 from ..errors import UnlearnError
 from ..models import DTYPE_CHOICES
 from .common import check_int, check_out_folder, device_option
+
+#: the TOFU demo's study (unlearn_plugins/demo/demo.toml), and its variant for --fast
+STUDY = "demo"
+FAST = "fast"
 
 EXAMPLE = """examples:
   unlearn demo --out demo-report                    # about 13 minutes on 2 CPU cores
@@ -159,14 +164,18 @@ def _refuse_other(args, flags, benchmark: str) -> None:
 def check_args(args) -> None:
     """Ranges and output paths, before any stage runs (the benchmark stage checks --authors
     against the authors its source has)."""
-    from ..demo.pipeline import BUDGETS
+    from ..study.spec import read_study_data
 
     if args.benchmark == "movielens":
         return check_movielens_args(args)
     _refuse_other(args, MOVIELENS_ONLY, "tofu")
     if args.authors is not None:
         check_int("--authors", args.authors, 2)  # one to forget, one to retain
-    authors = args.authors if args.authors is not None else BUDGETS["fast" if args.fast else "default"].authors
+    _, data = read_study_data(STUDY, FAST if args.fast else None)
+    authors = args.authors if args.authors is not None else data["benchmark"]["authors"]
+    if authors > 20:  # TOFU's forget10_perturbed and the generated authors both have 20
+        source = "generated" if args.data == "generated" else "tofu"
+        raise UnlearnError(f"--authors {authors}: the {source} source has 20 authors with every field")
     forget_authors = 1 if args.forget_authors is None else args.forget_authors
     check_int("--forget-authors", forget_authors, 1)
     if forget_authors >= authors:
@@ -220,31 +229,137 @@ def check_movielens_args(args) -> None:
     check_out_folder("--cache-dir", args.cache_dir)
 
 
+def default_workers() -> int:
+    """Two workers where there are two cores or more, else one; more only when asked
+    (``--workers``): each worker holds a model of its own in memory."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
+def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
+    """The demo's study with this command's options in its tables, and the budget of its
+    description (its --fast variant's) as results.json records it."""
+    from pathlib import Path
+
+    from ..study.spec import load_study, read_study_data
+
+    _, data = read_study_data(STUDY, FAST if args.fast else None)
+    cud, ev = data["cud"], data.get("evaluation", {})
+    budget = {
+        "authors": data["benchmark"]["authors"],
+        "eval_size": ev["mu_size"],
+        "max_length": data["model"]["max_length"],
+        "finetune": dict(data["target"]["finetune"]),
+        "unlearn": dict(data["budget"]),
+        "anchor_unlearn": dict(cud["unlearn"]),
+        "cud": dict(cud["scorer"]),
+        "easy_hard": cud["strata"],
+        "eval_batch_size": ev.get("batch_size", 8),
+        "gen_margin": ev.get("gen_margin", 16),
+        "anchor_pool": cud["anchor_pool"],
+    }
+    model = args.model
+    if Path(model).expanduser().exists():  # a folder given on the command line: from here, not the study file
+        model = str(Path(model).expanduser().resolve())
+    data["model"]["base"] = model
+    bench = data["benchmark"]
+    if args.authors is not None:
+        bench["authors"] = args.authors
+    bench["forget_authors"] = [1 if args.forget_authors is None else args.forget_authors]
+    bench["source"] = args.data or "auto"
+    if args.tofu_dir:
+        bench["tofu_dir"] = str(Path(args.tofu_dir).expanduser().resolve())
+    for table in (data["target"]["finetune"], data["budget"], data["cud"]["unlearn"]):
+        if train_dtype:  # the weights under LoRA while training: every training run, the anchor runs too
+            table["dtype"] = train_dtype
+    data.setdefault("evaluation", {})
+    if eval_dtype:
+        data["evaluation"]["dtype"] = eval_dtype
+    if args.robustness:
+        data["evaluation"]["robustness"] = True
+    return load_study(STUDY, data=data), budget
+
+
+def run_tofu(args) -> int:
+    """The TOFU demo: its study's cells built (cached), then the demo's report."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from ..data.tofu_benchmark import find_tofu
+    from ..demo import report
+    from ..files import folder_lock
+    from ..models import cache_dir, native_dtype
+    from ..process import quiet_libraries
+    from ..study.runner import run_plan
+
+    workers = args.workers if args.workers is not None else default_workers()
+    out = Path(args.out or "unlearn-demo")
+    train_dtype = native_dtype(args.train_dtype or "auto", args.device, "--train-dtype")
+    eval_dtype = native_dtype(args.eval_dtype or "auto", args.device, "--eval-dtype")
+    study, budget = tofu_study(args, train_dtype, eval_dtype)
+    cache = Path(args.cache_dir).expanduser() if args.cache_dir else cache_dir() / "demo"
+    config = {
+        "out": str(out),
+        "model": args.model,
+        "authors": args.authors,
+        "forget_authors": 1 if args.forget_authors is None else args.forget_authors,
+        "fast": bool(args.fast),
+        "data": args.data or "auto",
+        "tofu_dir": args.tofu_dir,
+        "device": args.device,
+        "seed": study.seeds[0],
+        "cache_dir": args.cache_dir,
+        "workers": workers,
+        "train_dtype": args.train_dtype or "auto",
+        "eval_dtype": args.eval_dtype or "auto",
+        "robustness": bool(args.robustness),
+    }
+    with folder_lock(out, f"--out {out}"), quiet_libraries():
+        started = time.perf_counter()
+        notice = None
+        if find_tofu(study.source, study.tofu_dir, study.authors) is None:
+            notice = (
+                "--data generated: using generated fictitious authors in TOFU's format"
+                if study.source == "generated"
+                else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
+                f"--authors {study.authors} is more than the package ships and the hub is unreachable): using "
+                "generated fictitious authors in TOFU's format"
+            )
+            print(f"notice: {notice}", file=sys.stderr, flush=True)
+        # --workers 1: every cell in this process, one after the other (no worker to start)
+        executor = "local" if workers > 1 else "inline"
+        plan, results = run_plan(study, out=out, cache=cache, workers=workers, executor=executor, device=args.device)
+        failed = [(cell, r) for cell, r in results.items() if r["status"] != "done"]
+        if failed:
+            cell, result = failed[0]
+            log = f" (log: {result['log']})" if result.get("log") else ""
+            raise UnlearnError(f"{plan.cells[cell].cell.label}: {result.get('error')}{log}")
+        print(f"report -> {out}", file=sys.stderr, flush=True)
+        _, table, files = report.study_report(
+            out,
+            plan,
+            results,
+            config=config,
+            budget=budget,
+            notice=notice,
+            wall_s=time.perf_counter() - started,
+            train_dtype=train_dtype or "library default",
+        )
+    print(table)
+    print(f"report -> {out}/ ({', '.join(sorted(files))})")
+    return 0
+
+
 def run(args) -> int:
     check_args(args)
-    if args.benchmark == "movielens":
-        from ..demo.movielens import run_movielens_demo
+    if args.benchmark != "movielens":
+        return run_tofu(args)
+    from ..demo.movielens import run_movielens_demo
 
-        result = run_movielens_demo(movielens_config(args))
-    else:
-        from ..demo import DemoConfig, run_demo
-
-        config = DemoConfig(
-            out=args.out or "unlearn-demo",
-            model=args.model,
-            authors=args.authors,
-            forget_authors=1 if args.forget_authors is None else args.forget_authors,
-            fast=args.fast,
-            data=args.data or "auto",
-            tofu_dir=args.tofu_dir,
-            device=args.device,
-            cache_dir=args.cache_dir,
-            workers=args.workers,
-            train_dtype=args.train_dtype or "auto",
-            eval_dtype=args.eval_dtype or "auto",
-            robustness=bool(args.robustness),
-        )
-        result = run_demo(config)
+    result = run_movielens_demo(movielens_config(args))
     print(result.table)
     print(f"report -> {result.out}/ ({', '.join(sorted(result.files))})")
     return 0

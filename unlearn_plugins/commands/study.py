@@ -38,6 +38,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study file (.toml) or a built-in study name")
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
+    p.add_argument(
+        "--variant",
+        default=None,
+        metavar="NAME",
+        help="run the study as its variant NAME: the tables of [variants.NAME] in place of its own "
+        "(e.g. unlearn study demo --variant fast, the demo's --fast)",
+    )
     p.add_argument("--out", default=None, help="report folder (default: study-NAME)")
     p.add_argument(
         "--workers", type=int, default=1, help="cells built at once (default: 1); local workers share the cores evenly"
@@ -89,25 +96,25 @@ def add_parser(sub) -> None:
 
 def _list() -> int:
     from ..study import builtin_studies, load_study
+    from ..study.spec import variants
 
     for name, path in builtin_studies().items():
         study = load_study(str(path))
         cells = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
+        others = variants(str(path))
         print(
             f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
-            f"sizes x {len(study.seeds)} seeds = {cells} runs)"
+            f"sizes x {len(study.seeds)} seeds = {cells} runs)" + (f"; variants: {', '.join(others)}" if others else "")
         )
     return 0
 
 
 def _show_config(study, args, cache) -> int:
     """--show-config: the parsed study (load_study's result) and how this command would run it."""
-    import dataclasses
-
     options = {k: v for k, v in vars(args).items() if k not in _NOT_RUN_OPTIONS}
     options.update(out=args.out or f"study-{study.name}", cache_dir=str(cache))
     return print_config(
-        {"command_line": options, **dataclasses.asdict(study)},
+        {"command_line": options, **study.settings()},
         f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's options",
     )
 
@@ -136,7 +143,7 @@ def run(args) -> int:
     from ..study import load_study
     from ..study.cells import default_cache
 
-    study = load_study(args.study)
+    study = load_study(args.study, variant=args.variant)
     cache = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache()
     if args.show_config:
         return _show_config(study, args, cache)

@@ -38,11 +38,29 @@ from pathlib import Path
 from ..data.tofu_benchmark import file_digest
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
+from ..process import quiet_libraries
 from ..stages import Stages, digest
-from .pipeline import Method, model_key, quiet_libraries
 
 REC_TASKS = ("movielens_rec", "movielens_rec_forget")
 FORGET_TASK = "movielens_rec_forget"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    settings: dict
+
+
+def model_key(spec: str) -> str:
+    """The base model's identity: the alias/hub id, or a folder's file names, sizes and mtimes."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return digest("model", spec)
+    files = sorted(
+        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()
+    )
+    return digest("model-dir", str(path.resolve()), files)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The demo's report: a table for the terminal and, in the report folder, results.json,
 summary.md and three PNG plots (Forget Quality vs Model Utility per method, the CUD score
 histogram, easy vs hard circuit depth profiles), plus the CUD scores and the CUD-easy /
-CUD-hard splits. Reads only the cached stage folders; every file is written atomically."""
+CUD-hard splits. The demo is a study (``demo.toml`` beside this module); :func:`study_report`
+reads its cells' stage folders (the study's cache) and writes this report from them. Every file
+is written atomically."""
 
 from __future__ import annotations
 
@@ -178,10 +180,89 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
 # ----------------------------------------------------------------------------- the report
 
 
+def study_report(
+    out: Path,
+    plan,
+    results: dict[str, dict],
+    *,
+    config: dict,
+    budget: dict,
+    notice: str | None,
+    wall_s: float,
+    train_dtype: str = "library default",
+) -> tuple[dict, str, dict]:
+    """The report of the demo's study, run (:func:`unlearn_plugins.study.runner.run_plan`): its
+    one forget size's target and retain models, each method's unlearning run, every model's
+    evaluation (and with [evaluation] robustness its measurement), and the CUD cell."""
+    from ..data.tofu_benchmark import load_benchmark
+    from ..evaluation.lm_eval_runner import read_outputs
+    from ..study.cells import REALLY_FORGOTTEN
+
+    study = plan.study
+    (k,) = study.forget_sizes
+    (seed,) = study.seeds
+    cells = plan.cells
+    bench = load_benchmark(plan.benches[k]["folder"])
+    targets = {
+        name: {"key": cells[cell].stages[0].params["key"], "model": plan.models[cell]}
+        for name, cell in (("full", "target"), ("retain", f"retain/forget{k}"))
+    }
+    evals = {"full": Path(cells[f"eval-full/forget{k}"].result), "retain": Path(cells[f"eval-retain/forget{k}"].result)}
+    runs = {}
+    for method in study.methods:
+        cp = cells[f"{method.name}/forget{k}/seed{seed}"]
+        run = Path(cp.stages[0].folder)
+        runs[method.name] = {"key": run.name.rsplit("-", 1)[1], "adapter": str(run / "run")}
+        evals[method.name] = Path(cp.result)
+    forgetting = (
+        {name: folder / REALLY_FORGOTTEN for name, folder in evals.items()} if study.evaluation.robustness else {}
+    )
+    timings = {}
+    for cell, cp in cells.items():
+        sources = (results.get(cell) or {}).get("sources") or []
+        for i, stage in enumerate(cp.stages):
+            resources = _json(Path(stage.folder) / "resources.json") or {}
+            cached = i >= len(sources) or sources[i] == "cached"
+            timings[stage.label] = {"seconds": 0.0 if cached else resources.get("seconds", 0.0), "cached": cached}
+    configs = read_outputs(evals["full"]).results.get("configs", {})
+    cap = ((configs.get("tofu_forget_rouge") or {}).get("generation_kwargs") or {}).get("max_gen_toks")
+    evaluation = {
+        "tasks": list(study.evaluation.tasks),
+        "batch_size": study.evaluation.batch_size,
+        "max_gen_toks": cap,
+        "dtype": study.evaluation.dtype or "library default",
+    }
+    return write_report(
+        out,
+        config=config,
+        budget=budget,
+        bench=bench,
+        notice=notice,
+        targets=targets,
+        runs=runs,
+        methods=study.methods,
+        evals=evals,
+        cud_dir=Path(cells[f"cud/forget{k}"].result),
+        timings=timings,
+        wall_s=wall_s,
+        evaluation=evaluation,
+        train_dtype=train_dtype,
+        forgetting=forgetting,
+    )
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def write_report(
     out: Path,
     *,
-    config,
+    config: dict,
+    budget: dict,
     bench,
     notice,
     targets,
@@ -198,8 +279,6 @@ def write_report(
     """results.json, summary.md, the plots and CUD's files in ``out``; with ``forgetting`` (model
     name -> its `unlearn eval --mia --robustness` folder, from ``--robustness``) also the "Is it
     really forgotten?" tables and forget_prob_under_attack.png."""
-    from dataclasses import asdict
-
     scores = _jsonl(cud_dir / "scores.jsonl")
     by_question = {r["question"]: r["index"] for r in scores}
     easy = [by_question[r["question"]] for r in _jsonl(cud_dir / "easy.json")]
@@ -212,8 +291,8 @@ def write_report(
     meta_path = cud_dir / "scores.jsonl.meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     results = {
-        "config": asdict(config),
-        "budget": asdict(config.budget),
+        "config": config,
+        "budget": budget,
         "benchmark": bench.describe(),
         "notice": notice,
         "models": rows,
@@ -260,7 +339,7 @@ def write_report(
         order = ["retain", "full", *(m.name for m in methods)]
         named = dict(labels)
         results["really_forgotten"] = [
-            {"name": name, **really_forgotten.row(named[name], read_outputs(forgetting[name] / "eval").summary)}
+            {"name": name, **really_forgotten.row(named[name], read_outputs(forgetting[name]).summary)}
             for name in order
             if name in forgetting
         ]

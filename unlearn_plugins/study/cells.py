@@ -1,7 +1,8 @@
 """A study's cells as stages of the shared content-keyed cache (:mod:`unlearn_plugins.stages`).
 
-:func:`plan_study` turns the grid into cells whose stages (fine-tune, unlearn, evaluate) each
-have a cache folder keyed by everything their result depends on: the base model's weights,
+:func:`plan_study` turns the grid into cells whose stages (fine-tune, unlearn, evaluate, and with
+[cud] the CUD scores and strata of :mod:`.cud`) each have a cache folder keyed by everything
+their result depends on: the base model's weights,
 the benchmark files' content, the recipe or resolved unlearning config (preset < method <
 budget, with the seed), the evaluation settings, and the keys of the stages they read. A
 rerun, another study with the same target, or a second concurrent run find them there.
@@ -323,10 +324,43 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
         plan.models[f"retain/forget{k}"] = given
         model_keys[f"retain/forget{k}"] = _given_key(given)
 
+    # CUD scores of each forget set on the target ([cud])
+    for cell in expand(study):
+        if cell.kind != "cud":
+            continue
+        bench = benches[cell.forget]
+        cud = study.cud
+        unlearn = dict(cud.unlearn)
+        key = digest(
+            STUDY_FORMAT,
+            "cud",
+            model_keys["target"],
+            bench["content"]["forget"],
+            bench["content"]["retain"],
+            cud.describe(),
+            study.max_length,
+        )
+        stage = Stage(
+            f"CUD scores of the {bench['sizes']['forget']} forget samples (forget {cell.forget})",
+            folder("cud", f"forget{cell.forget}", key),
+            "cud",
+            {
+                "bench": bench["folder"],
+                "model": plan.models["target"],
+                "device": device,
+                "scorer": dict(cud.scorer),
+                "unlearn": unlearn,
+                "anchor_pool": cud.anchor_pool,
+                "strata": cud.strata,
+                "max_length": study.max_length,
+            },
+        )
+        plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+
     # evaluations and methods
     eval_keys: dict[int, str] = {}
     for cell in expand(study):
-        if cell.kind in ("target", "retain"):
+        if cell.kind in ("target", "retain", "cud"):
             continue
         k = cell.forget
         bench = benches[k]
@@ -596,16 +630,23 @@ def extraction_strengths(
     return out
 
 
+def build_cud(tmp: Path, p: dict) -> None:
+    from .cud import build_cud as build
+
+    build(tmp, p)
+
+
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune,
     "unlearn": build_unlearn,
     "evaluate": build_evaluate,
+    "cud": build_cud,
 }
 
 
 def builder(name: str) -> Callable[[Path, dict], None]:
     """The builder a stage names: one of :data:`BUILDERS`, or ``package.module:function`` for
-    a pipeline that runs its own stages on these executors (the demo, :mod:`..demo.pipeline`)."""
+    a pipeline that runs its own stages on these executors (the MovieLens demo's)."""
     if name in BUILDERS:
         return BUILDERS[name]
     module, sep, function = name.partition(":")

@@ -272,6 +272,43 @@ class LocalExecutor:
         self.slots.clear()
 
 
+# ----------------------------------------------------------------------------- inline
+
+
+class InlineExecutor:
+    """Every cell in this process, one after the other, with this process's threads: no worker
+    to start or import the libraries again (the demo with ``--workers 1``). A cell's output still
+    goes to its log; Ctrl-C interrupts the stage being built, which removes its temporary folder."""
+
+    name = "inline"
+
+    def __init__(self):
+        self.pending: list[CellTask] = []
+
+    def describe(self) -> str:
+        return f"inline: this process (pid {os.getpid()}), one cell after the other"
+
+    def free(self) -> int:
+        return 0 if self.pending else 1
+
+    def submit(self, task: CellTask) -> None:
+        self.pending.append(task)
+
+    def events(self, timeout: float) -> list[tuple]:
+        if not self.pending:
+            time.sleep(timeout)
+            return []
+        task = self.pending.pop(0)
+        cell = task.plan.cell.id
+        events: list[tuple] = [("start", cell, f"this process (pid {os.getpid()})")]
+        result = execute_cell(task, lambda *event: events.append(event))
+        events.append(("done", cell, result))
+        return events
+
+    def close(self, *, interrupted: bool = False) -> None:
+        self.pending.clear()
+
+
 # ----------------------------------------------------------------------------- dask
 
 
@@ -416,7 +453,9 @@ def make_executor(kind: str, workers: int, *, scheduler: str | None = None, thre
         return LocalExecutor(workers, threads)
     if kind == "dask":
         return DaskExecutor(workers, scheduler, threads)
+    if kind == "inline":  # one cell after the other in this process (workers and threads: its own)
+        return InlineExecutor()
     raise UnlearnError(f"--executor {kind!r}: choose {' or '.join(EXECUTORS)}")
 
 
-__all__ = ["LocalExecutor", "DaskExecutor", "make_executor", "threads_per_worker", "EXECUTORS"]
+__all__ = ["LocalExecutor", "DaskExecutor", "InlineExecutor", "make_executor", "threads_per_worker", "EXECUTORS"]

@@ -542,10 +542,43 @@ def _leader_lines(test: dict | None) -> list[str]:
 # ----------------------------------------------------------------------------- the report
 
 
+def cud_strata(plan: Plan, results: dict[str, dict]) -> dict[int, tuple[list[int], list[int]]]:
+    """Forget size -> the forget-set positions of its CUD-easy and CUD-hard QA, where the study
+    has [cud] and its cell finished."""
+    from .cud import strata
+
+    found = {}
+    for k in plan.study.forget_sizes if plan.study.cud is not None else ():
+        cp = plan.cells.get(f"cud/forget{k}")
+        if cp is not None and results.get(cp.cell.id, {}).get("status") == "done":
+            try:
+                found[k] = strata(Path(cp.result))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return found
+
+
+def strata_metrics(folder: Path, easy: Sequence[int], hard: Sequence[int]) -> dict[str, float | None]:
+    """An evaluation's mean forget probability on the CUD-easy and on the CUD-hard QA."""
+    rows = read_evaluation(folder)[1].get("tofu_forget_prob", [])
+    probs = {row["doc_id"]: row.get("prob") for row in rows}
+
+    def mean(ids: Sequence[int]) -> float | None:
+        values = [float(probs[i]) for i in ids if isinstance(probs.get(i), (int, float))]
+        return sum(values) / len(values) if values else None
+
+    return {f"{CUD_EASY}:forget_prob": mean(easy), f"{CUD_HARD}:forget_prob": mean(hard)}
+
+
+#: the names of the CUD strata in the report's "task:metric" numbers
+CUD_EASY, CUD_HARD = "cud_easy", "cud_hard"
+
+
 def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
     """Per cell numbers, per (method, forget size) intervals, and the reference models."""
     study = plan.study
     cells: dict[str, dict] = {}
+    strata = cud_strata(plan, results)
     for cell_id, cp in plan.cells.items():
         result = results.get(cell_id, {"status": "not run"})
         entry = {
@@ -560,9 +593,11 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             "log": result.get("log"),
             "stages": [s.folder for s in cp.stages],
         }
-        if result["status"] == "done" and cp.cell.kind != "target" and cp.cell.kind != "retain":
+        if result["status"] == "done" and cp.cell.kind not in ("target", "retain", "cud"):
             try:
                 entry["metrics"] = evaluation_metrics(Path(cp.result))
+                if cp.cell.forget in strata:  # [cud]: the forget probability per CUD stratum
+                    entry["metrics"].update(strata_metrics(Path(cp.result), *strata[cp.cell.forget]))
             except (OSError, ValueError, KeyError, UnlearnError) as exc:
                 entry.update(status="failed", error=f"its evaluation is unreadable: {exc}")
         if result["status"] == "done":
@@ -729,9 +764,13 @@ def _extra_lines(report: dict, k: int) -> list[str]:
     extras = report.get("extra_metrics") or []
     if not extras:
         return []
+    cud = all(key.startswith((f"{CUD_EASY}:", f"{CUD_HARD}:")) for key in extras)
     lines = [
         "",
-        "Other tasks of the study (each metric on its own scale; mean and 95% interval over the seeds):",
+        "CUD strata ([cud]): the forget probability on the CUD-easy and on the CUD-hard forget QA (mean and "
+        "95% interval over the seeds):"
+        if cud
+        else "Other tasks of the study (each metric on its own scale; mean and 95% interval over the seeds):",
         "",
         "| model | " + " | ".join(tables.markdown_cell(key) for key in extras) + " |",
         "|---|" + "---|" * len(extras),
@@ -867,13 +906,12 @@ def terminal_table(report: dict, plan: Plan) -> str:
 
 def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:
     """study.json, summary.md and pareto.png in ``out``; returns the files and the terminal table."""
-    from dataclasses import asdict
 
     data = collect(plan, results)
     study = plan.study
     report = {
         "format": REPORT_FORMAT,
-        "study": {k: v for k, v in asdict(study).items() if k != "methods"},
+        "study": {k: v for k, v in study.settings().items() if k != "methods"},
         "study_digest": study.digest(),  # another study of the same name is refused this --out
         "methods": [
             {"name": m.name, "label": m.label, "settings": m.settings, "config": m.config} for m in study.methods

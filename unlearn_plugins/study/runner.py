@@ -250,6 +250,46 @@ def record_cell(cp, records: Path, stream) -> None:
         print(f"warning: --records {records}: could not record {cp.cell.id}: {exc}", file=stream, flush=True)
 
 
+def run_plan(
+    study: Study,
+    *,
+    out: str | Path,
+    cache: Path,
+    workers: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
+    device: str | None = None,
+    threads: int | None = None,
+    stream=None,
+    records: str | Path | None = None,
+) -> tuple[Plan, dict[str, dict]]:
+    """Plan the study's cells and build them (in ``workers`` processes, or on Dask), each cell's
+    log in ``out``/logs; returns the plan and each cell's result. ``records``: a folder of
+    finished cells' results (:mod:`unlearn_plugins.study.records`), restored into the cache
+    first and added to as cells finish. The study's report (:func:`run_study`) and the demo's
+    are written from what this returns."""
+    from . import records as ledger
+    from .executors import make_executor
+
+    stream = stream or sys.stderr
+    plan = plan_study(study, cache=cache, device=device, stream=stream)
+    if records is not None:
+        records = Path(records)
+        check_records(plan, records)
+        restored = ledger.restore(plan, records)
+        if restored:
+            print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
+    drop_unreadable(plan, stream)
+    results = run_cells(
+        plan,
+        lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
+        Path(out),
+        stream=stream,
+        records=records,
+    )
+    return plan, results
+
+
 def run_study(
     study: Study,
     *,
@@ -266,25 +306,19 @@ def run_study(
     """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``.
     ``records``: a folder of finished cells' results (:mod:`unlearn_plugins.study.records`),
     restored into the cache first and added to as cells finish."""
-    from . import records as ledger
-    from .executors import make_executor
-
     stream = stream or sys.stderr
     out = Path(out)
     started = time.perf_counter()
     check_out(out, study)
-    plan = plan_study(study, cache=cache, device=device, stream=stream)
-    if records is not None:
-        records = Path(records)
-        check_records(plan, records)
-        restored = ledger.restore(plan, records)
-        if restored:
-            print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
-    drop_unreadable(plan, stream)
-    results = run_cells(
-        plan,
-        lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
-        out,
+    plan, results = run_plan(
+        study,
+        out=out,
+        cache=cache,
+        workers=workers,
+        executor=executor,
+        scheduler=scheduler,
+        device=device,
+        threads=threads,
         stream=stream,
         records=records,
     )
@@ -352,4 +386,4 @@ def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tu
             time.sleep(2)
 
 
-__all__ = ["run_study", "report_study", "run_cells", "dry_run_table", "Outcome"]
+__all__ = ["run_study", "run_plan", "report_study", "run_cells", "dry_run_table", "Outcome"]

@@ -6,7 +6,8 @@ target ("full") and retain models are made (a fine-tuning recipe, or given folde
 unlearning methods, the seeds, the evaluation and ONE unlearning budget for every method.
 Every unknown key and bad value is an error naming the file, the table and the key
 (``FILE: [table] key: what is wrong``), raised before any work; docs/study.md describes the
-format. Built-in studies live in ``studies/`` beside this module (``unlearn study --list``).
+format. Built-in studies live in ``studies/`` beside this module, the demo's (``unlearn demo``) in
+``unlearn_plugins/demo/`` (``unlearn study --list``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "studies"
+#: the demo's study descriptions (data files: the study layer imports nothing of the demo's)
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 #: [evaluation] gen_margin's largest value: new tokens past the longest answer (a larger one
 #: was accepted, then failed late, or over any model's length)
 MAX_GEN_MARGIN = 4096
 #: the model alias of a randomly initialised 2-layer Llama built in code (unlearn_plugins.testing)
 TINY_MODEL = "tiny-llama"
-TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation")
+TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation", "cud", "variants")
 CI_METHODS = ("t", "bootstrap")
-SOURCES = ("tofu", "generated")
+#: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
+SOURCES = ("tofu", "generated", "auto")
 #: the tasks every study evaluates: Forget Quality, Model Utility, forget probability and ROUGE-L
 REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 EXTRACTION_TASK = "tofu_forget_extraction_strength"
@@ -89,6 +93,21 @@ STUDY_CONTROLLED = (
     "authors",
 )
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: options of the cud scorer that a study's [cud] stage sets itself (the anchor pool and the
+#: anchor runs' options are [cud]'s; the model is the target)
+CUD_STUDY_SET = (
+    "anchor_data",
+    "tofu_dir",
+    "anchors",
+    "anchor_losses",
+    "runner",
+    "model_spec",
+    "unlearn_options",
+    "max_length",
+    "cache",
+    "cache_dir",
+    "progress",
+)
 
 
 class StudyError(UnlearnError):
@@ -138,6 +157,26 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Cud:
+    """[cud]: CUD difficulty scores of each forget set, on the target, and its CUD-easy and
+    CUD-hard strata (the ``strata`` lowest and highest scored samples). The anchors are chosen on
+    the first ``anchor_pool`` retain QA, never on a scored sample."""
+
+    scorer: dict  # the cud scorer's options ([cud.scorer])
+    unlearn: dict  # the anchor runs' training options ([cud.unlearn])
+    anchor_pool: int = 10
+    strata: int = 5
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+#: fields added to the study format after its first version: left out of a study's digest and
+#: of its report while they have these values, so the studies before them keep theirs
+LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True}
+
+
+@dataclass(frozen=True)
 class Study:
     name: str
     path: str  # the study file
@@ -156,6 +195,10 @@ class Study:
     seeds: tuple[int, ...]
     evaluation: Evaluation
     ci: str
+    cud: Cud | None = None
+    #: every schedule key the same for every method (False: [budget]'s keys only; a preset keeps
+    #: the rest of its own, as the demo's ReGLU its weight decay and warmup)
+    one_budget: bool = True
 
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
@@ -165,8 +208,12 @@ class Study:
         is or how it is described, so two studies of one name are told apart."""
         from ..files import json_digest
 
-        settings = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("path", "description")}
+        settings = {k: v for k, v in self.settings().items() if k not in ("path", "description")}
         return json_digest(settings, length=16)
+
+    def settings(self) -> dict:
+        """Its fields as a dict, less the :data:`LATER_FIELDS` a study leaves at their defaults."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
 
 @dataclass(frozen=True)
@@ -175,7 +222,7 @@ class Cell:
     evaluate. ``deps``: cells whose results it reads."""
 
     id: str
-    kind: str  # target | retain | eval_retain | eval_full | method
+    kind: str  # target | retain | eval_retain | eval_full | method | cud
     label: str
     forget: int | None = None
     method: str | None = None
@@ -187,8 +234,8 @@ class Cell:
 
 
 def builtin_studies() -> dict[str, Path]:
-    """The studies shipped with the package: name -> file."""
-    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
+    """The studies shipped with the package: name -> file (the demo's too)."""
+    return {p.stem: p for folder in (BUILTIN_DIR, DEMO_DIR) for p in sorted(folder.glob("*.toml"))}
 
 
 def find_study(spec: str) -> Path:
@@ -205,8 +252,9 @@ def find_study(spec: str) -> Path:
     raise StudyError(f"{spec}: no such study file or built-in study (built-in: {known}; see unlearn study --list)")
 
 
-def load_study(spec: str) -> Study:
-    """Read and validate a study file (or built-in study name)."""
+def read_study_data(spec: str, variant: str | None = None) -> tuple[Path, dict]:
+    """A study file's tables as read (TOML), with ``variant``'s tables in place of the study's
+    of the same name: a variant (``[variants.NAME.TABLE]``) replaces each table it gives whole."""
     path = find_study(spec)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -214,7 +262,43 @@ def load_study(spec: str) -> Study:
         raise StudyError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise StudyError(f"{path}: not valid TOML: {exc}") from None
+    variants = data.pop("variants", {})
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise StudyError(f"{path}: [variants]: must hold one table per variant ([variants.NAME.TABLE])")
+    for name, tables in variants.items():
+        bad = [t for t in tables if t not in TABLES or t in ("variants", "study")]
+        if bad:
+            raise StudyError(
+                f"{path}: [variants.{name}.{bad[0]}]: a variant replaces tables of the study "
+                f"({', '.join(t for t in TABLES if t not in ('variants', 'study'))})"
+            )
+    if variant is not None:
+        if variant not in variants:
+            known = ", ".join(variants) or "none"
+            raise StudyError(f"{path}: no variant {variant!r} (its variants: {known})")
+        data.update(variants[variant])
+    return path, data
+
+
+def load_study(spec: str, variant: str | None = None, data: dict | None = None) -> Study:
+    """Read and validate a study file (or built-in study name), as its ``variant`` if given;
+    ``data``: its tables already read (:func:`read_study_data`) and changed by the caller."""
+    if data is None:
+        path, data = read_study_data(spec, variant)
+    else:
+        path = find_study(spec)
     return _Reader(path).study(data)
+
+
+def variants(spec: str) -> list[str]:
+    """The names of a study file's variants."""
+    path = find_study(spec)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return []
+    found = data.get("variants")
+    return list(found) if isinstance(found, dict) else []
 
 
 class _Reader:
@@ -355,7 +439,7 @@ class _Reader:
                     f"({', '.join(f'[{t}]' for t in TABLES)})"
                 )
         head = self.table(data, "study", required=True)
-        self.keys("study", head, ("name", "description", "seeds", "ci"))
+        self.keys("study", head, ("name", "description", "seeds", "ci", "one_budget"))
         name = self.get("study", head, "name", "str", self.path.stem)
         if not NAME_RE.match(name):
             raise self.error("study", "name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
@@ -364,6 +448,9 @@ class _Reader:
             raise self.error("study", "description", f"must be a string, got {_show(description)}")
         seeds = self.int_list("study", head, "seeds", minimum=0, maximum=2**32 - 1)
         ci = self.get("study", head, "ci", "str", "t", choices=CI_METHODS)
+        one_budget = head.get("one_budget", True)
+        if not isinstance(one_budget, bool):
+            raise self.error("study", "one_budget", f"must be true or false, got {_show(one_budget)}")
 
         model_t = self.table(data, "model", required=True)
         self.keys("model", model_t, ("base", "max_length"))
@@ -378,8 +465,8 @@ class _Reader:
         source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
         tofu_dir = self.get("benchmark", bench, "tofu_dir", "str")
         if tofu_dir is not None:
-            if source != "tofu":
-                raise self.error("benchmark", "tofu_dir", "only applies to source = 'tofu'")
+            if source == "generated":
+                raise self.error("benchmark", "tofu_dir", "only applies to source = 'tofu' or 'auto'")
             tofu_dir = str(self.relative(tofu_dir))
         authors = self.get("benchmark", bench, "authors", "int", required=True, minimum=2)
         if authors > 20:
@@ -395,8 +482,9 @@ class _Reader:
 
         target, retain, retain_given = self.models(data, forget_sizes)
         budget = self.budget(data)
-        methods = self.methods(data, budget, max_length)
+        methods = self.methods(data, budget, max_length, one_budget)
         evaluation = self.evaluation(data)
+        cud = self.cud(data)
         return Study(
             name=name,
             path=str(self.path),
@@ -415,6 +503,8 @@ class _Reader:
             seeds=seeds,
             evaluation=evaluation,
             ci=ci,
+            cud=cud,
+            one_budget=one_budget,
         )
 
     def relative(self, value: str) -> Path:
@@ -524,7 +614,7 @@ class _Reader:
         self.checked_config("budget", UnlearnConfig, [("[budget]", budget)])
         return budget
 
-    def methods(self, data: dict, budget: dict, max_length: int) -> tuple[Method, ...]:
+    def methods(self, data: dict, budget: dict, max_length: int, one_budget: bool = True) -> tuple[Method, ...]:
         from ..training.config import UnlearnConfig
 
         entries = data.get("methods")
@@ -577,7 +667,8 @@ class _Reader:
                 )
             )
         # one budget: every method trains with the same schedule, whatever its preset says
-        for key in SCHEDULE_FIELDS:
+        # ([study] one_budget = false: [budget]'s keys only, which are every method's by construction)
+        for key in SCHEDULE_FIELDS if one_budget else ():
             seen = {m.name: m.config.get(key) for m in methods}
             if len({repr(v) for v in seen.values()}) > 1:
                 shown = ", ".join(f"{n}: {_show(v)}" for n, v in seen.items())
@@ -616,6 +707,33 @@ class _Reader:
                 create(ADAPTER_INITIALIZER, config["initializer"], **config.get("initializer_options", {}))
             except UnlearnError as exc:
                 raise self.error(table, "initializer", _one_line(exc)) from None
+
+    def cud(self, data: dict) -> Cud | None:
+        """[cud]: the scorer's options (checked by building it), the anchor runs' budget."""
+        from ..host import create
+        from ..interfaces import DIFFICULTY_SCORER
+        from ..training.config import UnlearnConfig
+
+        if "cud" not in data:
+            return None
+        values = self.table(data, "cud")
+        self.keys("cud", values, ("anchor_pool", "strata", "scorer", "unlearn"))
+        anchor_pool = self.get("cud", values, "anchor_pool", "int", 10, minimum=2)
+        strata = self.get("cud", values, "strata", "int", 5, minimum=1)
+        scorer = dict(self.get("cud", values, "scorer", "table", {}))
+        for key in scorer:
+            if key in CUD_STUDY_SET:
+                raise self.error(
+                    "cud.scorer", key, "is set by the study (anchor_pool, [cud.unlearn], the target); remove it"
+                )
+        try:
+            create(DIFFICULTY_SCORER, "cud", **scorer)
+        except UnlearnError as exc:
+            raise self.error("cud.scorer", None, _one_line(exc)) from None
+        unlearn_t = self.get("cud", values, "unlearn", "table", {})
+        unlearn = self.training_options("cud.unlearn", unlearn_t, UnlearnConfig, SCHEDULE_FIELDS)
+        self.checked_config("cud.unlearn", UnlearnConfig, [("[cud.unlearn]", unlearn)])
+        return Cud(scorer=scorer, unlearn=unlearn, anchor_pool=anchor_pool, strata=strata)
 
     def evaluation(self, data: dict) -> Evaluation:
         values = self.table(data, "evaluation")
@@ -689,6 +807,16 @@ def expand(study: Study) -> list[Cell]:
         if k not in study.retain_given:
             retain_id = f"retain/forget{k}"
             cells.append(Cell(retain_id, "retain", f"fine-tune the retain model (forget {k})", forget=k))
+        if study.cud is not None:
+            cells.append(
+                Cell(
+                    f"cud/forget{k}",
+                    "cud",
+                    f"CUD scores of the forget set (forget {k})",
+                    forget=k,
+                    deps=tuple(d for d in (target_id,) if d),
+                )
+            )
         ref = f"eval-retain/forget{k}"
         cells.append(
             Cell(
@@ -732,8 +860,11 @@ __all__ = [
     "Recipe",
     "Evaluation",
     "Cell",
+    "Cud",
     "StudyError",
     "load_study",
+    "read_study_data",
+    "variants",
     "find_study",
     "builtin_studies",
     "expand",

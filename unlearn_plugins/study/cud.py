@@ -1,0 +1,82 @@
+"""A study's ``cud`` stage: the CUD difficulty score of every forget sample on the target, and
+the CUD-easy and CUD-hard strata (the ``strata`` lowest and highest scored samples, as
+`unlearn stratify` writes them), for the per-stratum columns of the demo's report and of a
+study's (``[cud]`` in a study file, docs/study.md).
+
+The anchors come from a pool of retain QA, never from the scored forget set
+(:func:`anchor_split`): CUD's anchor runs unlearn the pool with each objective and seed of
+``[cud.scorer]``, trained with ``[cud.unlearn]``; the score matrices and anchor runs are kept in
+the CUD cache as the ``cud`` scorer keeps them. The stage folder holds ``scores.jsonl`` (with its
+``.meta.json``: the anchor vote, the runs, the agreement between seeds), ``easy.json``,
+``hard.json`` and ``anchors.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def anchor_split(retain: Path, size: int) -> tuple[str, str]:
+    """CUD's anchor pool and the retain set of its anchor runs: the first ``size`` retain QA and
+    the second half of the retain QA (the other retain authors; with one, its last QA). The
+    target knows both; neither holds a forget sample, so no scored sample is ever an anchor."""
+    from ..data.tofu import read_jsonl
+
+    half = len(read_jsonl(retain)) // 2
+    return f"{retain}[0:{min(size, half)}]", f"{retain}[{half}:]"
+
+
+def scorer(p: dict):
+    """The stage's CUD scorer (``p``: the stage's parameters)."""
+    from ..scorers.cud import CUDScorer
+
+    options = dict(p["scorer"])
+    pool, anchor_retain = anchor_split(Path(p["bench"]) / "retain.json", p["anchor_pool"])
+    unlearn = {**p["unlearn"], "retain": anchor_retain, "max_length": p["max_length"], "save_steps": 0}
+    return CUDScorer(
+        anchor_data=pool,
+        objectives=options.pop("objectives"),
+        seeds=options.pop("seeds"),
+        model_spec=p["model"],
+        unlearn_options=unlearn,
+        max_length=p["max_length"],
+        progress=True,
+        **options,
+    )
+
+
+def build_cud(tmp: Path, p: dict) -> None:
+    """Score the forget set of ``p["bench"]`` on ``p["model"]`` and write its strata into ``tmp``."""
+    from ..data.tofu import load_split
+    from ..files import write_json, write_jsonl
+    from ..models import load_model
+    from ..scoring import score_samples
+    from ..stratify import metadata_path, stratify, write_split
+
+    forget = Path(p["bench"]) / "forget.json"
+    cud = scorer(p)
+    samples = load_split(str(forget))
+    model, tok = load_model(p["model"], device=p["device"])
+    rows = score_samples(cud, samples, model=model, tokenizer=tok, scorer_name="cud")
+    del model
+    write_jsonl(tmp / "scores.jsonl", rows)
+    meta = {"scorer": "cud", "data": str(forget), "rows": len(rows), **cud.last_metadata}
+    write_json(metadata_path(tmp / "scores.jsonl"), meta)
+    n = min(p["strata"], len(rows) // 2)
+    easy, hard = stratify(rows, samples, n, n, where=str(tmp / "scores.jsonl"), meta=meta)
+    write_split(tmp / "easy.json", easy)
+    write_split(tmp / "hard.json", hard)
+    write_json(tmp / "anchors.json", dict(cud.last_anchors))
+
+
+def strata(folder: Path) -> tuple[list[int], list[int]]:
+    """The forget-set positions of a ``cud`` stage's CUD-easy and CUD-hard samples."""
+    from ..data.jsonl import iter_jsonl
+
+    by_question = {row["question"]: row["index"] for _, row in iter_jsonl(Path(folder) / "scores.jsonl")}
+    return tuple(
+        [by_question[row["question"]] for _, row in iter_jsonl(Path(folder) / f"{name}.json")]
+        for name in ("easy", "hard")
+    )
+
+
+__all__ = ["anchor_split", "scorer", "build_cud", "strata"]
