@@ -472,4 +472,4 @@ def test_the_examples_own_tests_pass_with_the_public_fixtures_alone(installed, t
         env=env_for(installed),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "4 passed" in proc.stdout
+    assert "5 passed" in proc.stdout
