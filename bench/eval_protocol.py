@@ -102,6 +102,7 @@ class Timed:
         self.seconds = {"loglikelihood": 0.0, "generate_until": 0.0}
         self.requests: dict[str, dict[str, int]] = {}
         self.tokens: dict[str, dict[str, int]] = {}
+        self.generation: dict[str, int] = {}
 
     def wrap(self, cls):
         timed = self
@@ -122,6 +123,7 @@ class Timed:
                 finally:
                     timed.seconds["generate_until"] += time.perf_counter() - started
                 timed.count(self, "generate_until", requests, out)
+                timed.generation = dict(getattr(self, "counts", {}))
                 return out
 
         Wrapped.__name__ = cls.__name__
@@ -139,8 +141,9 @@ class Timed:
             tokens_of[task] = tokens_of.get(task, 0) + n
 
 
-def one_evaluation(args, model: str, adapter: str, bench, scoring: str) -> tuple[dict, object, float]:
-    """(time breakdown, Evaluation, wall seconds) of one evaluation on ``scoring``'s path."""
+def one_evaluation(args, model: str, adapter: str, bench, scoring: str) -> tuple[dict, object, float, float]:
+    """(time breakdown, Evaluation, wall seconds, CPU seconds of this process) of one evaluation on
+    ``scoring``'s path."""
     import unlearn_plugins.evaluation.lm_eval_runner as runner
     from unlearn_plugins.demo.pipeline import generation_cap
     from unlearn_plugins.models import load_model, load_tokenizer
@@ -156,7 +159,7 @@ def one_evaluation(args, model: str, adapter: str, bench, scoring: str) -> tuple
         finally:
             spent["build_tasks"] += time.perf_counter() - started
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     loaded = load_model(model, dtype=args.dtype, adapter=adapter, merge_adapter=args.dtype == "float32")
     spent["load_model"] = time.perf_counter() - started
     runner.lm_class_for = lambda name: timed.wrap(original_class(name))
@@ -181,15 +184,18 @@ def one_evaluation(args, model: str, adapter: str, bench, scoring: str) -> tuple
     finally:
         runner.lm_class_for, runner.prepare_for_model = original_class, original_prepare
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     seconds = {**spent, **timed.seconds}
     seconds["lm_eval_other"] = wall - sum(seconds.values())
     breakdown = {
         "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "requests": timed.requests,
         "tokens": timed.tokens,
+        "generated_tokens": timed.generation,  # new path: read from the scoring / decoded
     }
-    return breakdown, evaluation, wall
+    return breakdown, evaluation, wall, cpu
 
 
 def same_responses(old: list, new: list) -> bool:
@@ -249,13 +255,15 @@ def measure(args, model: str, tmp: Path, load_start) -> int:
         tofu = find_tofu("tofu", args.tofu_dir, 20)
         bench = build_benchmark(tmp / "bench", tofu=tofu, n_authors=20, n_forget=1, eval_size=400)
     adapter = args.adapter or make_adapter(model, tmp / "adapter")
-    old_s, new_s, rounds = [], [], []
+    old_s, new_s, old_cpu, new_cpu, rounds = [], [], [], [], []
     agreement = None
     for _ in range(args.rounds):
-        old, old_eval, old_wall = one_evaluation(args, model, adapter, bench, "hf")
-        new, new_eval, new_wall = one_evaluation(args, model, adapter, bench, "prefix")
+        old, old_eval, old_wall, old_c = one_evaluation(args, model, adapter, bench, "hf")
+        new, new_eval, new_wall, new_c = one_evaluation(args, model, adapter, bench, "prefix")
         old_s.append(old_wall)
         new_s.append(new_wall)
+        old_cpu.append(old_c)
+        new_cpu.append(new_c)
         rounds.append({"old": old, "new": new})
         agreement = compare(old_eval, new_eval)
     per_round = ratios(new_s, old_s)
@@ -270,6 +278,7 @@ def measure(args, model: str, tmp: Path, load_start) -> int:
         "threads": torch.get_num_threads(),
         "new_over_old": median(per_round),
         "new_over_old_spread": spread(per_round),
+        "new_over_old_cpu": median(ratios(new_cpu, old_cpu)),
         "old_wall_s": spread(old_s, 2),
         "new_wall_s": spread(new_s, 2),
         "agreement": agreement,

@@ -185,3 +185,31 @@ def test_lm_eval_cli_runs_the_tofu_tasks_with_hf_prefix(tiny_model_dir, tofu_dir
     ours = run("unlearn_plugins.evaluation.lm_eval_cli", "hf-prefix")
     theirs = run("lm_eval", "hf")
     assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_generation_follows_a_scored_answer_without_decoding_it(tiny_model_dir):
+    """A greedy generation after a prompt whose answer was scored reads the tokens on which the
+    model's predictions agree with that answer from the scoring (one scored forward) and decodes
+    only from where they part: the text is HFLM's either way."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from unlearn_plugins.evaluation.prefix_lm import PrefixSharedLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = ["the quick brown fox", "a b c"]
+    gen = {"until": [], "max_gen_toks": 10, "do_sample": False}
+    reference = HFLM(pretrained=model, tokenizer=tok, batch_size=2)
+    greedy = reference.generate_until([Instance("generate_until", {}, (p, gen), 0) for p in prompts], disable_tqdm=True)
+    ids = [tok(g, add_special_tokens=False)["input_ids"] for g in greedy]
+    # the first prompt's scored answer is its greedy text; the second's parts from it after 3 tokens
+    wrong = (ids[1][3] + 1) % tok.vocab_size
+    answers = [greedy[0], tok.decode(ids[1][:3] + [wrong] + ids[1][4:])]
+    lm = PrefixSharedLM(pretrained=model, tokenizer=tok, batch_size=2)
+    lm.loglikelihood([Instance("loglikelihood", {}, (p, a), 0) for p, a in zip(prompts, answers)], disable_tqdm=True)
+    again = lm.generate_until([Instance("generate_until", {}, (p, gen), 0) for p in prompts], disable_tqdm=True)
+    assert again == greedy
+    assert lm.counts["drafted_tokens"] >= len(ids[0]) - 1 + 4  # read from the scoring, not decoded
+    assert lm.counts["decoded_tokens"] < 2 * 10 - lm.counts["drafted_tokens"] + 1

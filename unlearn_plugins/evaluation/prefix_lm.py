@@ -188,13 +188,16 @@ class PrefixSharedLM(HFLM):
         target_lp = logits.gather(2, targets.unsqueeze(-1)).squeeze(-1).to(dtype) - torch.logsumexp(
             logits.to(dtype), dim=-1
         )
-        greedy = logits.argmax(dim=-1) == targets
+        predicted = logits.argmax(dim=-1)
+        greedy = predicted == targets
         del logits
+        predicted = predicted.cpu().tolist()
         for row, (k, s) in enumerate(zip(member, suffixes)):
             g = batch[k]
             r = groups[g].suffixes.index(s)
             n = len(s) - 1
             out[g][r] = (target_lp[row, :n].cpu(), greedy[row, :n].cpu())
+            self._drafts().setdefault(groups[g].stem, []).append((s, predicted[row][:n]))
 
     # ------------------------------------------------------------------ generation
 
@@ -227,6 +230,57 @@ class PrefixSharedLM(HFLM):
             return set()
         return {int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])}
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """Generated tokens read from scored sequences (``drafted_tokens``) and decoded one step at
+        a time (``decoded_tokens``): how much of the generation the scoring saved."""
+        if not hasattr(self, "_counts"):
+            self._counts: dict[str, int] = {}
+        return self._counts
+
+    def _drafts(self) -> dict[tuple[int, ...], list[tuple[tuple[int, ...], list[int]]]]:
+        """Per stem, the sequences scored after it and the greedy prediction at each of their
+        positions (teacher-forced): a greedy generation from a prompt inside such a sequence follows
+        it for as long as the prediction equals its next token, so those tokens need no decoding."""
+        if not hasattr(self, "_draft_table"):
+            self._draft_table: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[int]]]] = {}
+        return self._draft_table
+
+    def _drafted(self, prompt: list[int], steps: int) -> list[int]:
+        """The first greedy tokens after ``prompt`` known from scored sequences: the predictions
+        along the longest agreement with one of them, up to and including the first token where
+        the prediction leaves it (or ``steps`` tokens)."""
+        table = self._drafts()
+        if not table:
+            return []
+        best: list[int] = []
+        key = tuple(prompt)
+        for length in {len(stem) for stem in table}:
+            if length >= len(key):
+                continue
+            for suffix, predicted in table.get(key[:length], ()):
+                j = len(key) - length  # prompt tokens inside the suffix
+                if j > len(predicted) or suffix[:j] != key[length:]:
+                    continue
+                tokens = []
+                for i in range(j - 1, len(predicted)):
+                    tokens.append(predicted[i])
+                    if len(tokens) >= steps or predicted[i] != suffix[i + 1]:
+                        break
+                if len(tokens) > len(best):
+                    best = tokens
+        return best[:steps]
+
+    def _finished_at(self, tokens: list[int], end_ids: set[int], stop: list[str]) -> int | None:
+        """Index of the token at which a greedy sequence stops: an end token, or the token that
+        completes a stop string in the text lm-eval keeps (None: it goes on)."""
+        for i, token in enumerate(tokens):
+            if token in end_ids:
+                return i
+            if stop and any(s in self.tok_decode(tokens[: i + 1]) for s in stop):
+                return i
+        return None
+
     def _greedy(self, context: torch.Tensor, mask: torch.Tensor | None, max_length: int, stop: list[str]):
         device = context.device
         rows, width = context.shape
@@ -238,25 +292,61 @@ class PrefixSharedLM(HFLM):
         if steps <= 0:
             return out[:, :width]
         end_ids = self._end_ids()
+        prompts = [context[r][mask[r].bool()].tolist() for r in range(rows)]
+        todo: list[int] = []
+        known: list[list[int]] = []
+        for r, prompt in enumerate(prompts):
+            tokens = self._drafted(prompt, steps)
+            stop_at = self._finished_at(tokens, end_ids, stop)
+            if stop_at is not None:
+                tokens = tokens[: stop_at + 1]
+            out[r, width : width + len(tokens)] = torch.tensor(tokens, dtype=context.dtype, device=device)
+            self.counts["drafted_tokens"] = self.counts.get("drafted_tokens", 0) + len(tokens)
+            known.append(tokens)
+            if stop_at is None and len(tokens) < steps:
+                todo.append(r)
+        if todo:
+            generated = self._decode(
+                [prompts[r] + known[r] for r in todo], [known[r] for r in todo], steps, end_ids, stop
+            )
+            self.counts["decoded_tokens"] = self.counts.get("decoded_tokens", 0) + sum(map(len, generated))
+            for r, tokens in zip(todo, generated):
+                start = width + len(known[r])
+                out[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=context.dtype, device=device)
+        return out[:, :max_length]
+
+    def _decode(
+        self, contexts: list[list[int]], known: list[list[int]], steps: int, end_ids: set[int], stop: list[str]
+    ) -> list[list[int]]:
+        """Greedy tokens after each context (left-padded into one batch) until an end token, a stop
+        string (in the text of ``known`` + the new tokens) or ``steps`` generated tokens in all;
+        finished sequences leave the batch."""
+        device = self.device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(c) for c in contexts)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], dtype=torch.long, device=device)
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], dtype=torch.long, device=device)
+        budgets = torch.tensor([steps - len(k) for k in known], device=device)
         cache_name = self._cache_name()
-        positions = mask.cumsum(-1) - 1
-        positions = positions.masked_fill(mask == 0, 1)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         extra = {"logits_to_keep": 1} if self._forward_accepts("logits_to_keep") else {}
-        result = self._forward(input_ids=context, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        result = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
         cache = getattr(result, "cache", None) or result.past_key_values
         last = result.logits[:, -1, :].float().argmax(-1)
-        active = torch.arange(rows, device=device)
+        active = torch.arange(len(contexts), device=device)
         next_pos = positions[:, -1] + 1
-        for step in range(steps):
-            out[active, width + step] = last
-            finished = torch.tensor([int(t) in end_ids for t in last.tolist()], dtype=torch.bool, device=device)
-            if stop:
-                for k, row in enumerate(active.tolist()):
-                    if not finished[k]:
-                        text = self.tok_decode(out[row, width : width + step + 1].tolist())
-                        finished[k] = any(s in text for s in stop)
-            keep = (~finished).nonzero().flatten()
-            if step == steps - 1 or keep.numel() == 0:
+        generated: list[list[int]] = [[] for _ in contexts]
+        for _ in range(steps):
+            finished = []
+            for row, token in zip(active.tolist(), last.tolist()):
+                generated[row].append(token)
+                done = token in end_ids or len(generated[row]) >= int(budgets[row])
+                if not done and stop:
+                    text = self.tok_decode(known[row] + generated[row])
+                    done = any(s in text for s in stop)
+                finished.append(done)
+            keep = (~torch.tensor(finished, dtype=torch.bool, device=device)).nonzero().flatten()
+            if keep.numel() == 0:
                 break
             if keep.numel() < active.numel():
                 cache.batch_select_indices(keep) if hasattr(cache, "batch_select_indices") else cache.reorder_cache(
@@ -274,4 +364,4 @@ class PrefixSharedLM(HFLM):
             cache = getattr(result, "cache", None) or result.past_key_values
             last = result.logits[:, -1, :].float().argmax(-1)
             next_pos = next_pos + 1
-        return out[:, :max_length]
+        return generated
