@@ -67,6 +67,7 @@ def measure(args, model_spec: str, load_start) -> int:
     import logging
 
     import torch
+
     from unlearn_plugins.data.tofu import encode_qa, load_split
     from unlearn_plugins.evaluation.lm_eval_runner import evaluate, lm_class_for
     from unlearn_plugins.likelihood import answer_nll
