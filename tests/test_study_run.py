@@ -400,6 +400,10 @@ def test_records_let_a_study_resume_with_an_empty_cache(cache, tmp_path, capsys)
     sample_rows = [json.loads(line) for p in recorded if p.suffix == ".jsonl" for line in p.read_text().splitlines()]
     assert sample_rows and all("doc" not in r and "arguments" not in r and "doc_id" in r for r in sample_rows)
     assert sum(p.stat().st_size for p in recorded if p.is_file()) < 2_000_000
+    # file names carry no machine path (lm-eval names its folder after the model's): the cell and stage
+    assert not [p for p in recorded if "__" in str(p.relative_to(records)) or str(cache) in str(p)]
+    stage = Path(first["cells"]["grad_diff/forget1/seed0"]["stages"][1]).name
+    assert list((records / stage / "grad_diff-forget1-seed0-evaluate").glob("results_*.json"))
 
     empty = tmp_path / "empty-cache"
     code, stdout, _ = run(capsys, "tiny", "--dry-run", "--cache-dir", empty, "--records", records)
@@ -456,6 +460,12 @@ def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, t
     assert "| privleak | MIA AUC (Min-K%) | exact memorization | forget prob, worst attack |" in summary
     recorded = {p.name for p in records.rglob("*") if p.is_file()}
     assert "mia_reference.json" in recorded
+    # the measurement's and its attacks' evaluations too are named after the cell and stage
+    folders = {str(p.relative_to(records)).split("/", 1)[-1] for p in records.rglob("results_*.json")}
+    assert "really_forgotten/attacks/quantize/grad_diff-forget1-seed7-evaluate" in {
+        str(Path(f).parent) for f in folders
+    }
+    assert not [f for f in folders if "__" in f]
 
 
 def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, capsys, tofu_dir, monkeypatch):

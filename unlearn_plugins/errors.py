@@ -1,5 +1,13 @@
 """Errors a user can act on. The CLI prints them without a traceback (``--debug`` shows it)."""
 
+import traceback
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception on one line (a SyntaxError's caret lines folded in)."""
+    text = "".join(traceback.format_exception_only(type(exc), exc))
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
 
 class UnlearnError(Exception):
     """Base class: bad input or configuration, with what is wrong and where."""

@@ -26,7 +26,6 @@ import importlib.metadata as md
 import os
 import re
 import sys
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from .errors import (
     RegistryError,
     UnknownComponentError,
     UnlearnError,
+    one_line,
 )
 from .interfaces import HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND
 from .options import Declared, declared_options, finite_problems, name_problems, type_problems, values_in_use
@@ -249,12 +249,6 @@ def _names_from_env(name: str) -> set[str] | None:
     return {p.strip() for p in os.environ[name].split(",") if p.strip()}
 
 
-def _describe(exc: BaseException) -> str:
-    """An exception on one line (a SyntaxError's caret lines folded in)."""
-    text = "".join(traceback.format_exception_only(type(exc), exc))
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
-
-
 class _Refused(Exception):
     """A plugin broke a loading rule (unknown hook, no hook, a taken name)."""
 
@@ -337,7 +331,7 @@ class PluginHost:
         try:
             obj = load()
         except Exception as exc:  # an import error must not take the host down
-            self._fail(info, "failed to import", _describe(exc), exc)
+            self._fail(info, "failed to import", one_line(exc), exc)
             return
         except SystemExit as exc:  # sys.exit() at import would end every command, silently
             self._fail(info, "failed to import", f"it called sys.exit({exc.code!r}) while being imported", exc)
@@ -354,7 +348,7 @@ class PluginHost:
         try:
             self.pm.register(obj, name=info.name)
         except Exception as exc:
-            self._fail(info, "invalid plugin", _describe(exc), exc)
+            self._fail(info, "invalid plugin", one_line(exc), exc)
             return
         try:
             staged = self._call_hooks(info, obj)
@@ -417,7 +411,7 @@ class PluginHost:
                 except DuplicateComponentError as exc:
                     raise _Refused("name already taken", str(exc)) from exc
                 except Exception as exc:
-                    raise _Refused(f"hook {hook_name} raised", _describe(exc)) from exc
+                    raise _Refused(f"hook {hook_name} raised", one_line(exc)) from exc
         return staged
 
     def _component(
@@ -549,7 +543,7 @@ def create_with_record(kind: str, name: str, /, **options: Any) -> tuple[Any, di
     except UnlearnError as exc:
         refuse(_describe_error(exc), exc)
     except Exception as exc:  # a plugin's own check (ValueError, assert ...) or a value of the wrong type
-        refuse("; ".join(type_problems(declared, options)) or _describe(exc), exc)
+        refuse("; ".join(type_problems(declared, options)) or one_line(exc), exc)
     # after the constructor: its own message comes first; a NaN or infinity it let through
     # (alpha = inf) would make the loss non-finite and the error advise a lower --lr
     problems = type_problems(declared, options) + finite_problems(options)

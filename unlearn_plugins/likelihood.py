@@ -4,7 +4,7 @@ the ``loss`` scorer and the TOFU metrics."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from .data.tofu import IGNORE_INDEX, pad_batch
 from .errors import UnlearnError
@@ -24,6 +24,24 @@ def token_nll(logits, labels):
     rows = F.cross_entropy(logits[:, :-1, :][mask].float(), shift_labels[mask], reduction="none")
     nll = rows.new_zeros(shift_labels.shape).masked_scatter(mask, rows)
     return nll, mask
+
+
+def forward(model, part: Mapping[str, Any], **kwargs):
+    """Model outputs for one padded part of a batch (input_ids, attention_mask)."""
+    return model(input_ids=part["input_ids"], attention_mask=part["attention_mask"], **kwargs)
+
+
+def masked_mean(values, mask):
+    """Mean of ``values`` over the True entries of ``mask`` (0 when the mask is empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def mean_nll(model, part):
+    """Mean token NLL over all answer tokens of the batch (the usual causal-LM loss)."""
+    logits = forward(model, part).logits
+    nll, mask = token_nll(logits, part["labels"])
+    return masked_mean(nll, mask)
 
 
 def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8, progress: bool = False):

@@ -279,3 +279,19 @@ def values_in_use(declared: Declared | None, instance: Any, given: dict[str, Any
     for name, value in given.items():  # open-ended components: what was given beyond the declared
         values.setdefault(name, json_safe(value))
     return values
+
+
+def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
+    """--option key=value pairs; values parsed as JSON when possible (numbers, booleans, lists)."""
+    from .errors import UnlearnError
+
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UnlearnError(f"{flag} {pair!r}: expected key=value")
+        try:
+            options[key.strip().replace("-", "_")] = json.loads(value)
+        except (ValueError, RecursionError):  # not JSON (or too long/deep for Python's parser): the text
+            options[key.strip().replace("-", "_")] = value
+    return options

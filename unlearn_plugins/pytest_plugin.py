@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 #: the TOFU rows shipped with the package (the demo's authors; TOFU's MIT licence beside them)
-SHIPPED_TOFU = Path(__file__).resolve().parent / "demo" / "tofu_subset"
+SHIPPED_TOFU = Path(__file__).resolve().parent / "data" / "tofu_subset"
 #: split -> (shipped file, first row, rows): authors 196-199 of TOFU's forget10_perturbed, 20 QA each
 _SPLITS = {
     "forget01": ("authors_197-199_perturbed.json", 20, 40),

@@ -114,9 +114,9 @@ def run_attack(
             except UnlearnError:
                 raise
             except Exception as exc:
-                from ..host import _describe
+                from ..errors import one_line
 
-                raise UnlearnError(f"{label} failed: {_describe(exc)}") from exc
+                raise UnlearnError(f"{label} failed: {one_line(exc)}") from exc
             if result is None:
                 result = AttackResult()
             if not isinstance(result, AttackResult):

@@ -27,11 +27,9 @@ def plot_easy_hard(
     easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: str | os.PathLike, title: str = "CUD circuits"
 ) -> None:
     """A PNG with three heatmaps: easy, hard, hard - easy (layer x component)."""
-    import matplotlib
+    from ..plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     easy, hard = mean_placement(easy_rows), mean_placement(hard_rows)
     layers = easy.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(12, max(4, layers * 0.22)), sharey=True)
@@ -51,8 +49,5 @@ def plot_easy_hard(
     axes[0].set_ylabel(f"destination layer ({layers - 1} = logits)")
     fig.suptitle(f"{title}: mean circuit edges per sample by destination")
     fig.tight_layout()
-    from ..files import atomic_open
-
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
+    save_png(fig, path)
     plt.close(fig)

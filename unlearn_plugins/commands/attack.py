@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_options, check_out_folder, parse_options
+from ..options import parse_options
+from .common import add_model_options, check_out_folder
 
 EXAMPLE = """examples:
   unlearn attack --adapter npo --attack quantize --option bits=4 --out npo-int4

@@ -78,20 +78,6 @@ def check_out_file(flag: str, path: str | None) -> None:
         raise UnlearnError(f"{flag} {path}: is a folder, not a file")
 
 
-def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
-    """--option key=value pairs; values parsed as JSON when possible (numbers, booleans, lists)."""
-    options = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UnlearnError(f"{flag} {pair!r}: expected key=value")
-        try:
-            options[key.strip().replace("-", "_")] = json.loads(value)
-        except (ValueError, RecursionError):  # not JSON (or too long/deep for Python's parser): the text
-            options[key.strip().replace("-", "_")] = value
-    return options
-
-
 # ----------------------------------------------------------------------------- --show-config
 
 

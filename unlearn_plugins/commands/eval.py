@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UnlearnError
+from ..options import parse_options
 from .common import (
     add_model_options,
     check_int,
@@ -20,7 +21,6 @@ from .common import (
     check_out_folder,
     device_option,
     dtype_option,
-    parse_options,
 )
 
 EXAMPLE = """examples:
@@ -330,129 +330,43 @@ def run(args) -> int:
     _check_not_overwriting_inputs(args)
     if args.use_cache:
         check_out_file("--use-cache", args.use_cache + "_rank0.db")
-    common = dict(
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        batch_size=args.batch_size,
-        limit=limit,
-        num_fewshot=args.num_fewshot,
-        tofu_dir=args.tofu_dir,
-        mmlu_dir=args.mmlu_dir,
-        wmdp_dir=args.wmdp_dir,
-        system_prompt=args.system_prompt,
-        max_gen_toks=args.max_gen_toks,
-        allow_other_base=args.allow_other_base,
-        use_cache=args.use_cache,
-        scoring=args.scoring,
-    )
-    metadata = {"holdout_split": args.holdout_split, "mia_reference": args.mia_reference}
-    failed = False
-    with runner.lock_out(args.out):  # the whole evaluation: a second one on --out is refused at once
-        loaded = direct = None
-        if args.mia:  # the model is needed twice: for the attacks lm-eval cannot express, then by lm-eval
-            from ..models import load_model
+    from ..evaluation import model_eval
 
-            runner.task_manager_for(tasks)  # bad input fails before the model loads
-            if args.save_reference:  # its truth-ratio task too, as without --mia
-                from ..models import resolve_model
-
-                runner.prepare_for_model(
-                    resolve_model(args.model),
-                    tasks,
-                    metadata=metadata,
-                    trust_remote_code=args.trust_remote_code,
-                    tofu_dir=args.tofu_dir,
-                    forget_split=args.forget_split,
-                    mmlu_dir=args.mmlu_dir,
-                    wmdp_dir=args.wmdp_dir,
-                    system_prompt=args.system_prompt,
-                    limit=limit,
-                    save_reference=True,
-                )
-            membership.check_before_loading(
-                args.forget_split, args.holdout_split, tofu_dir=args.tofu_dir, limit=limit, reference=args.mia_reference
-            )
-            loaded = load_model(
-                args.model,
-                device=args.device,
-                dtype=args.dtype,
-                trust_remote_code=args.trust_remote_code,
-                adapter=args.adapter,
-                allow_other_base=args.allow_other_base,
-            )
-            direct = membership.direct_attacks(
-                *loaded,
-                forget_split=args.forget_split,
-                holdout_split=args.holdout_split,
-                tofu_dir=args.tofu_dir,
-                limit=limit,
-                system_prompt=args.system_prompt,
-                batch_size=args.batch_size,
-            )
-        evaluation = runner.evaluate_model(
-            args.model,
-            tasks,
+    outcome = model_eval.evaluate(
+        model_eval.Request(
+            model=args.model,
+            tasks=tasks,
+            out=args.out,
             adapter=args.adapter,
-            retain_references=args.retain_reference,
+            device=args.device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+            allow_other_base=args.allow_other_base,
+            batch_size=args.batch_size,
+            limit=limit,
+            num_fewshot=args.num_fewshot,
+            max_gen_toks=args.max_gen_toks,
+            use_cache=args.use_cache,
+            scoring=args.scoring,
+            tofu_dir=args.tofu_dir,
             forget_split=args.forget_split,
-            metadata=metadata,
-            loaded=loaded,
-            save_reference=bool(args.save_reference),
-            **common,
+            mmlu_dir=args.mmlu_dir,
+            wmdp_dir=args.wmdp_dir,
+            system_prompt=args.system_prompt,
+            retain_reference=args.retain_reference,
+            save_reference=args.save_reference,
+            mia=args.mia,
+            holdout_split=args.holdout_split,
+            mia_reference=args.mia_reference,
+            save_mia_reference=args.save_mia_reference,
+            robustness=args.robustness,
+            attacks=attacks,
+            attack_options=options,
+            keep_attacked_models=args.keep_attacked_models,
         )
-        loaded = None
-        summary = membership.mia_summary(evaluation.summary["metrics"], direct, reference_path=args.mia_reference)
-        if summary is not None:
-            evaluation.summary["mia"] = summary
-        if args.save_reference:
-            task = runner.save_reference(evaluation, args.save_reference, model=args.model, adapter=args.adapter)
-            evaluation.summary["saved_reference"] = {"path": args.save_reference, "task": task}
-        if args.save_mia_reference:
-            membership.save_mia_reference(
-                args.save_mia_reference,
-                evaluation.samples,
-                evaluation.summary["metrics"],
-                direct,
-                model=args.model,
-                adapter=args.adapter,
-            )
-            evaluation.summary["saved_mia_reference"] = {"path": args.save_mia_reference}
-        if args.robustness:
-
-            def evaluate_attacked(model_dir: str, split: str):
-                return runner.evaluate_model(model_dir, list(robustness.PLAIN_TASKS), forget_split=split, **common)
-
-            attacked = robustness.run_attacks(
-                Path(args.out),
-                attacks,
-                options,
-                evaluate=evaluate_attacked,
-                model=args.model,
-                adapter=args.adapter,
-                forget_split=args.forget_split,
-                tofu_dir=args.tofu_dir,
-                device=args.device,
-                dtype=args.dtype,
-                trust_remote_code=args.trust_remote_code,
-                allow_other_base=args.allow_other_base,
-                keep_models=args.keep_attacked_models,
-                write=runner.write_outputs,
-            )
-            failed = any(isinstance(r, str) for r in attacked.values())
-            evaluation.summary["robustness"] = robustness.robustness_summary(evaluation, attacked)
-        paths = runner.write_outputs(args.out, evaluation)
-    print(runner.format_tables(evaluation))
-    if evaluation.summary.get("mia"):
-        print(membership.mia_table(evaluation.summary["mia"]))
-    if evaluation.summary.get("robustness"):
-        print(robustness.robustness_table(evaluation.summary["robustness"]))
-    if args.save_reference:
-        print(f"retain reference ({task}) -> {args.save_reference}")
-    if args.save_mia_reference:
-        print(f"MIA reference -> {args.save_mia_reference}")
-    print(f"results -> {paths['results']} (samples beside it)")
-    return 1 if failed else 0
+    )
+    print(model_eval.report(outcome))
+    return 1 if outcome.failed else 0
 
 
 #: config.json keys that hold a model's maximum sequence length (Llama and most: the first)

@@ -11,7 +11,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import UnlearnError
-from .common import add_data_options, add_model_options, parse_options
+from ..options import parse_options
+from .common import add_data_options, add_model_options
 
 EXAMPLE = """examples:
   unlearn score --scorer length --data tofu:forget01 --out length.jsonl

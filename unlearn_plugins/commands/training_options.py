@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_show_config_option, parse_options
+from ..options import parse_options
+from .common import add_show_config_option
 
 #: a flag's default: not given (only flags actually given override the config file)
 S = argparse.SUPPRESS

@@ -233,14 +233,14 @@ def author_slice(authors: Iterable[int]) -> list[int]:
 # ----------------------------------------------------------------------------- formatting
 
 
-def _has_chat_template(tokenizer) -> bool:
+def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
 def prompt_text(tokenizer, question: str, system_prompt: str | None = None) -> str:
     """The prompt up to where the answer starts: the model's chat template with the
     question as user turn and the generation prompt; a plain Q/A format without a template."""
-    if _has_chat_template(tokenizer):
+    if has_chat_template(tokenizer):
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": question}
         ]
@@ -339,7 +339,7 @@ def _encode(
         raise DataError(f"{where}: field 'answer' tokenises to nothing ({answer!r})")
     if (
         tokenizer.bos_token_id is not None
-        and not _has_chat_template(tokenizer)
+        and not has_chat_template(tokenizer)
         and getattr(tokenizer, "add_bos_token", False)
     ):
         prompt = [tokenizer.bos_token_id] + prompt

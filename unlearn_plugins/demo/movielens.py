@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..data.tofu_benchmark import file_digest
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
 from ..stages import Stages, digest
-from .benchmark import file_digest
 from .pipeline import Method, model_key, quiet_libraries
 
 REC_TASKS = ("movielens_rec", "movielens_rec_forget")

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
-from .report import _fmt, _pyplot, _save
+from ..plots import pyplot, save_png
+from .report import _fmt
 
 COLUMNS = (
     "model",
@@ -116,7 +117,7 @@ def plot_auc(rows: Sequence[dict], path: Path) -> None:
     """Grouped bars per model: test AUC, forget AUC, and the forget AUC of CUD-easy / -hard users."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     series = (
         ("test_auc", "test AUC (retained users)", "tab:blue"),
         ("forget_auc", "forget AUC", "tab:orange"),
@@ -137,14 +138,14 @@ def plot_auc(rows: Sequence[dict], path: Path) -> None:
     ax.set_title("MovieLens: recommendation AUC before and after unlearning")
     ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 
 def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
     """JSD to the retrain model's forget predictions (lower: closer to exact unlearning)
     against the seconds each method took (the retrain model: its whole fine-tune)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for r in rows:
         if r["jsd_to_retrain"] is None or r["seconds"] is None:
@@ -164,13 +165,13 @@ def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 
 def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
     """Each forget user's mean CUD score over their prompts, CUD-easy / CUD-hard coloured."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colors = ["tab:green" if g["group"] in easy else "tab:red" if g["group"] in hard else "tab:gray" for g in users]
     ax.bar(range(len(users)), [g["score"] for g in users], color=colors)
@@ -179,7 +180,7 @@ def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[in
     ax.set_ylabel("mean CUD score (0 = like the easy anchors)")
     ax.set_title("CUD difficulty of the forget users (green: easy, red: hard)")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 

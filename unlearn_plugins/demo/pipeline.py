@@ -28,8 +28,6 @@ the other, as before.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import shutil
 import sys
@@ -38,11 +36,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from ..data.tofu_benchmark import (
+    Benchmark,
+    build_benchmark,
+    file_digest,
+    find_tofu,
+    generation_cap,
+    load_benchmark,
+    source_fingerprint,
+)
 from ..errors import UnlearnError
 from ..files import folder_lock, write_json, write_jsonl
 from ..models import merge_is_exact
+from ..process import quiet_libraries
 from ..stages import DONE, Stages, digest, usable  # noqa: F401  (DONE, digest: public here too)
-from .benchmark import Benchmark, build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
 
 #: the TOFU tasks the demo evaluates (extraction strength left out: one request per answer token)
 EVAL_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
@@ -306,17 +313,6 @@ def _prepare_cud(config: DemoConfig, bench: Benchmark, full_model: str, run: int
         )
 
 
-def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
-    """max_gen_toks for the ROUGE tasks: the longest reference answer they score, plus ``margin``."""
-    from ..data.tofu import read_jsonl
-
-    longest = 0
-    for name in ("forget", "retain_perturbed", "real_authors_perturbed", "world_facts_perturbed"):
-        for sample in read_jsonl(bench.folder / f"{name}.json"):
-            longest = max(longest, len(tokenizer(sample.answer, add_special_tokens=False)["input_ids"]))
-    return longest + 1 + margin  # + the end token
-
-
 def cached_generation_cap(root: Path, key: str, model: str, bench: Benchmark, margin: int) -> int:
     """:func:`generation_cap`, kept in ``root`` under ``key``: a warm run need not import
     transformers and load the tokenizer (3 of its 6 seconds) to know it."""
@@ -410,32 +406,6 @@ class DemoResult:
     files: dict = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def quiet_libraries():
-    """Keep the demo's output to its stage lines and progress bars: lm-eval's per-task
-    warnings and deprecation notices are for people calling those libraries directly. With
-    ``--verbosity`` (UNLEARN_VERBOSITY, which the CLI sets, and workers inherit) that flag decides."""
-    import warnings
-
-    if os.environ.get("UNLEARN_VERBOSITY"):
-        yield
-        return
-    # (and our TOFU tasks' "no retain reference" warning: the retain model's evaluation makes it)
-    names = ("lm_eval", "transformers", "peft", "accelerate", "unlearn_plugins.evaluation.tofu_tasks")
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def default_workers() -> int:
     """Two workers where there are two cores or more, else one; more only when asked
     (``--workers``): each worker holds a model of its own in memory."""
@@ -500,7 +470,7 @@ def build_stage(tmp: Path, p: dict) -> None:
     elif kind == "evaluate":
         _evaluate(config, bench, p["model"], p["adapter"], tmp, p["references"], p["save_reference"], p["max_gen_toks"])
     elif kind == "holdout":
-        from .benchmark import build_holdout
+        from ..data.tofu_benchmark import build_holdout
 
         write_json(tmp / "author.json", build_holdout(tmp / "holdout.json", tofu=p["tofu"], n_authors=p["authors"]))
     elif kind == "really_forgotten":

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
+from ..plots import pyplot, save_png
 from ..scorers.cud.scorer import PAPER_OBJECTIVES
 
 COLUMNS = (
@@ -104,22 +105,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
 # ----------------------------------------------------------------------------- plots
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=110)
-
-
 def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for r in rows:
         if r["forget_quality"] is None or r["model_utility"] is None:
@@ -134,12 +121,12 @@ def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 
 def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     groups = {
         "CUD-easy": [r["score"] for r in scores if r["index"] in set(easy)],
@@ -162,7 +149,7 @@ def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
     ax.set_title("CUD difficulty of the forget samples")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 
@@ -172,7 +159,7 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
 
     from ..circuits.plot import mean_placement
 
-    plt = _pyplot()
+    plt = pyplot()
     by_index = {r["index"]: r for r in scores}
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for name, group, color in (("CUD-easy", easy, "tab:green"), ("CUD-hard", hard, "tab:red")):
@@ -184,7 +171,7 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)
 
 

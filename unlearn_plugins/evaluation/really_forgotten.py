@@ -41,32 +41,38 @@ def measure(
     import contextlib
     import io
 
-    from ..cli import build_parser
-    from ..commands import eval as eval_command
+    from ..options import parse_options
+    from . import model_eval, robustness
     from .lm_eval_runner import read_outputs
+    from .membership import MEMORIZATION_TASK, MIA_TASK
 
-    argv = ["eval", "--model", model, "--mia", "--robustness", "--forget-split", forget_split]
-    argv += ["--holdout-split", holdout_split, "--robustness-attacks", ",".join(ATTACKS)]
-    for option in ATTACK_OPTIONS:
-        argv += ["--attack-option", option]
-    argv += ["--batch-size", str(batch_size), "--out", str(out)]
-    for flag, value in (
-        ("--tofu-dir", tofu_dir),
-        ("--adapter", adapter),
-        ("--device", device),
-        ("--dtype", dtype),
-        ("--mia-reference", mia_reference),
-        ("--save-mia-reference", save_mia_reference),
-        ("--max-gen-toks", max_gen_toks),
-    ):
-        if value:
-            argv += [flag, str(value)]
+    attacks = list(ATTACKS)
+    request = model_eval.Request(
+        model=model,
+        tasks=list(dict.fromkeys([MIA_TASK, MEMORIZATION_TASK, *robustness.tasks_needed()])),
+        out=str(out),
+        adapter=adapter,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_gen_toks=max_gen_toks,
+        tofu_dir=tofu_dir,
+        forget_split=forget_split,
+        mia=True,
+        holdout_split=holdout_split,
+        mia_reference=mia_reference,
+        save_mia_reference=save_mia_reference,
+        robustness=True,
+        attacks=attacks,
+        attack_options=robustness.attack_options(parse_options(list(ATTACK_OPTIONS), "--attack-option"), attacks),
+    )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = eval_command.run(build_parser().parse_args(argv))
+        outcome = model_eval.evaluate(request)
+        print(model_eval.report(outcome))
     log = Path(f"{out}.log")
     log.write_text(printed.getvalue())
-    if code != 0:
+    if outcome.failed:
         raise UnlearnError(f"is it really forgotten? an attack on {adapter or model} failed: see {log}")
     return read_outputs(out).summary
 
@@ -147,7 +153,7 @@ def table(rows: list[dict]) -> str:
 def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> None:
     """Grouped bars: per model, the forget metric plain and under each probe and attack (relearn's
     bar is measured on the held-back half; the plain model on that half is the black tick)."""
-    from ..demo.report import _pyplot, _save
+    from ..plots import pyplot, save_png
 
     labels = []
     for r in rows:
@@ -156,7 +162,7 @@ def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> Non
             if parts[0] == metric and len(parts) == 2 and parts[1] not in ("worst", "worst_attack"):
                 if parts[1] not in labels:
                     labels.append(parts[1])
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6.4, 1.4 * len(rows) + 2), 4.6))
     width = 0.8 / max(1, len(labels))
     for j, label in enumerate(labels):
@@ -186,5 +192,5 @@ def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> Non
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
     plt.close(fig)

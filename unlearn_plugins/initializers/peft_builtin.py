@@ -5,38 +5,20 @@ from __future__ import annotations
 from typing import Annotated
 
 from ..interfaces import InitResult
-from ..training.lora import lora_layers
+from ..training.lora import DefaultInit, ResetInit, lora_layers
 
 
-class _ResetInit:
-    """Re-draw every LoRA layer through PEFT's own ``reset_lora_parameters(adapter, init)``:
-    B = 0, so training starts from the base model exactly. Draws A from torch's global RNG
-    (seeded by the trainer), layer by layer in model order."""
-
-    name = ""
-    peft_init: object = None
-
-    def initialize(self, peft_model, *, forget=None, retain=None, tokenizer=None) -> InitResult:
-        import torch
-
-        adapter = peft_model.active_adapter
-        layers = lora_layers(peft_model)
-        with torch.no_grad():
-            for _name, module in layers:
-                module.reset_lora_parameters(adapter, self.peft_init)
-        return InitResult(retain_basis={}, residual=False, info={"init": self.name, "lora_layers": len(layers)})
-
-
-class KaimingInit(_ResetInit):
+class KaimingInit(DefaultInit):
     """PEFT's default, ``init_lora_weights=True`` (the LoRA paper's init, and the one the TOFU,
     FILA and VILA LoRA baselines train with): A ~ kaiming-uniform(a=sqrt(5)), i.e.
-    U(-1/sqrt(d_in), 1/sqrt(d_in)) like a fresh nn.Linear, B = 0. Our default init."""
+    U(-1/sqrt(d_in), 1/sqrt(d_in)) like a fresh nn.Linear, B = 0. Our default init (and
+    `unlearn finetune`'s, :class:`unlearn_plugins.training.lora.DefaultInit`)."""
 
     name = "kaiming"
     peft_init = True
 
 
-class GaussianInit(_ResetInit):
+class GaussianInit(ResetInit):
     """PEFT's ``init_lora_weights="gaussian"``: A ~ N(0, std 1/r), B = 0."""
 
     name = "gaussian"

@@ -21,29 +21,13 @@ gradient), so a broken plugin objective fails with one line naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Mapping, Sequence
+from typing import Annotated, Any
 
 from ..errors import UnlearnError
+from ..likelihood import forward, masked_mean, mean_nll
+from ..training.objective import CombinedObjective, ObjectiveContext, check_loss_value
 
 RETAIN_LOSSES = ("nll", "kl")
-
-
-@dataclass
-class ObjectiveContext:
-    """What an objective may look at before training starts (see ``prepare``)."""
-
-    model: Any  # the model being trained (a PeftModel with LoRA), already on its device
-    tokenizer: Any
-    forget_samples: Sequence[Any] = ()
-    retain_samples: Sequence[Any] = ()
-    forget: Sequence[dict] = ()  # encoded examples (input_ids, attention_mask, labels)
-    retain: Sequence[dict] = ()
-    init_result: Any = None  # InitResult of the adapter initializer, if any
-    max_length: int = 512
-    seed: int = 0
-    system_prompt: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)  # objectives may record what they chose
 
 
 def check_option(name: str, option: str, value: Any, ok: bool, expected: str) -> None:
@@ -54,11 +38,6 @@ def check_option(name: str, option: str, value: Any, ok: bool, expected: str) ->
 
 
 # ----------------------------------------------------------------------------- per-token maths
-
-
-def forward(model, part: Mapping[str, Any], **kwargs):
-    """Model outputs for one padded part of a batch (input_ids, attention_mask)."""
-    return model(input_ids=part["input_ids"], attention_mask=part["attention_mask"], **kwargs)
 
 
 def shifted(logits, labels):
@@ -79,24 +58,11 @@ def token_nll(logits, labels):
     return _token_nll(logits, labels)
 
 
-def masked_mean(values, mask):
-    """Mean of ``values`` over the True entries of ``mask`` (0 when the mask is empty)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 def sequence_nll(model, part):
     """S(x, y) per example: summed answer-token NLL, shape (B,), and the token counts (B,)."""
     logits = forward(model, part).logits
     nll, mask = token_nll(logits, part["labels"])
     return nll.sum(1), mask.sum(1)
-
-
-def mean_nll(model, part):
-    """Mean token NLL over all answer tokens of the batch (the usual causal-LM loss)."""
-    logits = forward(model, part).logits
-    nll, mask = token_nll(logits, part["labels"])
-    return masked_mean(nll, mask)
 
 
 def reference_sequence_nll(reference_model, part):
@@ -188,6 +154,10 @@ class ForgetRetainObjective:
     def needs_retain_data(self) -> bool:
         return self.alpha > 0
 
+    def retain_data_reason(self) -> str:
+        """Why it needs retain data, after its label (:meth:`CombinedObjective.retain_data_needed_by`)."""
+        return f"has a retain term (alpha={self.alpha}; --objective-option alpha=0 drops it)"
+
     def forget_loss(self, model, batch, reference_model=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -224,135 +194,22 @@ class ForgetRetainObjective:
         return f"{self.name}({options})"
 
 
-def check_loss_value(value, label: str, *, needs_grad: bool = True):
-    """``value`` if it is what ``loss`` must return - a scalar tensor carrying a gradient - else a
-    :class:`~unlearn_plugins.errors.PluginError` naming the component (``label``)."""
-    import torch
-
-    from ..errors import PluginError
-
-    if not isinstance(value, torch.Tensor):
-        kind = "a Python float" if isinstance(value, (int, float)) else f"a {type(value).__name__}"
-        raise PluginError(
-            f"{label}: loss() returned {kind} ({value!r:.60}), not a torch tensor; return the "
-            f"scalar tensor itself (no .item() or float()) so it can be backpropagated"
-        )
-    if value.numel() != 1 or value.dim() > 1:
-        raise PluginError(
-            f"{label}: loss() returned a tensor of shape {tuple(value.shape)}, not a scalar; "
-            f"reduce it (e.g. .mean()) to one value"
-        )
-    if needs_grad and torch.is_grad_enabled() and not value.requires_grad:
-        raise PluginError(
-            f"{label}: loss() returned a tensor without a gradient (detached, or computed under "
-            f"no_grad / from the reference model only): training would not change the model"
-        )
-    return value.reshape(())
-
-
-def _describe(record: Mapping[str, Any] | None, part: Any) -> str:
-    """``name(option=value, ...)`` from a run.json component record, else the part's repr."""
-    if not record:
-        return repr(part)
-    options = ", ".join(f"{k}={v!r}" for k, v in record.get("options", {}).items() if not isinstance(v, (list, dict)))
-    return f"{record['name']}({options})"
-
-
-class CombinedObjective:
-    """A forget objective plus weighted regularisers: ``L = L_objective + sum_i w_i L_reg_i``.
-
-    ``labels`` name each part in errors (``objective 'x' (plugin 'p')``); ``records`` are what
-    run.json records of each part (name, plugin, object, options; see ``host.create_with_record``).
-    """
-
-    regularizer = False
-
-    def __init__(
-        self,
-        objective,
-        regularizers: Sequence[Any] = (),
-        *,
-        labels: Sequence[str] | None = None,
-        records: Sequence[Mapping[str, Any]] | None = None,
-    ):
-        self.objective = objective
-        self.regularizers = list(regularizers)
-        parts = (objective, *self.regularizers)
-        self.labels = (
-            list(labels)
-            if labels is not None
-            else [f"objective {getattr(p, 'name', type(p).__name__)!r}" for p in parts]
-        )
-        self.records = list(records) if records is not None else [None] * len(parts)
-        self.last_terms: dict[str, Any] = {}
-
-    @property
-    def parts(self) -> list[Any]:
-        return [self.objective, *self.regularizers]
-
-    @property
-    def needs_reference_model(self) -> bool:
-        return any(bool(getattr(p, "needs_reference_model", False)) for p in self.parts)
-
-    @property
-    def leaves_parameters_unused(self) -> bool:
-        return any(getattr(p, "leaves_parameters_unused", False) for p in self.parts)
-
-    @property
-    def needs_retain_data(self) -> bool:
-        return bool(self.retain_data_needed_by())
-
-    def retain_data_needed_by(self) -> list[str]:
-        """Why retain data is needed: one phrase per part that needs it."""
-        reasons = []
-        for part, label in zip(self.parts, self.labels):
-            if not getattr(part, "needs_retain_data", False):
-                continue
-            if isinstance(part, ForgetRetainObjective):  # our objectives: a retain term weighted by alpha
-                reasons.append(f"{label} has a retain term (alpha={part.alpha}; --objective-option alpha=0 drops it)")
-            else:
-                reasons.append(f"{label} needs retain data (its needs_retain_data is true)")
-        return reasons
-
-    def prepare(self, context: ObjectiveContext) -> dict[str, list]:
-        from ..errors import PluginError, UnlearnError
-
-        views: dict[str, list] = {}
-        for part, label in zip(self.parts, self.labels):
-            prepare = getattr(part, "prepare", None)
-            if prepare is None:
-                continue
-            try:
-                views.update(prepare(context) or {})
-            except UnlearnError:
-                raise
-            except Exception as exc:
-                raise PluginError(f"{label}: prepare() raised {type(exc).__name__}: {exc}") from exc
-        return views
-
-    def __repr__(self) -> str:
-        parts = [_describe(self.records[0], self.objective)] + [
-            f"{getattr(r, 'weight', 1.0)} * {_describe(rec, r)}" for r, rec in zip(self.regularizers, self.records[1:])
-        ]
-        return " + ".join(parts)
-
-    def _part_loss(self, part, label, model, batch, reference_model):
-        from ..errors import PluginError, UnlearnError
-
-        try:
-            value = part.loss(model, batch, reference_model)
-        except UnlearnError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"{label}: loss() raised {type(exc).__name__}: {exc}") from exc
-        return check_loss_value(value, label)
-
-    def loss(self, model, batch, reference_model=None):
-        total = self._part_loss(self.objective, self.labels[0], model, batch, reference_model)
-        terms = dict(getattr(self.objective, "last_terms", {}) or {})
-        for reg, label in zip(self.regularizers, self.labels[1:]):
-            value = self._part_loss(reg, label, model, batch, reference_model)
-            total = total + float(getattr(reg, "weight", 1.0)) * value
-            terms[getattr(reg, "name", type(reg).__name__)] = value.detach()
-        self.last_terms = terms
-        return total
+#: the names objectives and their tests have always taken from here (defined below this layer)
+__all__ = [
+    "ObjectiveContext",
+    "CombinedObjective",
+    "ForgetRetainObjective",
+    "check_loss_value",
+    "check_option",
+    "forward",
+    "masked_mean",
+    "mean_nll",
+    "sequence_nll",
+    "shifted",
+    "token_nll",
+    "kl_to_reference",
+    "reference_outputs",
+    "reference_sequence_nll",
+    "retain_term",
+    "RETAIN_LOSSES",
+]

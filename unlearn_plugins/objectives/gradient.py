@@ -3,6 +3,7 @@ plus plain NLL (used by `unlearn finetune` to build target models)."""
 
 from __future__ import annotations
 
+from ..training.objective import NLL  # noqa: F401  (fine-tuning's objective, kept importable here)
 from .base import ForgetRetainObjective, check_option, forward, masked_mean, mean_nll, token_nll
 
 
@@ -63,19 +64,3 @@ class SatImp(WGA):
 
     def token_weight(self, p):
         return p**self.beta1 * (1 - p) ** self.beta2
-
-
-class NLL:
-    """Plain next-token NLL on answer tokens of a batch of encoded examples (fine-tuning)."""
-
-    name = "nll"
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = False
-
-    def __init__(self):
-        self.last_terms = {}
-
-    def loss(self, model, batch, reference_model=None):
-        part = batch["forget"] if "forget" in batch else batch
-        return mean_nll(model, part)

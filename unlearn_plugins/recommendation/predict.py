@@ -51,7 +51,7 @@ def _with_answer(prompt: Sequence[int], answer: Sequence[int], max_length: int) 
 def prompt_token_ids(tokenizer, samples: Sequence[Any], system_prompt: str | None = None) -> list[list[int]]:
     """Each sample's question in the model's chat template, tokenised as in training
     (:func:`unlearn_plugins.data.tofu.prompt_ids`, and the bos token encode_qa adds without a template)."""
-    from ..data.tofu import _has_chat_template, control_tokens, prompt_ids
+    from ..data.tofu import control_tokens, has_chat_template, prompt_ids
 
     specials = control_tokens(tokenizer)
     prompts = [
@@ -60,7 +60,7 @@ def prompt_token_ids(tokenizer, samples: Sequence[Any], system_prompt: str | Non
     ]
     if (
         tokenizer.bos_token_id is not None
-        and not _has_chat_template(tokenizer)
+        and not has_chat_template(tokenizer)
         and getattr(tokenizer, "add_bos_token", False)
     ):
         prompts = [[tokenizer.bos_token_id] + p for p in prompts]

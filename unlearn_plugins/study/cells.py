@@ -19,11 +19,9 @@ import inspect
 import json
 import os
 import re
-import resource
 import socket
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any, Callable
 from ..errors import UnlearnError
 from ..files import LockHeld, write_json
 from ..models import merge_is_exact
+from ..process import PeakSampler, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
 from .spec import TINY_MODEL, Cell, Study, expand
 
@@ -128,7 +127,7 @@ def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, s
 
 
 def _file_digest(path: Path) -> str:
-    from ..demo.benchmark import file_digest
+    from ..data.tofu_benchmark import file_digest
 
     return file_digest(path)
 
@@ -136,7 +135,7 @@ def _file_digest(path: Path) -> str:
 def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
     """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
     in ``scratch`` only, to know their content)."""
-    from ..demo.benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
     from ..errors import DataError
 
     if study.tofu_dir and not Path(study.tofu_dir).expanduser().is_dir():  # not "from --tofu-dir"
@@ -169,7 +168,7 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
             "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
         }
     if study.evaluation.robustness:  # membership inference's holdout: an author in no model's data
-        from ..demo.benchmark import build_holdout
+        from ..data.tofu_benchmark import build_holdout
 
         key = digest(STUDY_FORMAT, "holdout", source_fingerprint(tofu), study.authors)
         folder = cache / f"holdout-{study.source}-{key}"
@@ -490,8 +489,7 @@ def build_unlearn(tmp: Path, p: dict) -> None:
 
 
 def build_evaluate(tmp: Path, p: dict) -> None:
-    from ..demo.benchmark import load_benchmark
-    from ..demo.pipeline import generation_cap
+    from ..data.tofu_benchmark import generation_cap, load_benchmark
     from ..evaluation import lm_eval_runner as runner
     from ..models import load_tokenizer
 
@@ -621,85 +619,6 @@ def builder(name: str) -> Callable[[Path, dict], None]:
 # ----------------------------------------------------------------------------- running a cell
 
 
-def resident_mb() -> float | None:
-    """This process's resident set now, in MB (MiB); None where /proc is missing."""
-    try:
-        with open("/proc/self/statm") as handle:
-            pages = int(handle.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-class PeakSampler:
-    """A stage's own peak resident memory, sampled: a thread reads this process's resident set
-    (/proc/self/statm) every ``every`` seconds while the stage runs. It does not reset the
-    kernel's high-water mark (clear_refs would), so the process's own peak, the one
-    ``/usr/bin/time -v`` and a parent's wait4 report, still counts every stage: with the reset,
-    a worker's reported peak was only its last stage's (the demo read 3.16 GB where a stage had
-    reached 3.54). A peak shorter than ``every`` can be missed. ``scope``: "stage" on Linux;
-    elsewhere "process" (getrusage's peak so far)."""
-
-    def __init__(self, every: float = 0.005):
-        self.every = every
-        self.peak = 0
-        self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self.scope = "stage" if self._rss() is not None else "process"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _rss(self) -> int | None:
-        try:
-            with open("/proc/self/statm") as handle:
-                return int(handle.read().split()[1]) * self.page
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def _sample(self) -> None:
-        rss = self._rss()
-        if rss is not None and rss > self.peak:
-            self.peak = rss
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self._sample()
-
-    def __enter__(self) -> PeakSampler:
-        if self.scope == "stage":
-            self._sample()
-            self._thread = threading.Thread(target=self._run, name="peak-rss-sampler", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._sample()
-
-    def peak_mb(self) -> float:
-        """The stage's peak in MB (MiB), or the process's peak so far where /proc is missing."""
-        if self.scope == "stage":
-            return round(self.peak / 2**20, 1)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS, KiB on Linux
-
-
-def release_memory() -> None:
-    """Hand the memory a finished stage freed back to the system. glibc keeps freed heap pages
-    (torch's CPU tensors come from malloc), so a worker that had built a 3.4 GB stage stayed at
-    2.7 GB through every later one, and each stage's peak started there (measured on the demo's
-    fine-tune: 2.70 GB resident after it, 0.73 GB after malloc_trim). A no-op without glibc."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl, Windows)
-        pass
-
-
 def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None]:
     """``build`` that also writes resources.json: wall time and peak memory (RSS, and CUDA's
     allocator peak where a GPU was used) of the stage."""
@@ -799,8 +718,6 @@ def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> d
     cells go on."""
     import gc
     import traceback
-
-    from ..demo.pipeline import quiet_libraries
 
     plan = task.plan
     cell_id = plan.cell.id

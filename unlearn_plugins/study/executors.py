@@ -28,7 +28,8 @@ import uuid
 from typing import Any
 
 from ..errors import UnlearnError
-from .cells import CellTask, execute_cell, resident_mb
+from ..process import resident_mb
+from .cells import CellTask, execute_cell
 
 EXECUTORS = ("local", "dask")
 #: a local worker's exit status after an interrupt (SIGINT), as a shell's 128 + 2

@@ -12,6 +12,14 @@ Recorded per stage folder (``DIR/<stage folder name>/``):
 - a fine-tune or unlearning stage: its ``resources.json`` only (wall time, peak memory). Models
   and adapters are never recorded.
 
+An evaluation's files are in lm-eval's layout, ``<model>/results_<date>.json`` beside the samples,
+where lm-eval names ``<model>`` after the model's path (``__work__cache__studies__run-...__run``:
+a machine's cache folder in a committed file name). They are recorded under a name made of the
+cell and the stage instead (``grad_diff-forget1-seed0-evaluate``), every such folder of the stage
+(the robustness measurement's and its attacks' too); records written before keep their names
+and are read as they are (an evaluation is found by its ``results_<date>.json``, whatever its
+folder's name).
+
 Restoring puts an evaluation back as a finished stage. A model stage comes back hollow: its
 ``resources.json`` in a folder without the stage marker, so the report still has its wall time
 and anything that needs the model rebuilds it. A cell whose evaluation is finished is done; a
@@ -45,15 +53,47 @@ def _slim_samples(source: Path, target: Path) -> None:
     target.write_text("".join(json.dumps(_slim_row(r), sort_keys=True) + "\n" for r in rows), encoding="utf-8")
 
 
-def _record_files(stage_folder: Path, kind: str, into: Path) -> None:
+def recorded_name(cell_id: str, build: str) -> str:
+    """The name an evaluation's lm-eval model folder is recorded under: the cell and the stage."""
+    return f"{cell_id.replace('/', '-')}-{build}"
+
+
+def _renamed(stage_folder: Path, name: str) -> dict[Path, Path]:
+    """lm-eval's model folders in a stage (those holding a ``results_<date>.json``, relative to the
+    stage folder) and the name each is recorded under: ``name``, then ``name-2``, ... for two in
+    one folder."""
+    folders = sorted({p.parent.relative_to(stage_folder) for p in stage_folder.rglob("results_*.json")})
+    out: dict[Path, Path] = {}
+    for folder in folders:
+        if folder == Path(".") or any(part.startswith(".") for part in folder.parts):
+            continue
+        taken = {new.name for old, new in out.items() if old.parent == folder.parent}
+        new, n = name, 1
+        while new in taken:
+            n += 1
+            new = f"{name}-{n}"
+        out[folder] = folder.parent / new
+    return out
+
+
+def _record_path(relative: Path, renamed: dict[Path, Path]) -> Path:
+    """``relative`` (a file in the stage) with its lm-eval model folder renamed."""
+    for old, new in renamed.items():
+        if relative.parent == old:
+            return new / relative.name
+    return relative
+
+
+def _record_files(stage_folder: Path, kind: str, into: Path, name: str = "") -> None:
     if kind != "evaluate":
         if (stage_folder / RESOURCES).is_file():
             shutil.copy2(stage_folder / RESOURCES, into / RESOURCES)
         return
+    renamed = _renamed(stage_folder, name) if name else {}
     for path in sorted(stage_folder.rglob("*")):
         if not path.is_file() or any(part.startswith(".") for part in path.relative_to(stage_folder).parts):
             continue
-        target = into / path.relative_to(stage_folder)
+        target = into / _record_path(path.relative_to(stage_folder), renamed)
         target.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".jsonl":
             _slim_samples(path, target)
@@ -89,8 +129,10 @@ def save(cp: CellPlan, records: Path) -> list[str]:
         folder = Path(stage.folder)
         if not (folder / DONE).is_file():
             continue
+        name = recorded_name(cp.cell.id, stage.build)
         if _write_folder(
-            records / folder.name, lambda tmp, folder=folder, kind=stage.build: _record_files(folder, kind, tmp)
+            records / folder.name,
+            lambda tmp, folder=folder, kind=stage.build, name=name: _record_files(folder, kind, tmp, name),
         ):
             saved.append(folder.name)
     return saved
@@ -120,4 +162,4 @@ def restore(plan: Plan, records: Path) -> list[str]:
     return restored
 
 
-__all__ = ["save", "restore"]
+__all__ = ["save", "restore", "recorded_name"]

@@ -304,7 +304,7 @@ class _Reader:
 
     def training_options(self, table: str, values: dict, config_cls, allowed) -> dict:
         """Options of a training config (a recipe's finetune table, the budget): names and types."""
-        from ..training.config import _type_ok
+        from ..training.config import type_ok
 
         fields = {f.name: f for f in dataclasses.fields(config_cls)}
         out = {}
@@ -325,7 +325,7 @@ class _Reader:
                     raise self.error(table, key, "belongs to a method: set it in [[methods]]")
                 raise self.error(table, key, f"unknown key; known keys: {', '.join(allowed)}")
             annotation = str(fields[key].type)
-            if not _type_ok(value, annotation):
+            if not type_ok(value, annotation):
                 raise self.error(table, key, f"must be of type {annotation}, got {_show(value)}")
             if annotation.startswith("float") and isinstance(value, int):
                 value = float(value)

@@ -301,7 +301,7 @@ class FinetuneConfig(TrainingConfig):
 # ----------------------------------------------------------------------------- loading and merging
 
 
-def _type_ok(value: Any, annotation: str) -> bool:
+def type_ok(value: Any, annotation: str) -> bool:
     """Check a TOML value against a field's (string) annotation."""
     kinds = {
         "str": (str,),
@@ -341,7 +341,7 @@ def check_values(config_cls, values: Mapping[str, Any], where: str) -> dict[str,
         if name not in fields:
             raise ConfigError(f"{where}: unknown option {key!r}; known options: {', '.join(sorted(fields))}")
         annotation = str(fields[name].type)
-        if not _type_ok(value, annotation):
+        if not type_ok(value, annotation):
             raise ConfigError(f"{where}: option {key!r} must be of type {annotation}, got {value!r}")
         if annotation.startswith("float") and isinstance(value, int):
             try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, UnlearnError
+from ..interfaces import InitResult
 
 INITIAL_ADAPTER = "initial_adapter"  # must be a valid PEFT adapter name (no dots)
 REFERENCE_ADAPTER = "reference"  # the frozen copy of the initial adapter (not INITIAL_ADAPTER: PEFT's weight
@@ -311,3 +312,31 @@ class SharedWeightsReference:
             "(residual init); no copy of the model",
         }
         return {"how": self.how, "description": what[self.how]}
+
+
+class ResetInit:
+    """Re-draw every LoRA layer through PEFT's own ``reset_lora_parameters(adapter, init)``:
+    B = 0, so training starts from the base model exactly. Draws A from torch's global RNG
+    (seeded by the trainer), layer by layer in model order. The initializers built on it are
+    :mod:`unlearn_plugins.initializers.peft_builtin`'s; `unlearn finetune` uses :class:`DefaultInit`."""
+
+    name = ""
+    peft_init: object = None
+
+    def initialize(self, peft_model, *, forget=None, retain=None, tokenizer=None) -> InitResult:
+        import torch
+
+        adapter = peft_model.active_adapter
+        layers = lora_layers(peft_model)
+        with torch.no_grad():
+            for _name, module in layers:
+                module.reset_lora_parameters(adapter, self.peft_init)
+        return InitResult(retain_basis={}, residual=False, info={"init": self.name, "lora_layers": len(layers)})
+
+
+class DefaultInit(ResetInit):
+    """PEFT's default, ``init_lora_weights=True``: A ~ kaiming-uniform(a=sqrt(5)), B = 0; what
+    `unlearn finetune` trains target models with (the ``kaiming`` adapter initializer)."""
+
+    name = "kaiming"
+    peft_init = True

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from .config import ConfigError, TrainingConfig
 
 if TYPE_CHECKING:
-    from .run import Initializer
+    from .objective import Initializer
 
 CHECKPOINTS = "checkpoints"
 RUN_CONFIG = "run_config.json"

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 from ..errors import DataError, UnlearnError
 from ..files import folder_lock, write_json
 from .config import ConfigError, FinetuneConfig, TrainingConfig, UnlearnConfig
+from .objective import NLL, CombinedObjective, Initializer, ObjectiveContext
 from .outputs import (
     RUN_CONFIG,
     RUN_JSON,
@@ -327,7 +328,6 @@ def _train_locked(
     from transformers import set_seed
 
     from ..data.tofu import PaddingCollator, encode_samples
-    from ..objectives.base import ObjectiveContext
     from . import lora
     from .trainer import WRITE_ERRORS, CheckpointWriteError, NonFiniteLossError, UnlearningTrainer, write_reason
 
@@ -557,7 +557,6 @@ def _check_component(kind: str, name: str, options: dict[str, Any], seed: int | 
 def build_objective(config: UnlearnConfig):
     """The objective of ``config`` combined with its regulariser (names and options checked)."""
     from ..interfaces import UNLEARNING_OBJECTIVE
-    from ..objectives.base import CombinedObjective
 
     objective, record, label = _check_component(
         UNLEARNING_OBJECTIVE, config.objective, config.objective_kwargs(), config.seed
@@ -583,15 +582,6 @@ def build_objective(config: UnlearnConfig):
     elif config.regularizer_options:
         raise ConfigError("regularizer options were given without --regularizer")
     return CombinedObjective(objective, regularizers, labels=labels, records=records)
-
-
-@dataclass
-class Initializer:
-    """A created adapter initializer, how errors name it, and what run.json records of it."""
-
-    obj: Any
-    label: str = "initializer"
-    record: dict[str, Any] | None = None
 
 
 def run_unlearning(
@@ -650,8 +640,6 @@ def run_unlearning(
 
 def _as_combined(objective):
     """Wrap a bare objective object so the trainer sees one interface."""
-    from ..objectives.base import CombinedObjective
-
     return objective if isinstance(objective, CombinedObjective) else CombinedObjective(objective)
 
 
@@ -672,8 +660,7 @@ def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -
 def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> RunResult:
     """Plain NLL training on a TOFU split (or some of its authors): builds target models."""
     from ..data.tofu import load_split
-    from ..initializers.peft_builtin import KaimingInit
-    from ..objectives.gradient import NLL
+    from .lora import DefaultInit
 
     config.validate()
     data = load_split(config.data, config.tofu_dir)
@@ -690,7 +677,7 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
         command="finetune",
         objective=NLL(),
         build_dataset=build,
-        initializer=None if config.full_finetune else KaimingInit(),
+        initializer=None if config.full_finetune else DefaultInit(),
         samples={"train": data},
         callbacks=callbacks,
     )

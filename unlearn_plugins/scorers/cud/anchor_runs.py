@@ -177,7 +177,7 @@ class TrainerAnchorRunner:
         from ...files import write_jsonl
         from ...likelihood import answer_nll
         from ...models import load_model
-        from ...study.cells import release_memory
+        from ...process import release_memory
         from ...training.config import UnlearnConfig
         from ...training.run import run_unlearning
 

@@ -1,4 +1,4 @@
-"""The demo's TOFU-style benchmark: N authors (20 QA each), the last ``n_forget`` of them
+"""The TOFU-style benchmark of the demo and the studies: N authors (20 QA each), the last ``n_forget`` of them
 to forget and the rest to retain, written as a folder in TOFU's format that every other
 part of the project reads (``unlearn finetune --data``, ``unlearn run --forget``, the
 ``tofu_*`` lm-eval tasks with ``tofu_dir`` = this folder).
@@ -25,14 +25,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.tofu import QA_PER_AUTHOR, configured_tofu_dir, read_jsonl, resolve_tofu_dir
 from ..errors import DataError, UnlearnError
 from ..files import write_json, write_jsonl
+from .tofu import QA_PER_AUTHOR, configured_tofu_dir, read_jsonl, resolve_tofu_dir
 
 SOURCE_AUTHORS_SPLIT = "forget10_perturbed"
 FORMAT = 1
 #: real TOFU shipped in the package: the demo's authors need no set-up (README.md and LICENSE there)
 SHIPPED_TOFU = Path(__file__).resolve().parent / "tofu_subset"
+#: where it was before it moved here from the demo's package (benchmark folders built then name it)
+FORMER_SHIPPED_TOFU = ("unlearn_plugins", "demo", "tofu_subset")
 #: its authors file: the last lines of TOFU's forget10_perturbed.json (authors 197-199)
 SHIPPED_AUTHORS_FILE = "authors_197-199_perturbed.json"
 #: and the author before them (196): the holdout of `unlearn demo --robustness`
@@ -69,7 +71,9 @@ class Benchmark:
     def describe(self) -> dict:
         if self.source != "tofu":
             where = "generated fictitious authors"
-        elif self.source_dir and Path(self.source_dir) == SHIPPED_TOFU:
+        elif self.source_dir and (
+            Path(self.source_dir) == SHIPPED_TOFU or Path(self.source_dir).parts[-3:] == FORMER_SHIPPED_TOFU
+        ):
             where = "TOFU (the subset shipped with unlearn-plugins: authors 197-199, real authors, world facts)"
         else:
             where = f"TOFU ({self.source_dir})"
@@ -151,7 +155,7 @@ def file_digest(path: Path) -> str:
 def source_fingerprint(tofu: Path | None) -> str:
     """Changes when the source data changes (another TOFU copy, a new generator version)."""
     if tofu is None:
-        from ..data import synthetic
+        from . import synthetic
 
         return f"generated-{file_digest(Path(synthetic.__file__))}"
     parts = [
@@ -195,7 +199,7 @@ def build_benchmark(
                 )
         source, source_dir = "tofu", str(tofu)
     else:
-        from ..data import synthetic
+        from . import synthetic
 
         rows = synthetic.generate_authors(synthetic.N_AUTHORS)
         available, first_author = len(rows) // QA_PER_AUTHOR, 0
@@ -254,7 +258,7 @@ def build_holdout(path: str | Path, *, tofu: Path | None, n_authors: int) -> dic
             available = len(rows) // QA_PER_AUTHOR
             first_author = 200 - available  # the file ends with TOFU's last author (199)
         else:
-            from ..data import synthetic
+            from . import synthetic
 
             rows = synthetic.generate_authors(synthetic.N_AUTHORS)
             available, first_author = len(rows) // QA_PER_AUTHOR, 0
@@ -271,6 +275,15 @@ def build_holdout(path: str | Path, *, tofu: Path | None, n_authors: int) -> dic
         rows, author = rows[index * QA_PER_AUTHOR : (index + 1) * QA_PER_AUTHOR], first_author + index
     write_jsonl(Path(path), rows)
     return {"author": author, "size": len(rows)}
+
+
+def generation_cap(tokenizer, bench: Benchmark, margin: int) -> int:
+    """max_gen_toks for the ROUGE tasks: the longest reference answer they score, plus ``margin``."""
+    longest = 0
+    for name in ("forget", "retain_perturbed", "real_authors_perturbed", "world_facts_perturbed"):
+        for sample in read_jsonl(bench.folder / f"{name}.json"):
+            longest = max(longest, len(tokenizer(sample.answer, add_special_tokens=False)["input_ids"]))
+    return longest + 1 + margin  # + the end token
 
 
 def load_benchmark(folder: str | Path) -> Benchmark | None:
