@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from .. import tables
 from ..errors import DataError, UnlearnError
+from ..evaluation.tofu_metrics import MU_PARTS
 from ..files import atomic_open, write_json
 from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
 from .statistics import NO_SPREAD, has_spread, holm
@@ -44,24 +45,6 @@ ROBUSTNESS_METRICS = (
     ("exact_memorization", "exact memorization"),
     ("forget_prob_worst", "forget prob, worst attack"),
 )
-#: Model Utility's three parts: split -> (task, metric, kind) for prob, ROUGE-L and truth ratio
-MU_PARTS = {
-    "retain": (
-        ("tofu_retain_prob", "prob"),
-        ("tofu_retain_rouge", "rougeL_recall"),
-        ("tofu_retain_truth_ratio", "truth_ratio"),
-    ),
-    "real_authors": (
-        ("tofu_real_authors", "prob"),
-        ("tofu_real_authors_rouge", "rougeL_recall"),
-        ("tofu_real_authors", "truth_ratio"),
-    ),
-    "world_facts": (
-        ("tofu_world_facts", "prob"),
-        ("tofu_world_facts_rouge", "rougeL_recall"),
-        ("tofu_world_facts", "truth_ratio"),
-    ),
-}
 MU_BOOTSTRAP = 2000
 REPORT_FORMAT = 1
 
