@@ -90,7 +90,6 @@ record is missing). The report is made from the records alone::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import random
@@ -676,27 +675,6 @@ class Phase1:
         return report_phase1(self.records)
 
 
-@contextlib.contextmanager
-def quiet_libraries():
-    """transformers / peft / accelerate warnings and deprecation notices off for the run (the log
-    keeps the study's lines and the progress bars)."""
-    import logging
-    import warnings
-
-    loggers = [logging.getLogger(name) for name in ("transformers", "peft", "accelerate")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def load_samples():
     from unlearn_plugins.data.tofu import load_split
 
@@ -919,6 +897,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = args.cache or cache_dir() / "study" / "cud_stratification_v2"
         study = Phase1(StudyConfig(device=args.device), cache, args.records)
+        from unlearn_plugins.process import quiet_libraries
+
         with quiet_libraries():
             out = study.run()
     else:
