@@ -1,6 +1,7 @@
 """The documented example plugin (examples/unlearn-surprisal, one component of every kind),
 installed with pip (offline, into a folder on PYTHONPATH), used through `unlearn` and through
-lm-eval's own CLI on the tiny model; and docs/plugins.md, whose code blocks are its files."""
+lm-eval's own CLI on the tiny model and in a tiny `unlearn study`; and docs/plugins.md, whose code
+blocks are its files."""
 
 from __future__ import annotations
 
@@ -20,11 +21,16 @@ DOCS = ROOT / "docs" / "plugins.md"
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """The example installed by pip into its own folder (the checkout and the venv stay clean)."""
+def pip_install(tmp_path_factory, version: str | None = None) -> Path:
+    """A copy of the example (with another version in its pyproject.toml, if given) installed by
+    pip into a folder of its own; returns that folder."""
     src = tmp_path_factory.mktemp("example") / "unlearn-surprisal"
-    shutil.copytree(EXAMPLE, src)
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    if version is not None:
+        pyproject = src / "pyproject.toml"
+        text = pyproject.read_text()
+        assert 'version = "0.1.0"' in text
+        pyproject.write_text(text.replace('version = "0.1.0"', f'version = "{version}"', 1))
     target = tmp_path_factory.mktemp("site")
     out = subprocess.run(
         [
@@ -46,6 +52,12 @@ def installed(tmp_path_factory) -> Path:
     )
     assert out.returncode == 0, out.stderr
     return target
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The example installed by pip into its own folder (the checkout and the venv stay clean)."""
+    return pip_install(tmp_path_factory)
 
 
 def env_for(installed: Path, **extra) -> dict[str, str]:
@@ -472,4 +484,134 @@ def test_the_examples_own_tests_pass_with_the_public_fixtures_alone(installed, t
         env=env_for(installed),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "4 passed" in proc.stdout
+    assert "5 passed" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- in a study
+
+#: the example's objective and initializer as a method, its task among the study's tasks, on one
+#: generated author to forget (20 QA, in the benchmark folder's forget.json: no TOFU split there)
+STUDY = """[study]
+name = "surprisal"
+description = "the example plugin in a study"
+seeds = [0]
+
+[model]
+base = "tiny-llama"
+max_length = 128
+
+[benchmark]
+source = "generated"
+authors = 3
+forget_authors = [1]
+
+[target]
+seed = 0
+
+[target.finetune]
+lr = 1e-3
+epochs = 1.0
+lora_r = 8
+lora_alpha = 16.0
+batch_size = 8
+grad_accum = 1
+
+[budget]
+lr = 1e-3
+epochs = 1.0
+batch_size = 4
+grad_accum = 1
+lora_r = 8
+lora_alpha = 16.0
+
+[[methods]]
+name = "capped"
+label = "Capped ascent"
+objective = "capped_ascent"
+objective_options = { cap = 50.0 }
+initializer = "forget_subspace"
+initializer_options = { max_examples = 8 }
+
+[evaluation]
+mu_size = 4
+batch_size = 8
+gen_margin = 4
+tasks = ["tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility", "surprisal_forget01"]
+"""
+
+EVALUATED = ("eval-retain/forget1", "eval-full/forget1", "capped/forget1/seed0")
+
+
+def test_the_example_in_a_study(installed, tmp_path, tmp_path_factory):
+    """Issue 31: the example plugin itself in `unlearn study`: its task is in the report as
+    `surprisal_forget01:acc`, it evaluates the study's forget set (the host's metadata
+    `forget_split`, not its own `split: forget01`), and a new version of the example rebuilds
+    the cells that use it (its task: every evaluation; its objective and initializer: the
+    method's cell) and only those."""
+    study = tmp_path / "study.toml"
+    study.write_text(STUDY)
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    env = {"UNLEARN_CACHE_DIR": str(tmp_path / "home-cache")}
+    done = unlearn(installed, "study", study, "--out", out, "--cache-dir", cache, "--threads", "1", **env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    data = json.loads((out / "study.json").read_text())
+
+    # its task in the report: study.json per cell, per method and per reference; summary.md
+    assert data["extra_metrics"] == ["surprisal_forget01:acc"]
+    (group,) = data["groups"]
+    assert group["method"] == "capped"
+    acc = group["metrics"]["surprisal_forget01:acc"]
+    assert acc["n"] == 1 and 0.0 <= acc["mean"] <= 1.0
+    assert sorted(r["name"] for r in data["references"]) == ["full", "retain"]
+    assert all(0.0 <= r["surprisal_forget01:acc"] <= 1.0 for r in data["references"])
+    for name in EVALUATED:
+        assert data["cells"][name]["status"] == "done"
+        assert 0.0 <= data["cells"][name]["metrics"]["surprisal_forget01:acc"] <= 1.0
+    summary = (out / "summary.md").read_text()
+    assert "Other tasks of the study" in summary and "| model | surprisal_forget01:acc |" in summary
+    assert re.search(r"^\| Capped ascent \| \d\.\d{3} \(n=1\) \|$", summary, flags=re.M), summary
+
+    # the method trained with the example's objective and initializer
+    run_stage, _ = map(Path, data["cells"]["capped/forget1/seed0"]["stages"])
+    components = json.loads((run_stage / "run" / "run.json").read_text())["components"]
+    assert {kind: (c["name"], c["plugin"]) for kind, c in components.items() if c} == {
+        "objective": ("capped_ascent", "surprisal"),
+        "initializer": ("forget_subspace", "surprisal"),
+    }
+
+    # its task read the study's forget set (1 generated author, 20 QA; TOFU's forget01 has 40
+    # and is not in the benchmark folder the study gives as tofu_dir), document by document
+    (bench,) = data["benchmarks"].values()
+    forget_file = Path(bench["folder"]) / "forget.json"
+    forget = [json.loads(line) for line in forget_file.read_text().splitlines()]
+    assert len(forget) == bench["sizes"]["forget"] == 20
+    for name in EVALUATED:
+        stages = [Path(p) for p in data["cells"][name]["stages"]]
+        (results_file,) = (f for s in stages for f in s.rglob("results_*.json"))
+        results = json.loads(results_file.read_text())
+        assert results["configs"]["surprisal_forget01"]["metadata"]["forget_split"] == str(forget_file)
+        assert results["n-samples"]["surprisal_forget01"] == {"original": 20, "effective": 20}, name
+        (samples_file,) = (f for s in stages for f in s.rglob("samples_surprisal_forget01_*.jsonl"))
+        rows = sorted((json.loads(line) for line in samples_file.read_text().splitlines()), key=lambda r: r["doc_id"])
+        assert len(rows) == 20
+        for row, qa in zip(rows, forget):
+            assert qa["question"] in row["doc"]["prompt"] and row["doc"]["answer"].startswith(qa["answer"]), name
+
+    # a new version of the example (the same files) rebuilds every cell that uses it, and only those
+    def states(site: Path) -> tuple[dict[str, str], str]:
+        dry = unlearn(site, "study", study, "--dry-run", "--cache-dir", cache, **env)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        lines = dry.stdout.splitlines()
+        rows = (re.match(r"^(\S+)\s.*\s(cached|to build)$", line) for line in lines)
+        return {m[1]: m[2] for m in rows if m}, lines[-1]
+
+    assert states(installed) == (
+        {cell: "cached" for cell in ("target", "retain/forget1", *EVALUATED)},
+        f"5 cells: 5 cached, 0 to build (cache {cache})",
+    )
+    bumped = pip_install(tmp_path_factory, version="0.2.0")
+    assert (bumped / "unlearn_surprisal-0.2.0.dist-info").is_dir()
+    assert states(bumped) == (
+        {"target": "cached", "retain/forget1": "cached", **{cell: "to build" for cell in EVALUATED}},
+        f"5 cells: 2 cached, 3 to build (cache {cache})",
+    )

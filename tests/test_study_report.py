@@ -23,8 +23,11 @@ def test_t_interval_over_seeds_cut_to_the_metric_range():
     assert (raw["low"], raw["high"]) == pytest.approx((0.4 - half, 0.4 + half))
     cut = interval(values, "t", (0.0, 1.0))
     assert cut["low"] == 0.0 and cut["high"] == pytest.approx(0.4 + half)  # -0.097 is no probability
-    assert interval([0.3], "t") == {"mean": 0.3, "low": None, "high": None, "n": 1, "values": [0.3]}
-    assert interval([0.3, 0.3], "t")["low"] == interval([0.3, 0.3], "t")["high"] == 0.3
+    assert interval([0.3], "t") == {"mean": 0.3, "low": None, "high": None, "n": 1, "values": [0.3], "spread": None}
+    # every seed gave one value: no spread, and no zero-width interval pretending to be one
+    flat = interval([0.3, 0.3, 0.3], "t")
+    assert flat["spread"] is False and flat["low"] is None and flat["high"] is None and flat["mean"] == 0.3
+    assert raw["spread"] is True and interval([0.3, 0.3], "bootstrap")["low"] is None
     assert interval([None, float("nan")], "t")["mean"] is None
 
 
@@ -130,7 +133,8 @@ def _group(method: str, values: list[float]) -> dict:
 
 def test_the_leader_is_tested_against_every_other_method():
     """One-sided p-values of "the method with the highest mean is better": the permutation test
-    against every split of the pooled seeds counted by hand, Welch's t-test against scipy's."""
+    against every split of the pooled seeds counted by hand, Holm over the rivals, Welch's
+    t-test against scipy's where both sides vary and none against a group with no spread."""
     import itertools
 
     from scipy import stats
@@ -146,12 +150,20 @@ def test_the_leader_is_tested_against_every_other_method():
         diffs = [sum(pooled[i] for i in s) / 3 - sum(pooled[i] for i in range(6) if i not in s) / 3 for s in splits]
         assert row["permutation_p"] == pytest.approx(sum(d >= observed - 1e-12 for d in diffs) / len(splits))
         assert row["difference"] == pytest.approx(observed) and row["n"] == [3, 3]
-        want = stats.ttest_ind(a, other, equal_var=False, alternative="greater").pvalue
-        assert row["welch_p"] == pytest.approx(want)
+    want = stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue
+    assert test["against"][0]["welch_p"] == pytest.approx(want)
+    assert test["against"][1]["welch_p"] is None  # c's seeds all gave 0.175: its Welch p is an artifact
     assert test["against"][0]["permutation_p"] == pytest.approx(2 / 20)  # the tie at 0.336 counts
+    assert test["against"][1]["permutation_p"] == pytest.approx(1 / 20)
+    # Holm over the 2 rivals: 1/20 x 2 = 0.1, then max(0.1, 2/20 x 1) = 0.1
+    assert [r["holm_p"] for r in test["against"]] == pytest.approx([0.1, 0.1])
+    assert test["post_hoc"] is True and test["correction"] == "Holm over the 2 comparisons"
     # no spread on either side: Welch's t is undefined, the permutation test still answers
     flat = leader_tests([_group("x", [0.5, 0.5, 0.5]), _group("y", [0.1, 0.1, 0.1])])
     assert flat["against"][0]["welch_p"] is None and flat["against"][0]["permutation_p"] == pytest.approx(1 / 20)
+    # a leader with no spread against a rival that varies: still no Welch p
+    lone = leader_tests([_group("x", [0.571, 0.571, 0.571]), _group("y", [0.175, 0.175, 0.081])])
+    assert lone["against"][0]["welch_p"] is None and lone["against"][0]["holm_p"] == pytest.approx(1 / 20)
     assert leader_tests([_group("x", [0.5]), _group("y", [0.1, 0.2])]) is None  # one seed: nothing to test
     assert leader_tests([_group("x", [0.5, 0.6])]) is None
 
@@ -171,6 +183,48 @@ def test_a_named_method_is_tested_against_every_other_method_whatever_its_rank()
         10 / 20
     )  # 0.336 on b's side: 10 of 20 splits
     assert leader_tests(groups, method="absent") is None
+    assert test["post_hoc"] is False  # named before the results: not picked after the fact
+
+
+def test_tied_groups_print_no_spread_not_an_interval():
+    """summary.md and the terminal table: a method whose seeds all gave one value reads "no
+    spread"; the ranking line does not compare intervals it does not have; the leader table
+    has a Holm column and says no spread where Welch's t is refused."""
+    from unlearn_plugins.study.report import _ci_text, _leader_lines, _ranking, leader_tests
+
+    flat, varied = interval([0.571, 0.571, 0.571], "t"), interval([0.175, 0.336, 0.175], "t")
+    assert _ci_text(flat, "") == "0.571 (no spread)" and "[" not in _ci_text(flat, "")
+    assert _ci_text(varied, "").startswith("0.229 [")
+    groups = [
+        {"method": m, "label": m.upper(), "forget": 1, "metrics": {"forget_quality": fq, "model_utility": mu}}
+        for m, fq, mu in (
+            ("rila", flat, interval([0.36, 0.355, 0.357], "t")),
+            ("reglu", flat, interval([0.368, 0.348, 0.349], "t")),
+            ("ihl", varied, interval([0.35, 0.35, 0.35], "t")),
+        )
+    ]
+    refs = [{"name": "full", "forget": 1, "model_utility": 0.356}]
+    line = " ".join(_ranking(groups, refs, 1))
+    assert "Highest mean Forget Quality: RILA (0.571 (no spread)); tied with REGLU (0.571 (no spread))" in line
+    assert "overlaps" not in line and "lies above" not in line
+    alone = " ".join(_ranking([groups[0], groups[2]], refs, 1))
+    assert "; next: IHL (0.229 [" in alone
+    table = "\n".join(_leader_lines(leader_tests(groups)))
+    assert "| RILA vs | difference in mean | permutation p | Holm p | Welch p | smallest possible p |" in table
+    assert "| IHL | +0.342 | 0.050 | 0.100 | n/a (no spread) | 0.050 |" in table
+    assert "picked after seeing the results" in table
+
+
+def test_the_committed_reglu_tofu_report_has_no_zero_width_interval():
+    """docs/study/reglu_tofu/summary.md as regenerated from bench/results/reglu_tofu: every
+    interval it prints has a width; the groups whose seeds agreed say "no spread"."""
+    import re
+
+    summary = (Path(__file__).resolve().parents[1] / "docs" / "study" / "reglu_tofu" / "summary.md").read_text()
+    intervals = re.findall(r"\[([-0-9.e]+), ([-0-9.e]+)\]", summary)
+    assert intervals and all(low != high for low, high in intervals), [i for i in intervals if i[0] == i[1]]
+    assert "| IHL + RILA | 3/3 | 0.571 (no spread) |" in summary
+    assert "Holm p" in summary and "n/a (no spread)" in summary
 
 
 def test_reglu_claim_holds_only_against_every_near_target_rival(tmp_path):

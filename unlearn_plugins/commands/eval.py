@@ -121,6 +121,13 @@ def add_parser(sub) -> None:
         help="lm-eval's cache of model responses (SQLite, PATH-<digest>_rank0.db, the digest of the model's and "
         "adapter's weights and the dtype): a rerun of the same model reuses them, another model gets its own",
     )
+    p.add_argument(
+        "--scoring",
+        choices=("prefix", "hf"),
+        default="prefix",
+        help="prefix (default): each prompt scored once, finished generations leave their batch "
+        "(lm-eval model hf-prefix); hf: lm-eval's HFLM as it is (the same numbers, slower)",
+    )
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument(
         "--forget-split",
@@ -340,6 +347,7 @@ def run(args) -> int:
             num_fewshot=args.num_fewshot,
             max_gen_toks=args.max_gen_toks,
             use_cache=args.use_cache,
+            scoring=args.scoring,
             tofu_dir=args.tofu_dir,
             forget_split=args.forget_split,
             mmlu_dir=args.mmlu_dir,

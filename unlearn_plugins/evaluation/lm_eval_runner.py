@@ -756,6 +756,7 @@ def evaluate_model(
     loaded: tuple[Any, Any] | None = None,
     merge_adapter: bool = False,
     save_reference: bool = False,
+    scoring: str = "prefix",
 ) -> Evaluation:
     """Load ``model`` (folder, hub id or alias; ``adapter`` = PEFT folder) and evaluate it.
 
@@ -764,9 +765,11 @@ def evaluate_model(
     metadata (e.g. the MIA tasks' ``holdout_split``); ``loaded``: the (model, tokenizer) that
     :func:`unlearn_plugins.models.load_model` gave for these arguments, when the caller needs it too;
     ``merge_adapter``: evaluate the adapter merged into the weights (:func:`..models.load_model`);
-    ``save_reference``: the caller saves a retain reference (:func:`prepare` checks for its task).
+    ``save_reference``: the caller saves a retain reference (:func:`prepare` checks for its task);
+    ``scoring``: ``"prefix"`` (:class:`.prefix_lm.PrefixSharedLM`: each prompt scored once, finished
+    generations leave their batch) or ``"hf"`` (lm-eval's HFLM as it is: the same numbers, slower).
     """
-    from lm_eval.models.huggingface import HFLM
+    lm_class = lm_class_for(scoring)
 
     from ..models import load_model, pick_device, pick_dtype, resolve_model
 
@@ -802,7 +805,7 @@ def evaluate_model(
         merge_adapter=merge_adapter,
     )
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
-    lm = HFLM(
+    lm = lm_class(
         pretrained=loaded,
         tokenizer=tokenizer,
         batch_size=batch_size,
@@ -818,6 +821,7 @@ def evaluate_model(
         "batch_size": batch_size,
         "retain_references": list(retain_references),
         "max_gen_toks": max_gen_toks,
+        "scoring": scoring,
         **({"adapter_merged": True} if adapter and merge_adapter else {}),
     }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
@@ -832,6 +836,23 @@ def evaluate_model(
         model_args=model_args,
         use_cache=use_cache,
     )
+
+
+#: evaluate_model's ``scoring`` choices
+SCORINGS = ("prefix", "hf")
+
+
+def lm_class_for(scoring: str):
+    """The lm-eval model class of a ``scoring`` choice (:data:`SCORINGS`)."""
+    if scoring == "prefix":
+        from .prefix_lm import PrefixSharedLM
+
+        return PrefixSharedLM
+    if scoring == "hf":
+        from lm_eval.models.huggingface import HFLM
+
+        return HFLM
+    raise UnlearnError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
 
 
 def check_response_cache(path: str) -> None:

@@ -30,6 +30,7 @@ class Request:
     num_fewshot: int | None = None
     max_gen_toks: int | None = None
     use_cache: str | None = None
+    scoring: str = "prefix"  # lm_eval_runner.SCORINGS
     tofu_dir: str | None = None
     forget_split: str | None = None
     mmlu_dir: str | None = None
@@ -77,6 +78,7 @@ def evaluate(req: Request) -> Outcome:
         max_gen_toks=req.max_gen_toks,
         allow_other_base=req.allow_other_base,
         use_cache=req.use_cache,
+        scoring=req.scoring,
     )
     metadata = {"holdout_split": req.holdout_split, "mia_reference": req.mia_reference}
     failed = False

@@ -141,3 +141,23 @@ def model_utility(metrics: Mapping[str, Mapping[str, float]]) -> tuple[float | N
         else:
             parts[name] = float(value)
     return (harmonic_mean(parts.values()) if not missing else None), parts, missing
+
+
+#: Model Utility's nine parts by split: (task, metric) for probability, ROUGE-L and truth ratio
+MU_PARTS = {
+    "retain": (
+        ("tofu_retain_prob", "prob"),
+        ("tofu_retain_rouge", "rougeL_recall"),
+        ("tofu_retain_truth_ratio", "truth_ratio"),
+    ),
+    "real_authors": (
+        ("tofu_real_authors", "prob"),
+        ("tofu_real_authors_rouge", "rougeL_recall"),
+        ("tofu_real_authors", "truth_ratio"),
+    ),
+    "world_facts": (
+        ("tofu_world_facts", "prob"),
+        ("tofu_world_facts_rouge", "rougeL_recall"),
+        ("tofu_world_facts", "truth_ratio"),
+    ),
+}

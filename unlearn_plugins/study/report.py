@@ -5,7 +5,9 @@ reference rows; a Pareto plot (Forget Quality vs Model Utility with error bars);
 (``summary.md``) and JSON (``study.json``), each written to a temporary file and renamed.
 
 Intervals: ``t`` (Student-t on the seed means, n - 1 degrees of freedom) or ``bootstrap``
-(percentile, 10,000 resamples of the seeds); the study file says which. Each evaluation's
+(percentile, 10,000 resamples of the seeds); the study file says which. A group whose seeds
+all gave the same value has **no spread**: no interval (a zero-width one is no estimate of
+precision) and no Welch p-value against it (issue 34). Each evaluation's
 Model Utility also gets a 95% percentile bootstrap interval over its QA (the sampling error
 of the evaluation set, which seeds do not show). Reads only the cache's stage folders.
 """
@@ -20,8 +22,10 @@ from typing import Any, Sequence
 
 from .. import tables
 from ..errors import DataError, UnlearnError
+from ..evaluation.tofu_metrics import MU_PARTS
 from ..files import atomic_open, write_json
 from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
+from .statistics import NO_SPREAD, has_spread, holm
 
 #: (key, column title) of the numbers reported per cell and aggregated over seeds
 METRICS = (
@@ -41,24 +45,6 @@ ROBUSTNESS_METRICS = (
     ("exact_memorization", "exact memorization"),
     ("forget_prob_worst", "forget prob, worst attack"),
 )
-#: Model Utility's three parts: split -> (task, metric, kind) for prob, ROUGE-L and truth ratio
-MU_PARTS = {
-    "retain": (
-        ("tofu_retain_prob", "prob"),
-        ("tofu_retain_rouge", "rougeL_recall"),
-        ("tofu_retain_truth_ratio", "truth_ratio"),
-    ),
-    "real_authors": (
-        ("tofu_real_authors", "prob"),
-        ("tofu_real_authors_rouge", "rougeL_recall"),
-        ("tofu_real_authors", "truth_ratio"),
-    ),
-    "world_facts": (
-        ("tofu_world_facts", "prob"),
-        ("tofu_world_facts_rouge", "rougeL_recall"),
-        ("tofu_world_facts", "truth_ratio"),
-    ),
-}
 MU_BOOTSTRAP = 2000
 REPORT_FORMAT = 1
 
@@ -422,21 +408,23 @@ def interval(
     values: Sequence[float | None], method: str, bounds: tuple[float | None, float | None] = (None, None)
 ) -> dict[str, Any]:
     """Mean and 95% interval over the seeds (``t`` or ``bootstrap``), cut to ``bounds``; None
-    bounds from one value."""
+    bounds from one value, and from values that are all equal (``spread`` False: "no spread",
+    not an interval of zero width). ``spread`` is None for fewer than 2 values."""
     import numpy as np
 
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    out: dict[str, Any] = {"mean": None, "low": None, "high": None, "n": len(vals), "values": vals}
+    out: dict[str, Any] = {"mean": None, "low": None, "high": None, "n": len(vals), "values": vals, "spread": None}
     if not vals:
         return out
     mean = float(np.mean(vals))
     out["mean"] = mean
     if len(vals) < 2:
         return out
+    out["spread"] = has_spread(vals)
+    if not out["spread"]:  # no interval: the seeds agree, which says nothing of the precision
+        return out
     sd = float(np.std(vals, ddof=1))
-    if sd == 0.0:
-        out["low"] = out["high"] = mean
-    elif method == "t":
+    if method == "t":
         from scipy.stats import t
 
         half = float(t.ppf(0.975, len(vals) - 1)) * sd / math.sqrt(len(vals))
@@ -461,8 +449,11 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method:
     than each other method? One-sided
     p-values over the seeds: an exact permutation test of the difference in means (every split
     of the pooled seed values, so ties and non-normal values are fine; with 3 seeds a side its
-    smallest possible p is 1/20) and Welch's t-test (None where neither side varies). None
-    without a leader of 2 or more seeds."""
+    smallest possible p is 1/20), the same Holm-corrected over the tests in the list
+    (``holm_p``; a rival with one seed counts as p = 1), and Welch's t-test (None where either
+    side has no spread: against a group of equal values its p-value is an artifact). The leader
+    is picked after seeing the means (``post_hoc``), which no correction over its rivals
+    accounts for. None without a leader of 2 or more seeds."""
     import warnings
 
     import numpy as np
@@ -497,7 +488,7 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method:
                 random_state=0,
             ).pvalue
         welch = None
-        if len(b) >= 2 and (np.ptp(a) > 0 or np.ptp(b) > 0):
+        if len(b) >= 2 and has_spread(a) and has_spread(b):
             with warnings.catch_warnings():  # repeated values (Forget Quality takes few) are expected
                 warnings.simplefilter("ignore", RuntimeWarning)
                 welch = float(stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
@@ -512,29 +503,46 @@ def leader_tests(groups: Sequence[dict], metric: str = "forget_quality", method:
                 "n": [len(a), len(b)],
             }
         )
-    return {"metric": metric, "leader": leader["method"], "label": leader["label"], "against": against}
+    for row, corrected in zip(against, holm([row["permutation_p"] for row in against])):
+        row["holm_p"] = corrected
+    return {
+        "metric": metric,
+        "leader": leader["method"],
+        "label": leader["label"],
+        "post_hoc": method is None,
+        "correction": f"Holm over the {len(against)} comparisons",
+        "against": against,
+    }
 
 
 def _leader_lines(test: dict | None) -> list[str]:
     if not test:
         return []
+    against = test["against"]
     lines = [
         "",
-        f"Is {test['label']}'s Forget Quality higher than each other method's? One-sided p-values over "
-        "the seeds: an exact permutation test of the difference in means (no normality assumed; its "
-        "smallest possible value is 1 / C(n_a + n_b, n_a), in the last column) and Welch's t-test.",
+        f"Is {test['label']}'s Forget Quality higher than each other method's? A secondary analysis: "
+        f"{test['label']} leads by its mean, picked after seeing the results, which no correction below "
+        "accounts for. One-sided p-values over the seeds: an exact permutation test of the difference in "
+        "means (no normality assumed; its smallest possible value is 1 / C(n_a + n_b, n_a), in the last "
+        f"column), the same Holm-corrected over the {len(against)} comparisons of this table, and Welch's "
+        f"t-test (none where either method's seeds all gave one value: {NO_SPREAD}).",
         "",
-        f"| {tables.markdown_cell(test['label'])} vs | difference in mean | permutation p | Welch p | "
+        f"| {tables.markdown_cell(test['label'])} vs | difference in mean | permutation p | Holm p | Welch p | "
         "smallest possible p |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
-    for row in test["against"]:
+    corrected = holm([row["permutation_p"] for row in against])  # a study.json written before holm_p
+    for row, holm_p in zip(against, corrected):
         n_a, n_b = row["n"]
-        welch = "n/a (no spread)" if row["welch_p"] is None else f"{row['welch_p']:.3f}"
+        welch = f"n/a ({NO_SPREAD})" if row["welch_p"] is None else f"{row['welch_p']:.3f}"
         perm = "n/a (one seed)" if row["permutation_p"] is None else f"{row['permutation_p']:.3f}"
+        holm_p = row.get("holm_p", holm_p)
+        adjusted = "n/a" if holm_p is None else f"{holm_p:.3f}"
         smallest = row.get("smallest_p", 1 / math.comb(n_a + n_b, n_a))
         lines.append(
-            f"| {tables.markdown_cell(row['label'])} | {row['difference']:+.3f} | {perm} | {welch} | {smallest:.3f} |"
+            f"| {tables.markdown_cell(row['label'])} | {row['difference']:+.3f} | {perm} | {adjusted} | {welch} "
+            f"| {smallest:.3f} |"
         )
     return lines
 
@@ -657,6 +665,8 @@ def _fmt(value: Any, key: str = "") -> str:
 def _ci_text(stat: dict, key: str) -> str:
     if stat["mean"] is None:
         return "n/a"
+    if stat.get("spread") is False:  # every seed gave this value: no interval to show
+        return f"{_fmt(stat['mean'], key)} ({NO_SPREAD})"
     if stat["low"] is None:
         return f"{_fmt(stat['mean'], key)} (n={stat['n']})"
     return f"{_fmt(stat['mean'], key)} [{_fmt(stat['low'], key)}, {_fmt(stat['high'], key)}]"
@@ -802,11 +812,16 @@ def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
     text = f"Highest mean Forget Quality: {best['label']} ({_ci_text(fq, '')})"
     if len(ranked) > 1:
         second = ranked[1]["metrics"]["forget_quality"]
-        apart = None not in (fq["low"], second["high"]) and fq["low"] > second["high"]
-        text += (
-            f"; its interval {'lies above' if apart else 'overlaps'} that of {ranked[1]['label']} "
-            f"({_ci_text(second, '')})"
-        )
+        if second["mean"] == fq["mean"]:
+            text += f"; tied with {ranked[1]['label']} ({_ci_text(second, '')})"
+        elif None in (fq["low"], second["high"]):  # no interval to compare (no spread, one seed)
+            text += f"; next: {ranked[1]['label']} ({_ci_text(second, '')})"
+        else:
+            apart = fq["low"] > second["high"]
+            text += (
+                f"; its interval {'lies above' if apart else 'overlaps'} that of {ranked[1]['label']} "
+                f"({_ci_text(second, '')})"
+            )
     full = next((r for r in references if r["forget"] == k and r["name"] == "full"), None)
     if full and full.get("model_utility") is not None and mu["mean"] is not None:
         text += f". Its Model Utility {_ci_text(mu, '')} vs the target's {full['model_utility']:.3f}"

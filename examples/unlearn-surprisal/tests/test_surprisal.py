@@ -7,6 +7,7 @@ from unlearn_surprisal.attack import WeightNoise
 from unlearn_surprisal.initializer import ForgetSubspaceInit
 from unlearn_surprisal.objective import CappedAscent
 from unlearn_surprisal.scorer import MaxSurprisalScorer
+from unlearn_surprisal.task_data import forget_prompts
 
 from unlearn_plugins.data.tofu import encode_samples, load_split, pad_batch
 
@@ -49,3 +50,18 @@ def test_attack_saves_a_changed_model(unlearn_attack_context):
     result = WeightNoise(scale=0.1).attack(unlearn_attack_context)
     assert result.info["layers"] > 0
     assert (unlearn_attack_context.out / "config.json").is_file()
+
+
+def test_task_reads_the_forget_split_the_host_gives(unlearn_tiny_tokenizer, unlearn_tofu_dir):
+    """`unlearn eval --forget-split` and a study pass the metadata forget_split (a split name or,
+    in a study, a JSON-lines file); without it, the task's own split, forget01."""
+    tok = unlearn_tiny_tokenizer
+
+    def answers(**metadata):
+        docs = forget_prompts(tokenizer=tok, tofu_dir=unlearn_tofu_dir, **metadata)["test"]
+        return [a.removesuffix(tok.eos_token) for a in docs["answer"]]
+
+    assert answers() == [s.answer for s in load_split("tofu:forget01", unlearn_tofu_dir)]
+    given = unlearn_tofu_dir / "retain99.json"
+    assert answers(forget_split=str(given), split="forget01") == [s.answer for s in load_split(str(given))]
+    assert answers(forget_split="tofu:forget01[0:3]") == answers()[:3]

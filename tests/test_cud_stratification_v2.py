@@ -1,0 +1,269 @@
+"""bench/cud_stratification_v2.py: the analysis functions on constructed inputs (damage-adjusted
+efficacy, the change-based per-sample correlation, the minimum detectable difference against hand
+computations, Holm, the set comparison), the reliability stop rule, the pools, and the phase-1
+report made from records alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "cud_stratification_v2.py"
+
+
+@pytest.fixture(scope="module")
+def v2():
+    spec = importlib.util.spec_from_file_location("cud_stratification_v2", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cud_stratification_v2"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def nll(p: float) -> float:
+    return -math.log(p)
+
+
+# ----------------------------------------------------------------------------- the primary measure
+
+
+def test_damage_adjusted_efficacy_of_constructed_runs(v2):
+    # a clean run: the set's probability halves, the held-out QA lose a quarter
+    clean = v2.damage_adjusted([nll(0.5)] * 4, [nll(0.25)] * 4, [nll(0.4)] * 3, [nll(0.3)] * 3)
+    assert clean["efficacy"] == pytest.approx(50.0)
+    assert clean["heldout_drop"] == pytest.approx(25.0)
+    assert clean["adjusted"] == pytest.approx(25.0)
+    # a collapsed run (v1's npo): everything gone counts as no selective forgetting, not as 100
+    collapsed = v2.damage_adjusted([nll(0.5)] * 4, [nll(1e-9)] * 4, [nll(0.4)] * 3, [nll(1e-9)] * 3)
+    assert collapsed["efficacy"] == pytest.approx(100.0, abs=1e-6)
+    assert collapsed["adjusted"] == pytest.approx(0.0, abs=1e-6)
+    # held-out probability that rises is a negative drop: it adds to the adjusted efficacy
+    better = v2.damage_adjusted([nll(0.5)], [nll(0.4)], [nll(0.4)], [nll(0.44)])
+    assert better["heldout_drop"] == pytest.approx(-10.0)
+    assert better["adjusted"] == pytest.approx(30.0)
+    # the mean of probabilities, not of NLLs: (0.8 + 0.2) / 2 before, (0.4 + 0.2) / 2 after
+    mixed = v2.efficacy_points([nll(0.8), nll(0.2)], [nll(0.4), nll(0.2)])
+    assert mixed == pytest.approx(40.0)
+    with pytest.raises(ValueError):
+        v2.efficacy_points([1.0], [1.0, 2.0])
+
+
+def test_the_v1_reversal_is_what_the_adjustment_shows(v2):
+    """v1's grad_diff: CUD-easy +27.9 points more efficacy than random, with a far larger held-out
+    drop; the damage-adjusted measure puts it below the random sets (the issue's 24.7 vs 29-37)."""
+    target_heldout = [nll(0.486)] * 10
+    easy = v2.damage_adjusted([nll(0.5)] * 10, [nll(0.5 * (1 - 0.796))] * 10, target_heldout, [nll(0.219)] * 10)
+    rnd = v2.damage_adjusted([nll(0.5)] * 10, [nll(0.5 * (1 - 0.517))] * 10, target_heldout, [nll(0.412)] * 10)
+    assert easy["efficacy"] > rnd["efficacy"] + 25
+    assert easy["adjusted"] < rnd["adjusted"]
+
+
+# ----------------------------------------------------------------------------- per-sample correlation
+
+
+def test_change_correlation_is_not_fooled_by_the_post_level(v2):
+    from scipy.stats import spearmanr
+
+    rng = random.Random(0)
+    rows = list(range(200))
+    pre = {r: rng.uniform(0.2, 3.0) for r in rows}
+    # the loss scorer's score is the pre-unlearning loss; unlearning adds a change unrelated to it
+    score = dict(pre)
+    post = {r: [pre[r] + rng.uniform(0.0, 1.0), pre[r] + rng.uniform(0.0, 1.0)] for r in rows}
+    level = spearmanr([score[r] for r in rows], [sum(post[r]) / 2 for r in rows]).statistic
+    assert level > 0.8  # v1's target: a correlation by construction
+    change = v2.change_correlation(score, pre, post)
+    assert abs(change["rho"]) < 0.2 and change["n"] == 200
+    # a score that orders the changes: rho 1; one that reverses them: -1
+    by_change = {r: sum(post[r]) / 2 - pre[r] for r in rows}
+    assert v2.change_correlation(by_change, pre, post)["rho"] == pytest.approx(1.0)
+    assert v2.change_correlation({r: -v for r, v in by_change.items()}, pre, post)["rho"] == pytest.approx(-1.0)
+
+
+def test_change_correlation_uses_only_rows_with_all_three(v2):
+    pre = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}
+    post = {0: [1.5], 1: [2.0], 2: [3.0], 5: [9.0]}
+    out = v2.change_correlation({0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, 5: 0.5}, pre, post)
+    assert out["n"] == 3 and out["rho"] == pytest.approx(1.0)
+    assert v2.change_correlation({0: 1.0}, pre, post) == {"rho": None, "p": None, "n": 1}
+
+
+# ----------------------------------------------------------------------------- power and tests
+
+
+def test_minimum_detectable_difference_by_hand(v2):
+    # normal formula by hand: (z_.975 + z_.80) * sd * sqrt(1/n1 + 1/n2)
+    # = (1.959964 + 0.841621) * 10 * sqrt(1/4 + 1/20) = 2.801585 * 10 * 0.547723 = 15.345
+    assert v2.minimum_detectable_difference(10, 4, 20, method="normal") == pytest.approx(15.345, abs=1e-3)
+    # the exact t value for 20 + 20 units: d = 0.9091 (G*Power's sensitivity analysis, two tails,
+    # alpha 0.05, power 0.80); the normal formula gives 0.886
+    assert v2.minimum_detectable_difference(1, 20, 20) == pytest.approx(0.9091, abs=5e-4)
+    assert v2.minimum_detectable_difference(1, 20, 20, method="normal") == pytest.approx(0.8859, abs=5e-4)
+    # the t value is where the test's power is 0.80, and it scales with the SD
+    d = v2.minimum_detectable_difference(7.0, 4, 24, alpha=0.05 / 6)
+    assert v2._two_sample_power(d, 7.0, 4, 24, 0.05 / 6) == pytest.approx(0.8, abs=1e-6)
+    assert d == pytest.approx(7.0 * v2.minimum_detectable_difference(1.0, 4, 24, alpha=0.05 / 6), rel=1e-6)
+    assert d > v2.minimum_detectable_difference(7.0, 4, 24, alpha=0.05 / 6, method="normal")
+    assert v2.minimum_detectable_difference(0.0, 4, 24) == 0.0
+    with pytest.raises(ValueError):
+        v2.minimum_detectable_difference(1.0, 4, 24, power=1.0)
+
+
+def test_holm_by_hand(v2):
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.06
+    adjusted = v2.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert adjusted == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02})
+    assert v2.holm({"x": 0.6, "y": 0.7}) == pytest.approx({"x": 1.0, "y": 1.0})
+
+
+def test_compare_sets_with_sets_as_units(v2):
+    rnd = [40.0 + x for x in (-6, -3, -1, 0, 1, 3, 6, -2, 2, 0)]
+    far = v2.compare_sets([10.0, 12.0, 8.0, 11.0], rnd)
+    assert far["diff"] == pytest.approx(10.25 - 40.0)
+    assert far["p"] < 0.001 and far["ci"][1] < 0 and far["ci_boot"][1] < 0
+    same = v2.compare_sets([38.0, 42.0, 40.0, 41.0], rnd)
+    assert same["p"] > 0.3 and same["ci"][0] < 0 < same["ci"][1]
+    one = v2.compare_sets([10.0], rnd)
+    assert one["p"] is None and one["ci"] is None
+
+
+# ----------------------------------------------------------------------------- the stop rule
+
+
+def ranked(values):
+    return {row: float(v) for row, v in enumerate(values)}
+
+
+def test_agreement_counts_top_k_overlap(v2):
+    n, k = 200, 40
+    a = ranked(range(n))
+    # b keeps the 20 hardest of a among its 40 hardest, and the 30 easiest among its 40 easiest
+    b_values = list(range(n))
+    for i in range(20):  # swap a's hardest 160+i with mid-pool rows
+        b_values[180 + i], b_values[100 + i] = b_values[100 + i], b_values[180 + i]
+    for i in range(10):
+        b_values[30 + i], b_values[90 + i] = b_values[90 + i], b_values[30 + i]
+    out = v2.agreement(a, ranked(b_values), k)
+    assert out["hard_shared"] == 20 and out["hard_overlap"] == 0.5
+    assert out["easy_shared"] == 30 and out["easy_overlap"] == 0.75
+    assert out["chance"] == pytest.approx(0.2)
+    assert v2.agreement(a, a, k)["spearman"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        v2.agreement(a, ranked(range(n - 1)), k)
+
+
+def test_stop_rule(v2):
+    rng = random.Random(1)
+    n = 560
+    base = [rng.random() for _ in range(n)]
+    same = ranked(base)
+    close = ranked([v + rng.gauss(0, 0.01) for v in base])  # nearly the same ranking
+    noise = ranked([rng.random() for _ in range(n)])  # an unrelated one
+    comparisons = {"seeds": ["A012", "A345"], "pools": ["A012", "B012"]}
+
+    ok = v2.stop_rule({"A012": same, "A345": close, "B012": close}, comparisons)
+    assert ok["decided"] and ok["stop"] is False and not ok["reasons"]
+
+    # one unstable comparison stops the study, whatever the other says
+    bad = v2.stop_rule({"A012": same, "A345": close, "B012": noise}, comparisons)
+    assert bad["decided"] and bad["stop"] is True
+    assert all(r.startswith("pools") for r in bad["reasons"]) and len(bad["reasons"]) == 3
+
+    # a scoring the vote could not make (no hard anchor) stops it too
+    failed = v2.stop_rule({"A012": same, "A345": close, "B012": None}, comparisons)
+    assert failed["stop"] is True and "undefined" in failed["comparisons"]["pools"]
+
+    # pending scorings: no decision, unless what is there already stops it
+    pending = v2.stop_rule({"A012": same, "A345": close}, comparisons)
+    assert pending["decided"] is False and pending["stop"] is None and pending["pending"] == ["pools"]
+    early = v2.stop_rule({"A012": same, "A345": noise}, comparisons)
+    assert early["decided"] and early["stop"] is True
+
+
+def test_stop_rule_threshold_is_inclusive_and_needs_every_measure(v2):
+    n, k = 200, 40
+    a = ranked(range(n))
+    # Spearman high, but only half of each top-40 set shared: exactly 0.5 passes
+    b = list(range(n))
+    for i in range(20):
+        b[180 + i], b[140 + i] = b[140 + i], b[180 + i]
+        b[i], b[40 + i] = b[40 + i], b[i]
+    out = v2.stop_rule({"x": a, "y": ranked(b)}, {"c": ["x", "y"]}, k=k)
+    assert out["comparisons"]["c"]["hard_overlap"] == 0.5 and out["comparisons"]["c"]["easy_overlap"] == 0.5
+    assert out["comparisons"]["c"]["spearman"] > 0.9 and out["stop"] is False
+    # one more hard row lost: 19/40 < 0.5 stops it although the Spearman is still high
+    b[179], b[139] = b[139], b[179]
+    out = v2.stop_rule({"x": a, "y": ranked(b)}, {"c": ["x", "y"]}, k=k)
+    assert out["comparisons"]["c"]["hard_shared"] == 19 and out["stop"] is True
+    assert out["reasons"] == ["c (x vs y): hard overlap 0.47 < 0.5"]
+
+
+# ----------------------------------------------------------------------------- pools and records
+
+
+def test_author_pools_are_disjoint_and_cover_the_authors(v2):
+    pools = v2.author_pools()
+    main = [pools[name] for name in ("anchor_A", "anchor_B", "heldout", "query")]
+    assert [len(p) for p in main] == [4, 4, 4, 28]
+    assert sorted(a for p in main for a in p) == list(range(40))
+    subs = [pools[f"subpool{j}"] for j in range(4)]
+    assert sorted(a for s in subs for a in s) == pools["query"] and all(len(s) == 7 for s in subs)
+    assert v2.rows_of([2]) == list(range(40, 60))
+    assert pools == v2.author_pools()  # fixed
+
+
+def test_phase1_report_from_records_alone(v2, tmp_path):
+    """Three recorded scorings (made up) -> the decision, the json and the markdown, without a model."""
+    pools = v2.author_pools()
+    query = v2.rows_of(pools["query"])
+    rng = random.Random(2)
+    base = {r: rng.random() for r in query}
+
+    def scoring(name, pool, seeds, scores):
+        return {
+            "name": name,
+            "pool": pool,
+            "seeds": seeds,
+            "scores": {str(r): v for r, v in scores.items()} if scores else None,
+            "s_E": {str(r): 0.9 for r in query} if scores else None,
+            "s_H": {str(r): 0.95 for r in query} if scores else None,
+            "anchors": {"easy": [80, 81], "hard": [120]},
+            "seed_agreement": {"grad_diff": 0.4},
+            "seconds": 600.0,
+            **({} if scores else {"error": "CUD: the objectives agree on only 0 hard anchor(s)"}),
+        }
+
+    (tmp_path / "design.json").write_text(json.dumps({"authors": pools}))
+    (tmp_path / "before.json").write_text(json.dumps({"nll": [rng.random() for _ in range(800)]}))
+    (tmp_path / "scoring-A012.json").write_text(json.dumps(scoring("A012", "A", [0, 1, 2], base)))
+    (tmp_path / "scoring-A345.json").write_text(
+        json.dumps(scoring("A345", "A", [3, 4, 5], {r: v + rng.gauss(0, 0.01) for r, v in base.items()}))
+    )
+    runs = tmp_path / "anchor_runs" / "A012"
+    runs.mkdir(parents=True)
+    (runs / "npo-s0.json").write_text(
+        json.dumps({"objective": "npo", "seed": 0, "n": 80, "losses": [1.0] * 80, "info": {"steps": 12}})
+    )
+    interim = v2.report_phase1(tmp_path)
+    assert interim["decision"]["decided"] is False and interim["complete"] is False
+    assert "Interim" in v2.markdown_phase1(interim)
+    assert interim["scorings"]["A012"]["anchor_runs"] == [
+        {"objective": "npo", "seed": 0, "steps": 12, "pool_prob": None, "seconds": None}
+    ]
+
+    (tmp_path / "scoring-B012.json").write_text(json.dumps(scoring("B012", "B", [0, 1, 2], None)))
+    out = v2.report_phase1(tmp_path)
+    assert out["complete"] and out["decision"]["stop"] is True
+    assert out["decision"]["comparisons"]["seeds"]["spearman"] > 0.99
+    assert out["scorings"]["A012"]["anchor_authors"] == {"easy": [4], "hard": [6]}
+    text = v2.markdown_phase1(out)
+    assert "Stop rule fired" in text and "no scores" in text
+    json.dumps(out)  # the report's json
+    assert v2.main(["report", "--records", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "cud_stratification_v2.md").read_text() == text

@@ -1,0 +1,367 @@
+"""An lm-eval model class that scores each prompt once and stops each generation when it is done.
+
+TOFU asks many continuations of the same prompt: the truth ratio scores the paraphrased answer
+and five perturbed ones after a question, the probability task the answer after it again, the
+extraction strength every suffix of the answer, and Model Utility the same retain questions
+through several tasks. lm-eval's HFLM runs every request as a whole sequence (prompt included,
+logits over the whole vocabulary at every position). :class:`PrefixSharedLM` (registered with
+lm-eval as ``hf-prefix``) answers the same requests with the same numbers while doing only the
+work they need:
+
+* requests are keyed by their token sequence: identical requests (across tasks too) and a
+  sequence that is a prefix of another one scored after the same prompt are computed once;
+* the prompt's key/value cache is computed once and every continuation after it is run from
+  that cache, batched (continuations of several prompts share a batch through an attention mask);
+* greedy generation drops each sequence from the batch when it reaches its end token or a stop
+  string, instead of running the batch until its longest answer ends, and never passes the cap.
+
+With fp32 weights the numbers equal HFLM's to rounding (tests/test_prefix_lm.py; bench/eval_protocol.py
+on SmolLM2); ``scoring="hf"`` in :func:`..lm_eval_runner.evaluate_model` keeps HFLM itself.
+Outside this package: ``python -m unlearn_plugins.lm_eval --model hf-prefix ...`` is lm-eval's CLI
+with this class registered (:mod:`unlearn_plugins.lm_eval`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+#: the name lm-eval knows this class by (``--model hf-prefix``)
+MODEL_NAME = "hf-prefix"
+
+
+@dataclass
+class _Group:
+    """The token suffixes scored after one cached stem: suffix r's tokens but its last are the
+    inputs (the first is the stem's last token), its tokens but its first the targets."""
+
+    stem: tuple[int, ...]
+    suffixes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """Where each request's numbers are read: (group, suffix, first position, end position)."""
+
+    groups: list[_Group]
+    where: list[tuple[int, int, int, int]]
+
+
+def plan(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> _Plan:
+    """Group (context tokens, continuation tokens) pairs by the stem their scoring can start from.
+
+    A sequence (context + continuation) is scored from the shortest context any request gives it;
+    the tokens before that context's last one form its stem (cached once), the rest its suffix. A
+    suffix that is a prefix of another suffix of the same stem is read from the longer one (causal:
+    the same positions give the same outputs)."""
+    first: dict[tuple[int, ...], int] = {}
+    for ctx, cont in pairs:
+        full = tuple(ctx) + tuple(cont)
+        first[full] = min(first.get(full, len(ctx)), len(ctx))
+    by_stem: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+    for full, start in first.items():
+        by_stem.setdefault(full[: start - 1], set()).add(full[start - 1 :])
+    groups: list[_Group] = []
+    home: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
+    for stem, suffixes in by_stem.items():
+        kept: list[tuple[int, ...]] = []
+        for suffix in sorted(suffixes, key=lambda s: (-len(s), s)):
+            at = next((k for k, longer in enumerate(kept) if longer[: len(suffix)] == suffix), None)
+            if at is None:
+                kept.append(suffix)
+                at = len(kept) - 1
+            home[(stem, suffix)] = (len(groups), at)
+        groups.append(_Group(stem, kept))
+    where = []
+    for ctx, cont in pairs:
+        full = tuple(ctx) + tuple(cont)
+        start = first[full]
+        g, r = home[(full[: start - 1], full[start - 1 :])]
+        offset = len(ctx) - start  # input position that predicts the continuation's first token
+        where.append((g, r, offset, offset + len(cont)))
+    return _Plan(groups, where)
+
+
+@register_model(MODEL_NAME)
+class PrefixSharedLM(HFLM):
+    """HFLM with prompt-shared log-likelihood scoring and compacting greedy generation (module doc)."""
+
+    # ------------------------------------------------------------------ log-likelihood
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
+        if self.backend != "causal":
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        window = self.max_length + 1
+        answers: list[Any] = [None] * len(requests)
+        fits = [i for i, (_, ctx, cont) in enumerate(requests) if len(ctx) + len(cont) <= window]
+        longer = [i for i in range(len(requests)) if len(requests[i][1]) + len(requests[i][2]) > window]
+        if longer:  # truncated from the left as HFLM does: its own path
+            done = super()._loglikelihood_tokens([requests[i] for i in longer], disable_tqdm=True)
+            for i, answer in zip(longer, done):
+                answers[i] = answer
+        if fits:
+            scored = plan([(requests[i][1], requests[i][2]) for i in fits])
+            per_row = self._score_rows(scored.groups)
+            for i, (g, r, a, b) in zip(fits, scored.where):
+                logprobs, greedy = per_row[g][r]
+                answers[i] = (float(logprobs[a:b].sum()), bool(greedy[a:b].all()))
+        for (request_str, _, _), answer in zip(requests, answers):
+            if request_str is not None:
+                self.cache_hook.add_partial("loglikelihood", request_str, answer)
+        return answers
+
+    def _row_budget(self) -> int:
+        size = self.batch_size if isinstance(self.batch_size, int) else 0
+        return max(1, size or 8)
+
+    def _score_rows(self, groups: list[_Group]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per group and suffix: (log-probability of each target token, whether it is the argmax),
+        in batches of about ``batch_size`` suffixes (longest first, so padding stays small)."""
+        out: list[list[Any]] = [[None] * len(g.suffixes) for g in groups]
+        order = sorted(range(len(groups)), key=lambda g: (-len(groups[g].stem) - len(groups[g].suffixes[0]), g))
+        budget = self._row_budget()
+        batch: list[int] = []
+        rows = 0
+        for g in order:
+            if batch and rows + len(groups[g].suffixes) > budget:
+                self._score_batch(groups, batch, out)
+                batch, rows = [], 0
+            batch.append(g)
+            rows += len(groups[g].suffixes)
+        if batch:
+            self._score_batch(groups, batch, out)
+        return out
+
+    def _cache_name(self) -> str:
+        """The forward keyword of the key/value cache: ``cache`` (transformers 5) or ``past_key_values``."""
+        import inspect
+
+        model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def _forward(self, **kwargs):
+        with (
+            torch.no_grad(),
+            torch.autocast(
+                device_type=self.device.type,
+                dtype=self.mixed_precision_dtype,
+                enabled=self.mixed_precision_dtype is not None,
+            ),
+        ):
+            return self.model(**kwargs)
+
+    def _score_batch(self, groups: list[_Group], batch: list[int], out: list[list[Any]]) -> None:
+        """One forward over the batch's stems (their key/value cache), one over their suffixes."""
+        device = self.device
+        pad = self.tokenizer.pad_token_id or 0
+        stems = [groups[g].stem for g in batch]
+        width = max(len(s) for s in stems)
+        member = [k for k, g in enumerate(batch) for _ in groups[g].suffixes]
+        suffixes = [s for g in batch for s in groups[g].suffixes]
+        length = max(len(s) for s in suffixes) - 1
+        ids = torch.tensor([list(s[:-1]) + [pad] * (length + 1 - len(s)) for s in suffixes], device=device)
+        targets = torch.tensor([list(s[1:]) + [pad] * (length + 1 - len(s)) for s in suffixes], device=device)
+        stem_lens = torch.tensor([len(s) for s in stems], device=device)
+        index = torch.tensor(member, dtype=torch.long, device=device)
+        positions = stem_lens.index_select(0, index)[:, None] + torch.arange(length, device=device)[None, :]
+        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": positions}
+        if width:
+            stem_ids = torch.tensor([list(s) + [pad] * (width - len(s)) for s in stems], device=device)
+            stem_mask = (torch.arange(width, device=device)[None, :] < stem_lens[:, None]).long()
+            stem_pos = torch.arange(width, device=device)[None, :].expand(len(stems), -1)
+            keep = {"logits_to_keep": 1} if self._forward_accepts("logits_to_keep") else {}  # no stem logits
+            stem_out = self._forward(
+                input_ids=stem_ids, attention_mask=stem_mask, position_ids=stem_pos, use_cache=True, **keep
+            )
+            cache = getattr(stem_out, "cache", None) or stem_out.past_key_values
+            cache.reorder_cache(index)
+            mask = torch.cat([stem_mask.index_select(0, index), torch.ones_like(ids)], dim=1)
+            kwargs.update({self._cache_name(): cache, "attention_mask": mask, "use_cache": True})
+        logits = self._forward(**kwargs).logits
+        # log_softmax at the targets only, without a second vocabulary-sized tensor: logit - logsumexp
+        # in the softmax dtype (fp32), as HFLM's log_softmax(dtype=softmax_dtype)
+        dtype = self.softmax_dtype or logits.dtype
+        target_lp = logits.gather(2, targets.unsqueeze(-1)).squeeze(-1).to(dtype) - torch.logsumexp(
+            logits.to(dtype), dim=-1
+        )
+        predicted = logits.argmax(dim=-1)
+        greedy = predicted == targets
+        del logits
+        predicted = predicted.cpu().tolist()
+        for row, (k, s) in enumerate(zip(member, suffixes)):
+            g = batch[k]
+            r = groups[g].suffixes.index(s)
+            n = len(s) - 1
+            out[g][r] = (target_lp[row, :n].cpu(), greedy[row, :n].cpu())
+            self._drafts().setdefault(groups[g].stem, []).append((s, predicted[row][:n]))
+
+    # ------------------------------------------------------------------ generation
+
+    def _forward_accepts(self, name: str) -> bool:
+        import inspect
+
+        model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return name in inspect.signature(model.forward).parameters
+
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
+        """Greedy generation whose finished sequences leave the batch (lm-eval's HFLM runs
+        ``model.generate`` until the last sequence of the batch stops); anything else (sampling,
+        beams, other options) is HFLM's own. The tokens returned are those ``generate`` would
+        give for the text lm-eval keeps: each row padded after its end token, or after the
+        token that completes a stop string (lm-eval cuts the text there)."""
+        options = dict(generation_kwargs)
+        mask = options.pop("attention_mask", None)
+        do_sample = options.pop("do_sample", None)
+        temperature = options.pop("temperature", 0.0)
+        greedy = do_sample is False or (do_sample is None and not temperature)
+        if not greedy or options or self.backend != "causal":
+            return super()._model_generate(context, max_length, stop, **generation_kwargs)
+        return self._greedy(context, mask, max_length, stop)
+
+    def _end_ids(self) -> set[int]:
+        """The ids ``generate`` stops a sequence at: the model's generation config's end tokens."""
+        config = getattr(self.model, "generation_config", None)
+        ids = getattr(config, "eos_token_id", None)
+        if ids is None:
+            return set()
+        return {int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Generated tokens read from scored sequences (``drafted_tokens``) and decoded one step at
+        a time (``decoded_tokens``): how much of the generation the scoring saved."""
+        if not hasattr(self, "_counts"):
+            self._counts: dict[str, int] = {}
+        return self._counts
+
+    def _drafts(self) -> dict[tuple[int, ...], list[tuple[tuple[int, ...], list[int]]]]:
+        """Per stem, the sequences scored after it and the greedy prediction at each of their
+        positions (teacher-forced): a greedy generation from a prompt inside such a sequence follows
+        it for as long as the prediction equals its next token, so those tokens need no decoding."""
+        if not hasattr(self, "_draft_table"):
+            self._draft_table: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[int]]]] = {}
+        return self._draft_table
+
+    def _drafted(self, prompt: list[int], steps: int) -> list[int]:
+        """The first greedy tokens after ``prompt`` known from scored sequences: the predictions
+        along the longest agreement with one of them, up to and including the first token where
+        the prediction leaves it (or ``steps`` tokens)."""
+        table = self._drafts()
+        if not table:
+            return []
+        best: list[int] = []
+        key = tuple(prompt)
+        for length in {len(stem) for stem in table}:
+            if length >= len(key):
+                continue
+            for suffix, predicted in table.get(key[:length], ()):
+                j = len(key) - length  # prompt tokens inside the suffix
+                if j > len(predicted) or suffix[:j] != key[length:]:
+                    continue
+                tokens = []
+                for i in range(j - 1, len(predicted)):
+                    tokens.append(predicted[i])
+                    if len(tokens) >= steps or predicted[i] != suffix[i + 1]:
+                        break
+                if len(tokens) > len(best):
+                    best = tokens
+        return best[:steps]
+
+    def _finished_at(self, tokens: list[int], end_ids: set[int], stop: list[str]) -> int | None:
+        """Index of the token at which a greedy sequence stops: an end token, or the token that
+        completes a stop string in the text lm-eval keeps (None: it goes on)."""
+        for i, token in enumerate(tokens):
+            if token in end_ids:
+                return i
+            if stop and any(s in self.tok_decode(tokens[: i + 1]) for s in stop):
+                return i
+        return None
+
+    def _greedy(self, context: torch.Tensor, mask: torch.Tensor | None, max_length: int, stop: list[str]):
+        device = context.device
+        rows, width = context.shape
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        mask = torch.ones_like(context) if mask is None else mask.to(device).long()
+        out = torch.full((rows, max(max_length, width)), pad, dtype=context.dtype, device=device)
+        out[:, :width] = context
+        steps = max_length - width
+        if steps <= 0:
+            return out[:, :width]
+        end_ids = self._end_ids()
+        prompts = [context[r][mask[r].bool()].tolist() for r in range(rows)]
+        todo: list[int] = []
+        known: list[list[int]] = []
+        for r, prompt in enumerate(prompts):
+            tokens = self._drafted(prompt, steps)
+            stop_at = self._finished_at(tokens, end_ids, stop)
+            if stop_at is not None:
+                tokens = tokens[: stop_at + 1]
+            out[r, width : width + len(tokens)] = torch.tensor(tokens, dtype=context.dtype, device=device)
+            self.counts["drafted_tokens"] = self.counts.get("drafted_tokens", 0) + len(tokens)
+            known.append(tokens)
+            if stop_at is None and len(tokens) < steps:
+                todo.append(r)
+        if todo:
+            generated = self._decode(
+                [prompts[r] + known[r] for r in todo], [known[r] for r in todo], steps, end_ids, stop
+            )
+            self.counts["decoded_tokens"] = self.counts.get("decoded_tokens", 0) + sum(map(len, generated))
+            for r, tokens in zip(todo, generated):
+                start = width + len(known[r])
+                out[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=context.dtype, device=device)
+        return out[:, :max_length]
+
+    def _decode(
+        self, contexts: list[list[int]], known: list[list[int]], steps: int, end_ids: set[int], stop: list[str]
+    ) -> list[list[int]]:
+        """Greedy tokens after each context (left-padded into one batch) until an end token, a stop
+        string (in the text of ``known`` + the new tokens) or ``steps`` generated tokens in all;
+        finished sequences leave the batch."""
+        device = self.device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(c) for c in contexts)
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], dtype=torch.long, device=device)
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], dtype=torch.long, device=device)
+        budgets = torch.tensor([steps - len(k) for k in known], device=device)
+        cache_name = self._cache_name()
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        extra = {"logits_to_keep": 1} if self._forward_accepts("logits_to_keep") else {}
+        result = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        cache = getattr(result, "cache", None) or result.past_key_values
+        last = result.logits[:, -1, :].float().argmax(-1)
+        active = torch.arange(len(contexts), device=device)
+        next_pos = positions[:, -1] + 1
+        generated: list[list[int]] = [[] for _ in contexts]
+        for _ in range(steps):
+            finished = []
+            for row, token in zip(active.tolist(), last.tolist()):
+                generated[row].append(token)
+                done = token in end_ids or len(generated[row]) >= int(budgets[row])
+                if not done and stop:
+                    text = self.tok_decode(known[row] + generated[row])
+                    done = any(s in text for s in stop)
+                finished.append(done)
+            keep = (~torch.tensor(finished, dtype=torch.bool, device=device)).nonzero().flatten()
+            if keep.numel() == 0:
+                break
+            if keep.numel() < active.numel():
+                cache.batch_select_indices(keep) if hasattr(cache, "batch_select_indices") else cache.reorder_cache(
+                    keep
+                )
+                active, last, mask, next_pos = active[keep], last[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            result = self._forward(
+                input_ids=last[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{cache_name: cache},
+            )
+            cache = getattr(result, "cache", None) or result.past_key_values
+            last = result.logits[:, -1, :].float().argmax(-1)
+            next_pos = next_pos + 1
+        return generated
