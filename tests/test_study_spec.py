@@ -177,6 +177,18 @@ def test_unlearn_study_demo_dry_run_lists_its_cells(tmp_path, tiny_model_dir, ca
     assert not (tmp_path / "c").exists()
 
 
+def test_source_auto_falls_back_to_generated_authors(tmp_path):
+    """[benchmark] source = "auto" (the demo's --data auto): a TOFU folder that is not there, or
+    one without enough authors, gives the generated authors (a study with source "tofu" is refused
+    instead, test_bad_input_round3)."""
+    from unlearn_plugins.study.cells import plan_study
+
+    text = TINY.replace('source = "generated"', 'source = "auto"\ntofu_dir = "/nonexistent/tofu"')
+    plan = plan_study(load_study(str(_write(tmp_path, text))), cache=tmp_path / "cache", dry_run=True)
+    assert plan.benches[1]["source"] == "generated" and plan.benches[1]["description"] == "generated fictitious authors"
+    assert not (tmp_path / "cache").exists()
+
+
 def _write(tmp_path, text: str) -> Path:
     path = tmp_path / "study.toml"
     path.write_text(text)

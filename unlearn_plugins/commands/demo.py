@@ -269,7 +269,7 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
         bench["authors"] = args.authors
     bench["forget_authors"] = [1 if args.forget_authors is None else args.forget_authors]
     bench["source"] = args.data or "auto"
-    if args.tofu_dir:
+    if args.tofu_dir and bench["source"] != "generated":  # (ignored with --data generated, as it always was)
         bench["tofu_dir"] = str(Path(args.tofu_dir).expanduser().resolve())
     for table in (data["target"]["finetune"], data["budget"], data["cud"]["unlearn"]):
         if train_dtype:  # the weights under LoRA while training: every training run, the anchor runs too

@@ -139,7 +139,8 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
     from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
     from ..errors import DataError
 
-    if study.tofu_dir and not Path(study.tofu_dir).expanduser().is_dir():  # not "from --tofu-dir"
+    # (source auto: a folder that is not there falls back to the generated authors, as find_tofu does)
+    if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
         raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
     try:
         tofu = find_tofu(study.source, study.tofu_dir, study.authors)
