@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         or str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tofu"),
     )
     parser.add_argument("--quick", action="store_true", help="the tiny model, --limit 8, 1 round (a smoke test)")
+    parser.add_argument(
+        "--only",
+        choices=("new", "old"),
+        default=None,
+        help="time one path only (its breakdown; no ratio, no agreement): for profiling",
+    )
     args = parser.parse_args(argv)
     load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="unlearn-bench-") as tmp:
@@ -257,6 +263,20 @@ def measure(args, model: str, tmp: Path, load_start) -> int:
     adapter = args.adapter or make_adapter(model, tmp / "adapter")
     old_s, new_s, old_cpu, new_cpu, rounds = [], [], [], [], []
     agreement = None
+    if args.only:
+        for _ in range(args.rounds):
+            breakdown, _, wall, _ = one_evaluation(
+                args, model, adapter, bench, "prefix" if args.only == "new" else "hf"
+            )
+            rounds.append(breakdown)
+        line = {
+            "bench": "eval_protocol",
+            "only": args.only,
+            "limit": args.limit,
+            "wall_s": [r["wall_s"] for r in rounds],
+        }
+        print(json.dumps({**line, "threads": torch.get_num_threads(), "breakdown_last_round": rounds[-1]}))
+        return 0
     for _ in range(args.rounds):
         old, old_eval, old_wall, old_c = one_evaluation(args, model, adapter, bench, "hf")
         new, new_eval, new_wall, new_c = one_evaluation(args, model, adapter, bench, "prefix")

@@ -277,9 +277,22 @@ class PrefixSharedLM(HFLM):
         for i, token in enumerate(tokens):
             if token in end_ids:
                 return i
-            if stop and any(s in self.tok_decode(tokens[: i + 1]) for s in stop):
+            if stop and self._completes_stop(tokens[: i + 1], stop):
                 return i
         return None
+
+    def _completes_stop(self, tokens: list[int], stop: list[str]) -> bool:
+        """Whether the text of ``tokens`` (a sequence checked after each of its tokens) holds a
+        stop string. A stop string the last token completes lies in the text of the last few
+        tokens (each token of an ASCII string adds at least one character), so only that tail is
+        decoded, as lm-eval's own stop criterion does; a hit there is confirmed on the whole text,
+        and a stop string that is not ASCII is looked for in the whole text."""
+        if any(not s.isascii() for s in stop):
+            return any(s in self.tok_decode(tokens) for s in stop)
+        window = 2 * max(len(s) for s in stop) + 4
+        if not any(s in self.tok_decode(tokens[-window:]) for s in stop):
+            return False
+        return any(s in self.tok_decode(tokens) for s in stop)
 
     def _greedy(self, context: torch.Tensor, mask: torch.Tensor | None, max_length: int, stop: list[str]):
         device = context.device
@@ -342,8 +355,7 @@ class PrefixSharedLM(HFLM):
                 generated[row].append(token)
                 done = token in end_ids or len(generated[row]) >= int(budgets[row])
                 if not done and stop:
-                    text = self.tok_decode(known[row] + generated[row])
-                    done = any(s in text for s in stop)
+                    done = self._completes_stop(known[row] + generated[row], stop)
                 finished.append(done)
             keep = (~torch.tensor(finished, dtype=torch.bool, device=device)).nonzero().flatten()
             if keep.numel() == 0:
