@@ -213,3 +213,36 @@ def test_generation_follows_a_scored_answer_without_decoding_it(tiny_model_dir):
     assert again == greedy
     assert lm.counts["drafted_tokens"] >= len(ids[0]) - 1 + 4  # read from the scoring, not decoded
     assert lm.counts["decoded_tokens"] < 2 * 10 - lm.counts["drafted_tokens"] + 1
+
+
+def test_lookup_drafts_keep_the_greedy_text(tiny_model_dir):
+    """A decoding step also checks the tokens that follow the sequence's last tokens in a reference
+    (the prompt, a scored answer: lookup drafting): those the model would choose anyway are kept at
+    once, the first it would not is replaced by its own choice. The tokens are greedy decoding's,
+    one sequence at a time, whether the drafts are right, wrong or absent."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from unlearn_plugins.evaluation.prefix_lm import PrefixSharedLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    lm = PrefixSharedLM(pretrained=model, tokenizer=tok, batch_size=3)
+    contexts = [lm.tok_encode(p) for p in ("the quick brown fox", "a b c", "x y z w v u")]
+    greedy = []
+    for ctx in contexts:  # one at a time, transformers' own greedy search
+        out = model.generate(torch.tensor([ctx]), max_new_tokens=20, do_sample=False, eos_token_id=None)
+        greedy.append(out[0, len(ctx) :].tolist())
+    shuffled = [list(reversed(g)) for g in greedy]
+    cases = {
+        "right": [[c + g] for c, g in zip(contexts, greedy)],  # the prompt then its greedy text
+        "wrong": [[c + s] for c, s in zip(contexts, shuffled)],
+        "none": None,
+    }
+    for name, references in cases.items():
+        lm.counts.clear()
+        tokens = lm._decode(contexts, [[], [], []], 20, set(), [], references=references)
+        assert tokens == greedy, name
+        if name == "right":
+            assert lm.counts["draft_accepted_tokens"] >= 3 * 10  # most of the text read from the drafts
+            assert lm.counts["draft_steps"] < 20

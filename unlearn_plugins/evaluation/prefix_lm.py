@@ -90,6 +90,9 @@ def plan(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> _Plan:
 class PrefixSharedLM(HFLM):
     """HFLM with prompt-shared log-likelihood scoring and compacting greedy generation (module doc)."""
 
+    #: draft tokens a greedy decoding step checks at most (lookup drafting, :meth:`_decode`); 0: none
+    draft_tokens = 4
+
     # ------------------------------------------------------------------ log-likelihood
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
@@ -320,7 +323,12 @@ class PrefixSharedLM(HFLM):
                 todo.append(r)
         if todo:
             generated = self._decode(
-                [prompts[r] + known[r] for r in todo], [known[r] for r in todo], steps, end_ids, stop
+                [prompts[r] + known[r] for r in todo],
+                [known[r] for r in todo],
+                steps,
+                end_ids,
+                stop,
+                references=[self._references(prompts[r]) for r in todo],
             )
             self.counts["decoded_tokens"] = self.counts.get("decoded_tokens", 0) + sum(map(len, generated))
             for r, tokens in zip(todo, generated):
@@ -328,52 +336,131 @@ class PrefixSharedLM(HFLM):
                 out[r, start : start + len(tokens)] = torch.tensor(tokens, dtype=context.dtype, device=device)
         return out[:, :max_length]
 
+    def _references(self, prompt: list[int]) -> list[list[int]]:
+        """Token sequences a generation after ``prompt`` may copy from: the prompt itself and the
+        sequences scored after it (the answer, its paraphrase, the perturbed answers)."""
+        key = tuple(prompt)
+        found = [list(prompt)]
+        for length in {len(stem) for stem in self._drafts()}:
+            if length >= len(key):
+                continue
+            for suffix, _ in self._drafts().get(key[:length], ()):
+                j = len(key) - length
+                if suffix[:j] == key[length:]:
+                    found.append(list(suffix[j:]))
+        return found
+
     def _decode(
-        self, contexts: list[list[int]], known: list[list[int]], steps: int, end_ids: set[int], stop: list[str]
+        self,
+        contexts: list[list[int]],
+        known: list[list[int]],
+        steps: int,
+        end_ids: set[int],
+        stop: list[str],
+        references: list[list[list[int]]] | None = None,
     ) -> list[list[int]]:
         """Greedy tokens after each context (left-padded into one batch) until an end token, a stop
         string (in the text of ``known`` + the new tokens) or ``steps`` generated tokens in all;
-        finished sequences leave the batch."""
+        finished sequences leave the batch.
+
+        With ``references`` (per row, token sequences its text may copy: the prompt, the scored
+        answers) a step also checks up to :attr:`draft_tokens` tokens that follow, in one of them,
+        the row's last tokens (lookup drafting): one forward gives the greedy token after each, so
+        every leading draft token equal to the model's own greedy choice is kept at once and the
+        first one that differs is replaced by that choice (the greedy text is unchanged; a rejected
+        draft token's key/value entry stays in the cache, masked out)."""
         device = self.device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(c) for c in contexts)
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], dtype=torch.long, device=device)
         mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], dtype=torch.long, device=device)
-        budgets = torch.tensor([steps - len(k) for k in known], device=device)
+        budgets = [steps - len(k) for k in known]
         cache_name = self._cache_name()
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         extra = {"logits_to_keep": 1} if self._forward_accepts("logits_to_keep") else {}
         result = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
         cache = getattr(result, "cache", None) or result.past_key_values
-        last = result.logits[:, -1, :].float().argmax(-1)
-        active = torch.arange(len(contexts), device=device)
+        fresh: list[list[int]] = [[t] for t in result.logits[:, -1, :].float().argmax(-1).tolist()]
+        active = list(range(len(contexts)))
         next_pos = positions[:, -1] + 1
         generated: list[list[int]] = [[] for _ in contexts]
-        for _ in range(steps):
-            finished = []
-            for row, token in zip(active.tolist(), last.tolist()):
-                generated[row].append(token)
-                done = token in end_ids or len(generated[row]) >= int(budgets[row])
-                if not done and stop:
-                    done = self._completes_stop(known[row] + generated[row], stop)
-                finished.append(done)
-            keep = (~torch.tensor(finished, dtype=torch.bool, device=device)).nonzero().flatten()
-            if keep.numel() == 0:
+        lookups = [_NgramLookup(refs) for refs in references] if references and self.draft_tokens > 0 else None
+        while True:
+            keep: list[int] = []
+            for k, row in enumerate(active):
+                done = False
+                for token in fresh[k]:
+                    generated[row].append(token)
+                    done = token in end_ids or len(generated[row]) >= budgets[row]
+                    if not done and stop:
+                        done = self._completes_stop(known[row] + generated[row], stop)
+                    if done:
+                        break
+                if not done:
+                    keep.append(k)
+            if not keep:
                 break
-            if keep.numel() < active.numel():
-                cache.batch_select_indices(keep) if hasattr(cache, "batch_select_indices") else cache.reorder_cache(
-                    keep
+            if len(keep) < len(active):
+                index = torch.tensor(keep, dtype=torch.long, device=device)
+                cache.batch_select_indices(index) if hasattr(cache, "batch_select_indices") else cache.reorder_cache(
+                    index
                 )
-                active, last, mask, next_pos = active[keep], last[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                active, mask, next_pos = [active[k] for k in keep], mask[index], next_pos[index]
+            drafts = [[] for _ in active]
+            if lookups is not None:
+                for k, row in enumerate(active):
+                    room = budgets[row] - len(generated[row]) - 1
+                    if room > 0:
+                        drafts[k] = lookups[row].draft(contexts[row] + generated[row], min(room, self.draft_tokens))
+            width = max(len(d) for d in drafts)
+            if width and sum(map(len, drafts)) < len(active):  # too few to pay for a wider step
+                drafts, width = [[] for _ in active], 0
+            inputs = [[generated[row][-1]] + d + [pad] * (width - len(d)) for row, d in zip(active, drafts)]
+            new_mask = [[1] * (1 + len(d)) + [0] * (width - len(d)) for d in drafts]
+            mask = torch.cat([mask, torch.tensor(new_mask, dtype=mask.dtype, device=device)], dim=1)
             result = self._forward(
-                input_ids=last[:, None],
+                input_ids=torch.tensor(inputs, dtype=torch.long, device=device),
                 attention_mask=mask,
-                position_ids=next_pos[:, None],
+                position_ids=next_pos[:, None] + torch.arange(width + 1, device=device)[None, :],
                 use_cache=True,
                 **{cache_name: cache},
             )
             cache = getattr(result, "cache", None) or result.past_key_values
-            last = result.logits[:, -1, :].float().argmax(-1)
-            next_pos = next_pos + 1
+            predicted = result.logits.float().argmax(-1).tolist()
+            fresh = []
+            for k, d in enumerate(drafts):
+                accepted = 0
+                while accepted < len(d) and d[accepted] == predicted[k][accepted]:
+                    accepted += 1
+                fresh.append(predicted[k][: accepted + 1])
+                if accepted < width:  # rejected draft tokens (and padding) are masked out
+                    mask[k, mask.shape[1] - width + accepted :] = 0
+                next_pos[k] += accepted + 1
+                if d:
+                    self.counts["draft_checked_tokens"] = self.counts.get("draft_checked_tokens", 0) + len(d)
+                    self.counts["draft_accepted_tokens"] = self.counts.get("draft_accepted_tokens", 0) + accepted
+            if width:
+                self.counts["draft_steps"] = self.counts.get("draft_steps", 0) + 1
         return generated
+
+
+class _NgramLookup:
+    """Where the last tokens of a sequence occur in reference token sequences, and what follows
+    them there (the longest match of 3, then 2 tokens; the first occurrence)."""
+
+    SIZES = (3, 2)
+
+    def __init__(self, references: list[list[int]]):
+        self.follow: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.references = references
+        for r, ref in enumerate(references):
+            for n in self.SIZES:
+                for i in range(len(ref) - n):
+                    self.follow.setdefault(tuple(ref[i : i + n]), (r, i + n))
+
+    def draft(self, sequence: list[int], limit: int) -> list[int]:
+        for n in self.SIZES:
+            if len(sequence) >= n and (hit := self.follow.get(tuple(sequence[-n:]))) is not None:
+                r, at = hit
+                return self.references[r][at : at + limit]
+        return []
