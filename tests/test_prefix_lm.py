@@ -227,7 +227,7 @@ def test_lookup_drafts_keep_the_greedy_text(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    lm = PrefixSharedLM(pretrained=model, tokenizer=tok, batch_size=3)
+    lm = PrefixSharedLM(pretrained=model, tokenizer=tok, batch_size=3, draft_tokens=4)
     contexts = [lm.tok_encode(p) for p in ("the quick brown fox", "a b c", "x y z w v u")]
     greedy = []
     for ctx in contexts:  # one at a time, transformers' own greedy search

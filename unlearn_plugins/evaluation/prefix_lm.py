@@ -90,8 +90,17 @@ def plan(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> _Plan:
 class PrefixSharedLM(HFLM):
     """HFLM with prompt-shared log-likelihood scoring and compacting greedy generation (module doc)."""
 
-    #: draft tokens a greedy decoding step checks at most (lookup drafting, :meth:`_decode`); 0: none
-    draft_tokens = 4
+    #: draft tokens a greedy decoding step checks at most (lookup drafting, :meth:`_decode`); 0: none.
+    #: Off by default: on one CPU thread (SmolLM2, a reglu_tofu cell's retain and forget generations)
+    #: 4 draft tokens had 175 of 508 accepted and the generation took 15% more CPU time (a step's
+    #: cost grows with its width there); where a decoding step is memory-bound (a GPU) it may pay.
+    #: ``--model_args draft_tokens=4`` (lm-eval) or ``PrefixSharedLM.draft_tokens = 4`` turns it on.
+    draft_tokens = 0
+
+    def __init__(self, *args, draft_tokens: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if draft_tokens is not None:
+            self.draft_tokens = int(draft_tokens)
 
     # ------------------------------------------------------------------ log-likelihood
 
