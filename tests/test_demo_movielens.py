@@ -331,3 +331,23 @@ def test_sharded_needs_a_movielens_benchmark(tmp_path):
         StudyError, match=r"\[sharded\]: a sharded recommender needs \[benchmark\] source = 'movielens'"
     ):
         load_study(str(path))
+
+
+def test_unlearn_study_runs_the_movielens_study_and_writes_its_report(tmp_path, tiny_model_dir, capsys):
+    """`unlearn study` on a MovieLens study (the demo's --fast variant on the tiny model): its cells
+    on a worker, then the MovieLens report; --list shows it; --report-only is refused."""
+    code, out, _ = _run(["study", "--list"], capsys)
+    assert code == 0 and "demo-movielens " in out and "(3 methods x 1 seeds = 3 runs, and RecEraser)" in out
+
+    path = fast_study_file(tmp_path, tiny_model_dir, write_grouplens(tmp_path / "ml"))
+    args = ["study", str(path), "--variant", "fast", "--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
+    args += ["--out", str(tmp_path / "report")]
+    code, out, err = _run(args, capsys)
+    assert code == 0, err[-3000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert [r["name"] for r in results["models"]] == MODELS
+    assert results["config"]["study"] == "demo-movielens" and results["budget"]["shards"] == 2
+    assert "RecEraser (2 shards, attention)" in out
+
+    code, _, err = _run([*args, "--report-only"], capsys)
+    assert code == 1 and "--report-only: not available for a MovieLens study" in err

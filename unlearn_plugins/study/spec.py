@@ -557,6 +557,9 @@ class _Reader:
                 raise self.error(
                     table, "given", "a MovieLens study fine-tunes its models with the recommendation recipe; remove it"
                 )
+        for table, values in (("target", target_t), ("retain", retain_t)):
+            if "threads" in values:
+                raise self.error(table, "threads", "not available in a MovieLens study (its workers' threads are used)")
         target = self.recipe("target", target_t, None)
         retain = self.recipe("retain", retain_t, target)
         budget = self.budget(data)
