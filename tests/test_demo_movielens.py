@@ -1,13 +1,17 @@
 """`unlearn demo --benchmark movielens`: every stage end to end on the tiny model (--fast) and a
 small folder in MovieLens-100K's layout; the report's numbers against independent
-computations (direct forwards, hand AUC and JSD, the shards that held the forget users); the
-stage cache; the option checks."""
+computations (direct forwards, hand AUC and JSD, the shards that held the forget users) and
+against the numbers recorded before the demo became a study; the stage cache; the option
+checks. The demo is a study (unlearn_plugins/demo/movielens.toml, built-in "demo-movielens"):
+its cells are built by the study's runner, one after the other in this process."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import re
+from pathlib import Path
 
 import pytest
 from test_recommendation import direct_p_yes, hand_auc, hand_jsd
@@ -17,6 +21,25 @@ from unlearn_plugins.cli import main
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 MODELS = ["target", "retrain", "e2urec", "neggrad", "bad_teacher", "receraser"]
+#: the MovieLens demo study's cells (`unlearn study demo-movielens --dry-run`)
+CELLS = [
+    "target",
+    "retrain",
+    "cud",
+    "eval-retrain",
+    "eval-target",
+    "e2urec/seed0",
+    "neggrad/seed0",
+    "bad_teacher/seed0",
+    "receraser/shards",
+    "receraser",
+]
+STUDY_FILE = Path(__file__).resolve().parent.parent / "unlearn_plugins" / "demo" / "movielens.toml"
+
+
+def cells_said(err: str, word: str) -> list[str]:
+    """The cells the study's progress lines say are ``word`` (cached, done), in order."""
+    return re.findall(rf"^\[ *\d+/{len(CELLS)}\] {word:<7} (\S+)", err, re.M)
 
 
 def write_grouplens(folder, *, users: int = 10, per_user: int = 14, movies: int = 40, seed: int = 0):
@@ -160,7 +183,7 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(rec_demo, capsys):
     before = json.loads((root / "report" / "results.json").read_text())["models"]
     code, _, err = _run(args, capsys)
     assert code == 0, err[-2000:]
-    assert err.count(": cached (") == 15  # every stage but the report
+    assert cells_said(err, "cached") == CELLS and "executor:" not in err  # nothing built
     after = json.loads((root / "report" / "results.json").read_text())["models"]
     assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
         {k: v for k, v in r.items() if k != "eval_seconds"} for r in before
@@ -169,7 +192,7 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(rec_demo, capsys):
 
 def test_a_truncated_cached_evaluation_is_rebuilt(rec_demo, tmp_path, capsys):
     """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback; the
-    stage is now rebuilt, with a warning naming it, and the report is the same."""
+    evaluation is now rebuilt, with a warning naming it, and the report is the same."""
     import shutil
 
     root, args = rec_demo
@@ -178,14 +201,17 @@ def test_a_truncated_cached_evaluation_is_rebuilt(rec_demo, tmp_path, capsys):
         capsys.readouterr()
     cache = tmp_path / "cache"
     shutil.copytree(root / "cache", cache)
-    results = sorted(cache.glob("receval-*/**/results_*.json"))[0]
-    stage = cache / results.relative_to(cache).parts[0]
+    (stage,) = cache.glob("receval-neggrad-*")
+    (results,) = stage.rglob("results_*.json")
     results.write_text(results.read_text()[:100])
     args = [*args[: args.index("--cache-dir")], "--cache-dir", str(cache), "--out", str(tmp_path / "report")]
     code, _, err = _run(args, capsys)
     assert code == 0 and "Traceback" not in err, err[-3000:]
-    assert f"warning: the cached stage {stage} is unreadable ({results.relative_to(stage)}: " in err
-    assert err.count(": cached (") == 14  # everything else
+    assert (
+        f"warning: the cached evaluation of neggrad/seed0 ({stage}) is unreadable ({results.relative_to(stage)}: "
+        in err
+    )
+    assert cells_said(err, "cached") == [c for c in CELLS if c != "neggrad/seed0"]  # everything else
     before = json.loads((root / "report" / "results.json").read_text())["models"]
     after = json.loads((tmp_path / "report" / "results.json").read_text())["models"]
     assert [{k: v for k, v in r.items() if k != "eval_seconds"} for r in after] == [
@@ -231,3 +257,97 @@ def test_movielens_demo_options_are_checked_before_any_stage(extra, message, tmp
 def test_tofu_demo_refuses_movielens_options(tmp_path, capsys):
     code = main(["demo", "--users", "5", "--out", str(tmp_path / "report")])
     assert code == 1 and capsys.readouterr().err.strip() == "error: --users: not an option of --benchmark tofu"
+
+
+def fast_study_file(tmp_path, model_dir, data) -> Path:
+    """The demo's study file, its fast variant on ``model_dir`` and the MovieLens folder ``data``."""
+    text = STUDY_FILE.read_text()
+    text = text.replace('[variants.fast.model]\nbase = "smollm2-135m"', f'[variants.fast.model]\nbase = "{model_dir}"')
+    text = text.replace(
+        '[variants.fast.benchmark]\nsource = "movielens"',
+        f'[variants.fast.benchmark]\nsource = "movielens"\nmovielens_dir = "{data}"',
+    )
+    path = tmp_path / "movielens.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_movielens_demo_is_a_built_in_study(tmp_path, tiny_model_dir, capsys):
+    """Issue 33: `unlearn demo --benchmark movielens` runs the built-in study demo-movielens; its
+    --fast variant's cells (`unlearn study ... --dry-run`), nothing built."""
+    from unlearn_plugins.study import builtin_studies, expand, load_study
+
+    assert builtin_studies()["demo-movielens"] == STUDY_FILE
+    study = load_study("demo-movielens")
+    assert [c.id for c in expand(study)] == CELLS
+    assert study.movielens.users == 20 and study.sharded.shards == 3 and study.cud.strata == 2
+    assert [m.name for m in study.methods] == MODELS[2:5]
+    assert study.method("neggrad").settings == {"objective": "grad_ascent", "retain": False}
+    fast = load_study("demo-movielens", variant="fast")
+    assert fast.movielens.users == 8 and fast.max_length == 512 and fast.sharded.aggregator_options == {"epochs": 5}
+
+    data = write_grouplens(tmp_path / "ml")
+    path = fast_study_file(tmp_path, tiny_model_dir, data)
+    cache = tmp_path / "cache"
+    code, out, err = _run(["study", str(path), "--variant", "fast", "--dry-run", "--cache-dir", str(cache)], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    for cell in CELLS:
+        assert any(line.split()[:1] == [cell] for line in lines), (cell, out)
+    assert "rec_finetune" in out and "sharded_train" in out and "sharded_unlearn + rec_evaluate" in out
+    assert "cud_users" in out and "unlearn + rec_evaluate" in out
+    assert not cache.exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("users = 8\n", "users = 3\n", r"\[benchmark\] users: must be >= 4, got 3"),
+        ("shards = 2\n", "shards = 7\n", r"\[sharded\] shards: must be between 1 and the 6 retained users, got 7"),
+        ('aggregator = "attention"', 'aggregator = "median"', r"\[sharded\] aggregator: must be one of"),
+        ("forget_fraction = 0.25", "forget_fraction = 0.1", r"\[benchmark\] forget_fraction: 0.1 of 8 users forgets 1"),
+        ('objective = "grad_ascent"\nretain = false', 'objective = "grad_ascent"\nretain = "x"', r"retain: is set by"),
+        ("[variants.fast.cud]\n", "[variants.fast.cud]\nanchor_pool = 4\n", r"\[cud\] anchor_pool: a MovieLens"),
+    ],
+)
+def test_movielens_study_errors_name_the_table_and_key(old, new, message, tmp_path, tiny_model_dir):
+    from unlearn_plugins.study import StudyError, load_study
+
+    path = fast_study_file(tmp_path, tiny_model_dir, tmp_path / "ml")
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    with pytest.raises(StudyError, match=message):
+        load_study(str(path), variant="fast")
+
+
+def test_sharded_needs_a_movielens_benchmark(tmp_path):
+    from unlearn_plugins.study import StudyError, load_study
+
+    demo = (Path(STUDY_FILE).parent / "demo.toml").read_text()
+    path = tmp_path / "s.toml"
+    path.write_text(demo.replace("[evaluation]\n", "[sharded]\nshards = 2\n\n[evaluation]\n", 1))
+    with pytest.raises(
+        StudyError, match=r"\[sharded\]: a sharded recommender needs \[benchmark\] source = 'movielens'"
+    ):
+        load_study(str(path))
+
+
+def test_unlearn_study_runs_the_movielens_study_and_writes_its_report(tmp_path, tiny_model_dir, capsys):
+    """`unlearn study` on a MovieLens study (the demo's --fast variant on the tiny model): its cells
+    on a worker, then the MovieLens report; --list shows it; --report-only is refused."""
+    code, out, _ = _run(["study", "--list"], capsys)
+    assert code == 0 and "demo-movielens " in out and "(3 methods x 1 seeds = 3 runs, and RecEraser)" in out
+
+    path = fast_study_file(tmp_path, tiny_model_dir, write_grouplens(tmp_path / "ml"))
+    args = ["study", str(path), "--variant", "fast", "--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
+    args += ["--out", str(tmp_path / "report")]
+    code, out, err = _run(args, capsys)
+    assert code == 0, err[-3000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert [r["name"] for r in results["models"]] == MODELS
+    assert results["config"]["study"] == "demo-movielens" and results["budget"]["shards"] == 2
+    assert "RecEraser (2 shards, attention)" in out
+
+    code, _, err = _run([*args, "--report-only"], capsys)
+    assert code == 1 and "--report-only: not available for a MovieLens study" in err

@@ -189,6 +189,26 @@ def test_source_auto_falls_back_to_generated_authors(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_method_without_a_retain_set(tmp_path):
+    """[[methods]] retain = false (the MovieLens demo's NegGrad): its unlearning run gets no retain
+    set, and its cache key is not that of the same method with one."""
+    from unlearn_plugins.study.cells import plan_study
+
+    text = TINY + '\n[[methods]]\nname = "ga"\nobjective = "grad_ascent"\nretain = false\n'
+    text += '\n[[methods]]\nname = "ga_retain"\nobjective = "grad_ascent"\n'
+    study = load_study(str(_write(tmp_path, text)))
+    assert study.method("ga").settings == {"objective": "grad_ascent", "retain": False}
+    plan = plan_study(study, cache=tmp_path / "cache", dry_run=True)
+    (ga,), (with_retain,) = (
+        [c.stages[0] for c in plan.cells.values() if c.cell.method == m and c.cell.seed == study.seeds[0]]
+        for m in ("ga", "ga_retain")
+    )
+    assert ga.params["retain"] is None and "retain" not in with_retain.params
+    assert ga.folder.rsplit("-", 1)[1] != with_retain.folder.rsplit("-", 1)[1]
+    with pytest.raises(StudyError, match=r"\[methods.ga\] retain: is set by the study; only retain = false"):
+        load_study(str(_write(tmp_path, text.replace("retain = false", "retain = true"))))
+
+
 def _write(tmp_path, text: str) -> Path:
     path = tmp_path / "study.toml"
     path.write_text(text)
@@ -237,7 +257,7 @@ BAD = [
     (
         "source",
         _variant('source = "generated"', 'source = "hub"'),
-        "[benchmark] source: must be one of 'tofu', 'generated', 'auto', got 'hub'",
+        "[benchmark] source: must be one of 'tofu', 'generated', 'auto', 'movielens', got 'hub'",
     ),
     (
         "too many authors",
@@ -350,7 +370,7 @@ BAD = [
         "a variant of the study table",
         TINY + "\n[variants.fast.study]\nseeds = [0]\n",
         "[variants.fast.study]: a variant replaces tables of the study (model, benchmark, target, retain, "
-        "budget, methods, evaluation, cud)",
+        "budget, methods, evaluation, cud, sharded)",
     ),
     (
         "retain given for another size",

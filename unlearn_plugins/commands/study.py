@@ -100,12 +100,18 @@ def _list() -> int:
 
     for name, path in builtin_studies().items():
         study = load_study(str(path))
-        cells = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
         others = variants(str(path))
-        print(
-            f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
-            f"sizes x {len(study.seeds)} seeds = {cells} runs)" + (f"; variants: {', '.join(others)}" if others else "")
-        )
+        if study.movielens is not None:  # one forget request (a fraction of the users)
+            runs = len(study.methods) * len(study.seeds)
+            grid = f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs"
+            grid += f", and {study.sharded.method}" if study.sharded else ""
+        else:
+            runs = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
+            grid = (
+                f"{len(study.methods)} methods x {len(study.forget_sizes)} forget sizes x {len(study.seeds)} "
+                f"seeds = {runs} runs"
+            )
+        print(f"{name:<16} {study.description} ({grid})" + (f"; variants: {', '.join(others)}" if others else ""))
     return 0
 
 
@@ -117,6 +123,57 @@ def _show_config(study, args, cache) -> int:
         {"command_line": options, **study.settings()},
         f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's options",
     )
+
+
+def _run_movielens(study, args, out: str, cache) -> int:
+    """A MovieLens study: its cells, then the MovieLens demo's report (its table, results.json,
+    summary.md, the plots) of the study's first seed."""
+    import time
+    from pathlib import Path
+
+    from ..demo import movielens_report
+    from ..errors import UnlearnError
+    from ..files import folder_lock
+    from ..study.runner import run_plan
+
+    for flag, given in (("--report-only", args.report_only), ("--records", args.records)):
+        if given:
+            raise UnlearnError(f"{flag}: not available for a MovieLens study ({study.path}) yet")
+    if study.cud is None:
+        raise UnlearnError(f"{study.path}: [cud]: a MovieLens study's report has the CUD-easy and -hard users' columns")
+    started = time.perf_counter()
+    plan, results = run_plan(
+        study,
+        out=out,
+        cache=cache,
+        workers=args.workers,
+        executor=args.executor,
+        scheduler=args.scheduler,
+        device=args.device,
+        threads=args.threads,
+    )
+    failed = [cell for cell, r in results.items() if r["status"] != "done"]
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
+            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
+            file=sys.stderr,
+        )
+        return 1
+    config = {"study": study.name, "path": study.path, "out": out, "model": study.model, "device": args.device}
+    with folder_lock(Path(out), f"--out {out}"):
+        _, table, files = movielens_report.study_report(
+            Path(out),
+            plan,
+            results,
+            config=config,
+            budget=movielens_report.study_budget(study),
+            train_dtype=study.target.finetune.get("dtype") or "library default",
+            wall_s=time.perf_counter() - started,
+        )
+    print(table)
+    print(f"report -> {out}/ ({', '.join(sorted(files))})")
+    return 0
 
 
 def run(args) -> int:
@@ -150,13 +207,14 @@ def run(args) -> int:
     if args.dry_run and args.report_only:
         raise UnlearnError("--dry-run and --report-only: give one of them")
     if args.dry_run:
-        from ..study.cells import plan_study
-        from ..study.runner import dry_run_table
+        from ..study.runner import dry_run_table, plan_cells
 
         records = Path(args.records).expanduser() if args.records else None
-        print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True), records))
+        print(dry_run_table(plan_cells(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
     out = args.out or f"study-{study.name}"
+    if study.movielens is not None:
+        return _run_movielens(study, args, out, cache)
     if args.report_only:
         from ..study.runner import report_study
 

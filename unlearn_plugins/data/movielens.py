@@ -394,7 +394,17 @@ def load_movielens(folder: str | os.PathLike | None = None) -> MovieLens:
     return MovieLens(ratings, movies, layout, str(path), (str(ratings_path), str(movies_path)))
 
 
+def fingerprint(folder: str | os.PathLike | None = None) -> str:
+    """Changes when the MovieLens files change (another folder, an edited file): the layout
+    and the content digest of its two files (a study's benchmark stage key)."""
+    from .tofu_benchmark import file_digest
+
+    layout, files = detect_layout(resolve_movielens_dir(folder))
+    return "-".join([layout, *(file_digest(p) for p in files)])
+
+
 __all__ = [
+    "fingerprint",
     "Movie",
     "Rating",
     "MovieLens",

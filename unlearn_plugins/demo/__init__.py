@@ -1,17 +1,19 @@
 """`unlearn demo`: the whole product on the embedded model and a small benchmark, with every
-stage cached so a rerun continues where the last one stopped.
+stage cached so a rerun continues where the last one stopped. Both demos are studies
+(docs/study.md), run by `unlearn demo` through the study's cells, cache and executors
+(:func:`unlearn_plugins.study.runner.run_plan`); this package holds their descriptions and
+reports:
 
-- ``demo.toml``: the TOFU demo, a study (docs/study.md): the target and retain models, CUD
-  difficulty scores of the forget set, ReGLU and two baselines unlearning it, every model
-  evaluated; `unlearn demo` runs it through the study's cells, cache and workers
-  (:func:`unlearn_plugins.study.runner.run_plan`) and `unlearn study demo --dry-run` shows them;
-- :mod:`.report`: its terminal table, results.json, summary.md and the plots;
-- :mod:`.movielens` and :mod:`.movielens_report`: recommendation unlearning on MovieLens
-  (``--benchmark movielens``), with a pipeline of its own still.
+- ``demo.toml``: the TOFU demo: the target and retain models, CUD difficulty scores of the
+  forget set, ReGLU and two baselines unlearning it, every model evaluated (`unlearn study demo
+  --dry-run` shows its cells); :mod:`.report`: its terminal table, results.json, summary.md and
+  the plots;
+- ``movielens.toml``: recommendation unlearning on MovieLens (``--benchmark movielens``): the
+  target and retrain models, CUD-easy / CUD-hard forget users, E2URec, NegGrad, Bad-T and
+  RecEraser, every model evaluated (`unlearn study demo-movielens --dry-run`);
+  :mod:`.movielens_report`: its report.
 
-The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.data.tofu_benchmark`'s.
+The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.data.tofu_benchmark`'s; the
+MovieLens benchmark and the stages a MovieLens study adds are :mod:`unlearn_plugins.study`'s
+(``movielens``, ``rec_cells``, ``rec_models``, ``rec_eval``, ``sharded``, ``cud``).
 """
-
-from .movielens import MovieLensDemoConfig, run_movielens_demo
-
-__all__ = ["MovieLensDemoConfig", "run_movielens_demo"]

@@ -1,8 +1,9 @@
 """The MovieLens demo's report, in the TOFU demo's format: a table for the terminal and, in
 the report folder, results.json, summary.md, three PNG plots (AUC per model, JSD to the
 retrain model against unlearning time, the forget users' CUD scores), the CUD scores and the
-CUD-easy / CUD-hard users' prompts. Reads only the cached stage folders; every file is
-written atomically."""
+CUD-easy / CUD-hard users' prompts. Reads only the stage folders of its study's cells
+(unlearn_plugins/demo/movielens.toml, planned by :mod:`unlearn_plugins.study.rec_cells`);
+every file is written atomically."""
 
 from __future__ import annotations
 
@@ -187,10 +188,124 @@ def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[in
 # ----------------------------------------------------------------------------- the report
 
 
+def study_budget(study) -> dict:
+    """A MovieLens study's budget as results.json and summary.md describe it (the demo's budget:
+    the recipe's and the unlearning's overrides, max_length where it is not the recipe's 384;
+    the training dtype is reported on its own)."""
+    from ..recommendation.recipes import RECIPE
+
+    rec, cud, sharded = study.movielens, study.cud, study.sharded
+    length = {"max_length": study.max_length} if study.max_length != RECIPE["max_length"] else {}
+
+    def plain(options: dict) -> dict:
+        return {k: v for k, v in options.items() if k != "dtype"}
+
+    e2urec = next(
+        (m.settings.get("objective_options", {}) for m in study.methods if m.config["objective"] == "e2urec"), {}
+    )
+    return {
+        "users": rec.users,
+        "train_per_user": rec.train_per_user,
+        "eval_per_user": rec.eval_per_user,
+        "history": rec.history,
+        "forget_fraction": rec.forget_fraction,
+        "anchor_users": rec.anchor_users,
+        "finetune": {**plain(study.target.finetune), **length},
+        "unlearn": {**plain(study.budget), **length},
+        "e2urec": dict(e2urec),
+        "anchor_unlearn": plain(cud.unlearn) if cud else {},
+        "cud": dict(cud.scorer) if cud else {},
+        "shards": sharded.shards if sharded else 0,
+        "aggregator": sharded.aggregator if sharded else None,
+        "aggregator_prompts": sharded.aggregator_prompts if sharded else 0,
+        "aggregator_options": dict(sharded.aggregator_options) if sharded else {},
+        "eval_batch_size": study.evaluation.batch_size,
+    }
+
+
+def _seconds(folder: str | Path) -> float | None:
+    try:
+        return json.loads((Path(folder) / "resources.json").read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def study_report(
+    out: Path, plan, results: dict, *, config: dict, budget: dict, train_dtype: str, wall_s: float
+) -> tuple[dict, str, dict]:
+    """The report of a MovieLens study, run (:func:`unlearn_plugins.study.runner.run_plan`): its
+    target and retrain models, each method's run (the study's first seed), the sharded
+    recommender, every evaluation and the CUD users."""
+    from types import SimpleNamespace
+
+    from ..study import sharded as sharded_stages
+    from ..study.rec_eval import REFERENCE
+
+    study, cells = plan.study, plan.cells
+    seed = study.seeds[0]
+    bench = plan.benches[0]
+    models, seconds, evals = {}, {}, {}
+    for name in ("target", "retrain"):
+        stage = cells[name].stages[0]
+        models[name] = {"key": stage.params["key"], "model": plan.models[name]}
+        seconds[name] = _seconds(stage.folder)
+    evals["retrain"] = Path(cells["eval-retrain"].result)
+    evals["target"] = Path(cells["eval-target"].result)
+    methods, runs = [], {}
+    for m in study.methods:
+        cp = cells[f"{m.name}/seed{seed}"]
+        run = Path(cp.stages[0].folder)
+        # as the demo's results.json has them: the objective, and no retain set where there is none
+        settings = {
+            "objective": m.config["objective"],
+            **({"retain": None} if m.settings.get("retain") is False else {}),
+        }
+        methods.append(SimpleNamespace(name=m.name, label=m.label, settings=settings))
+        runs[m.name] = {"key": run.name.rsplit("-", 1)[1], "adapter": str(run / "run")}
+        seconds[m.name] = _seconds(run)
+        evals[m.name] = Path(cp.result)
+    sharded = sharded_dirs = None
+    if study.sharded is not None:
+        name = study.sharded.name
+        trained = Path(cells[f"{name}/shards"].result)
+        unlearned = Path(cells[name].stages[0].folder)
+        sharded = {"trained": {"seconds": _seconds(trained)}, "unlearned": sharded_stages.unlearning(unlearned)}
+        sharded_dirs = {"trained": str(trained / "sharded"), "unlearned": str(unlearned / "sharded")}
+        seconds[name] = sharded["unlearned"]["seconds"]
+        evals[name] = Path(cells[name].result)
+    timings = {}
+    for cell, cp in cells.items():
+        sources = (results.get(cell) or {}).get("sources") or []
+        for i, stage in enumerate(cp.stages):
+            cached = i >= len(sources) or sources[i] == "cached"
+            timings[stage.label] = {"seconds": 0.0 if cached else (_seconds(stage.folder) or 0.0), "cached": cached}
+    return write_report(
+        out,
+        config=config,
+        budget=budget,
+        dtype=train_dtype,
+        bench_dir=Path(bench["folder"]),
+        info=bench["info"],
+        methods=methods,
+        evals=evals,
+        reference=str(evals["retrain"] / REFERENCE),
+        cud_dir=Path(cells["cud"].result),
+        seconds=seconds,
+        sharded=sharded,
+        sharded_method=(study.sharded.name, study.sharded.method) if study.sharded else None,
+        models=models,
+        runs=runs,
+        sharded_dirs=sharded_dirs,
+        timings=timings,
+        wall_s=wall_s,
+    )
+
+
 def write_report(
     out: Path,
     *,
-    config,
+    config: dict,
+    budget: dict,
     dtype,
     bench_dir: Path,
     info: dict,
@@ -199,22 +314,22 @@ def write_report(
     reference: str,
     cud_dir: Path,
     seconds: dict,
-    sharded: dict,
+    sharded: dict | None,
+    sharded_method: tuple[str, str] | None,
     models: dict,
     runs: dict,
-    sharded_dirs: dict,
+    sharded_dirs: dict | None,
     timings: dict,
     wall_s: float,
 ) -> tuple[dict, str, dict]:
-    from dataclasses import asdict
-
     users = json.loads((cud_dir / "users.json").read_text())
     easy, hard = users["easy"], users["hard"]
-    unlearned = sharded["unlearned"]["report"]
     labels = [("target", "original (before unlearning)"), ("retrain", "retrain (never saw the forget users)")]
     labels += [(m.name, m.label) for m in methods]
-    method = "RecEraser" if config.budget.aggregator == "attention" else "SISA"  # the average aggregator
-    labels.append(("receraser", f"{method} ({unlearned['shards_total']} shards, {config.budget.aggregator})"))
+    if sharded is not None:  # RecEraser, or SISA (the average aggregator)
+        unlearned = sharded["unlearned"]["report"]
+        name, method = sharded_method
+        labels.append((name, f"{method} ({unlearned['shards_total']} shards, {budget['aggregator']})"))
     rows = [
         model_row(
             name,
@@ -232,15 +347,17 @@ def write_report(
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     scores = _jsonl(cud_dir / "scores.jsonl")
     results = {
-        "config": asdict(config),
-        "budget": asdict(config.budget),
+        "config": config,
+        "budget": budget,
         "train_dtype": dtype or "library default",
         "benchmark": {k: info[k] for k in ("settings", "source", "users", "forget_users", "anchor_users", "counts")},
         "benchmark_dir": str(bench_dir),
         "models": rows,
         "targets": models,
         "unlearning_runs": {m.name: {"label": m.label, "settings": m.settings, **runs[m.name]} for m in methods},
-        "receraser": {"trained": sharded["trained"], "unlearning": unlearned, "folders": sharded_dirs},
+        "receraser": (
+            {"trained": sharded["trained"], "unlearning": unlearned, "folders": sharded_dirs} if sharded else None
+        ),
         "retrain_reference": reference,
         "cud": {
             "users": users["scores"],
@@ -283,11 +400,22 @@ def write_report(
 def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
     b, bench, cfg = results["budget"], results["benchmark"], results["config"]
     counts, source = bench["counts"], bench["source"]
-    sharded = results["receraser"]["unlearning"]
     retrain_s = next((r["seconds"] for r in rows if r["name"] == "retrain"), None)
     runs = results["cud"]["anchor_runs"]
     objectives = sorted({r["objective"] for r in runs})
-    method = rows[-1]["label"].split(" (")[0]
+    names = [run["label"].split(" (")[0] for run in results["unlearning_runs"].values()]
+    methods = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+    sharded_text = ""
+    if results["receraser"] is not None:
+        sharded = results["receraser"]["unlearning"]
+        sharded_text = (
+            f" {rows[-1]['label'].split(' (')[0]} retrained {len(sharded['shards_retrained'])} of its "
+            f"{sharded['shards_total']} shards (shards {sharded['shards_retrained']}"
+            + (f", removed {sharded['shards_removed']}" if sharded["shards_removed"] else "")
+            + f") and refitted its aggregator in {sharded['seconds']:.0f} s"
+            + (f" (the retrain model's fine-tune: {retrain_s:.0f} s)" if retrain_s is not None else "")
+            + "."
+        )
     lines = [
         "# unlearn-plugins demo: recommendation unlearning (MovieLens)",
         "",
@@ -299,15 +427,9 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
         f"Test AUC: the {counts['test_retain']} test prompts of the retained users; forget AUC and JSD: the forget "
         f"users' {counts['train_forget']} training prompts (JSD: the mean Jensen-Shannon divergence of P(Yes) to "
-        f"the retrain model's). E2URec, NegGrad and Bad-T unlearned with the same budget: LoRA r "
-        f"{b['unlearn']['lora_r']}, lr {b['unlearn']['lr']}, {b['unlearn']['epochs']:g} epochs, batch "
-        f"{b['unlearn']['batch_size']}; training base weights: {results['train_dtype']}. {method} retrained "
-        f"{len(sharded['shards_retrained'])} of its {sharded['shards_total']} shards (shards "
-        f"{sharded['shards_retrained']}"
-        + (f", removed {sharded['shards_removed']}" if sharded["shards_removed"] else "")
-        + f") and refitted its aggregator in {sharded['seconds']:.0f} s"
-        + (f" (the retrain model's fine-tune: {retrain_s:.0f} s)" if retrain_s is not None else "")
-        + ".",
+        f"the retrain model's). {methods} unlearned with the same budget: LoRA r "
+        f"{b['unlearn'].get('lora_r')}, lr {b['unlearn'].get('lr')}, {b['unlearn'].get('epochs', 0):g} epochs, "
+        f"batch {b['unlearn'].get('batch_size')}; training base weights: {results['train_dtype']}." + sharded_text,
         "",
         f"CUD: each forget prompt scored (EAP-IG on the Yes/No token; anchors chosen by "
         f"{' and '.join(objectives) or 'n/a'} x {len(runs) // max(1, len(objectives))} "

@@ -45,6 +45,8 @@ REALLY_FORGOTTEN = "really_forgotten"
 MIA_REFERENCE = "mia_reference.json"
 #: seconds between two looks at a stage that another process is building
 WAIT_POLL_S = 1.0
+#: the stage kinds that evaluate a model (a cell whose last one is finished is done)
+EVALUATIONS = ("evaluate", "rec_evaluate")
 
 
 def default_cache() -> Path:
@@ -80,7 +82,7 @@ class CellPlan:
         """Every stage built, or the cell's evaluation finished (its model stage may be gone:
         restored from records, :mod:`unlearn_plugins.study.records`)."""
         last = self.stages[-1]
-        return all(s.done for s in self.stages) or (last.build == "evaluate" and last.done)
+        return all(s.done for s in self.stages) or (last.build in EVALUATIONS and last.done)
 
 
 @dataclass
@@ -419,6 +421,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             method = study.method(cell.method)
             config = {**method.config, "seed": cell.seed}
             config["initializer_options"] = _initializer_seed(config, cell.seed)
+            no_retain = method.settings.get("retain") is False  # retain = false: no retain set
             run_key = digest(
                 STUDY_FORMAT,
                 "unlearn",
@@ -427,13 +430,20 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 bench["content"]["retain"],
                 config,
                 *([revisions] if (revisions := component_revisions(config)) else []),
+                *(["no-retain"] if no_retain else []),
             )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
             unlearn = Stage(
                 f"unlearn: {cell.label}",
                 run_folder,
                 "unlearn",
-                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
+                {
+                    "config": config,
+                    "model": plan.models["target"],
+                    "bench": bench["folder"],
+                    "device": device,
+                    **({"retain": None} if no_retain else {}),
+                },
             )
             # the adapter is evaluated merged into the weights where that is exact (fp32 weights)
             merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
@@ -507,16 +517,19 @@ def build_finetune(tmp: Path, p: dict) -> None:
 
 
 def build_unlearn(tmp: Path, p: dict) -> None:
+    """An unlearning run: ``forget`` and ``retain`` the files given (``retain`` None: none), else
+    the TOFU benchmark folder's ``forget.json`` and ``retain.json``."""
     from ..training import UnlearnConfig, run_unlearning
 
-    bench = Path(p["bench"])
     _need(p["model"], "the target model")
+    forget = p.get("forget") or str(Path(p["bench"]) / "forget.json")
+    retain = p["retain"] if "retain" in p else str(Path(p["bench"]) / "retain.json")
     run_unlearning(
         UnlearnConfig(
             out=str(tmp / "run"),
             model=p["model"],
-            forget=str(bench / "forget.json"),
-            retain=str(bench / "retain.json"),
+            forget=forget,
+            retain=retain,
             device=p["device"],
             **p["config"],
         )
@@ -637,17 +650,57 @@ def build_cud(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
+def build_cud_users(tmp: Path, p: dict) -> None:
+    from .cud import build_cud_users as build
+
+    build(tmp, p)
+
+
+def build_rec_finetune(tmp: Path, p: dict) -> None:
+    from .rec_models import build_finetune
+
+    build_finetune(tmp, p)
+
+
+def build_rec_evaluate(tmp: Path, p: dict) -> None:
+    from .rec_eval import build_evaluate as build
+
+    for path, what in ((p["model"], "the model to evaluate"), (p["reference"], "the retrain model's JSD reference")):
+        if path:
+            _need(path, what)
+    build(tmp, p)
+
+
+def build_sharded_train(tmp: Path, p: dict) -> None:
+    from .sharded import build_train
+
+    build_train(tmp, p)
+
+
+def build_sharded_unlearn(tmp: Path, p: dict) -> None:
+    from .sharded import build_unlearn as build
+
+    _need(p["trained"], "the trained shards")
+    build(tmp, p)
+
+
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune,
     "unlearn": build_unlearn,
     "evaluate": build_evaluate,
     "cud": build_cud,
+    # a MovieLens study's (study/rec_cells.py)
+    "rec_finetune": build_rec_finetune,
+    "rec_evaluate": build_rec_evaluate,
+    "cud_users": build_cud_users,
+    "sharded_train": build_sharded_train,
+    "sharded_unlearn": build_sharded_unlearn,
 }
 
 
 def builder(name: str) -> Callable[[Path, dict], None]:
     """The builder a stage names: one of :data:`BUILDERS`, or ``package.module:function`` for
-    a pipeline that runs its own stages on these executors (the MovieLens demo's)."""
+    a pipeline that runs its own stages on these executors."""
     if name in BUILDERS:
         return BUILDERS[name]
     module, sep, function = name.partition(":")
@@ -826,4 +879,5 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "EVALUATIONS",
 ]

@@ -17,9 +17,10 @@ from pathlib import Path
 from .. import tables
 from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
-from ..stages import DONE
-from .cells import CellTask, Plan, cell_source, plan_study
+from ..stages import DONE, unreadable
+from .cells import EVALUATIONS, CellTask, Plan, cell_source, plan_study
 from .progress import Progress
+from .rec_cells import plan_movielens_study
 from .spec import Study
 
 
@@ -33,6 +34,13 @@ class Outcome:
     @property
     def failed(self) -> list[str]:
         return [cell for cell, r in self.results.items() if r["status"] != "done"]
+
+
+def plan_cells(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
+    """The study's cells and stages: :func:`.cells.plan_study`, or for a MovieLens study
+    :func:`.rec_cells.plan_movielens_study`."""
+    make = plan_movielens_study if study.movielens is not None else plan_study
+    return make(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
 
 
 def log_path(out: Path, cell_id: str) -> Path:
@@ -190,11 +198,14 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
     return results
 
 
-def unreadable_evaluation(folder: Path) -> str | None:
+def unreadable_evaluation(folder: Path, build: str = "evaluate") -> str | None:
     """Why an evaluation stage folder cannot be read (a truncated results or samples file, say,
-    or a number out of its range: :func:`.report.check_evaluation`), or None when it can."""
+    or a number out of its range: :func:`.report.check_evaluation`; a recommendation evaluation's
+    JSON files that do not parse), or None when it can."""
     from .report import check_evaluation
 
+    if build != "evaluate":
+        return unreadable(folder)
     try:
         check_evaluation(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -206,16 +217,16 @@ def unreadable_evaluation(folder: Path) -> str | None:
 def _evaluation_stages(plan: Plan):
     for cp in plan.cells.values():
         for stage in cp.stages:
-            if stage.build == "evaluate":
-                yield cp, Path(stage.folder)
+            if stage.build in EVALUATIONS:
+                yield cp, stage
 
 
 def check_records(plan: Plan, records: Path) -> None:
     """A recorded evaluation that cannot be read is an error naming it (it is never restored
     and averaged away): the user removes it, and the cell is rebuilt."""
-    for cp, folder in _evaluation_stages(plan):
-        record = records / folder.name
-        if (record / DONE).is_file() and (problem := unreadable_evaluation(record)):
+    for cp, stage in _evaluation_stages(plan):
+        record = records / Path(stage.folder).name
+        if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build)):
             raise UnlearnError(
                 f"--records {records}: the recorded evaluation of {cp.cell.id}, {record}, is unreadable "
                 f"({problem}); remove that folder to rebuild the cell"
@@ -228,8 +239,9 @@ def drop_unreadable(plan: Plan, stream) -> list[str]:
     import shutil
 
     dropped = []
-    for cp, folder in _evaluation_stages(plan):
-        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder)):
+    for cp, stage in _evaluation_stages(plan):
+        folder = Path(stage.folder)
+        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder, stage.build)):
             print(
                 f"warning: the cached evaluation of {cp.cell.id} ({folder}) is unreadable ({problem}): rebuilding it",
                 file=stream,
@@ -272,7 +284,7 @@ def run_plan(
     from .executors import make_executor
 
     stream = stream or sys.stderr
-    plan = plan_study(study, cache=cache, device=device, stream=stream)
+    plan = plan_cells(study, cache=cache, device=device, stream=stream)
     if records is not None:
         records = Path(records)
         check_records(plan, records)
@@ -348,7 +360,7 @@ def report_study(
     stream = stream or sys.stderr
     out = Path(out)
     check_out(out, study)
-    plan = plan_study(study, cache=cache, device=device, stream=stream)
+    plan = plan_cells(study, cache=cache, device=device, stream=stream)
     if records is not None:
         check_records(plan, Path(records))
         ledger.restore(plan, Path(records))
@@ -356,7 +368,8 @@ def report_study(
     for cp in plan.ordered():
         if not cp.cached:
             continue
-        problem = unreadable_evaluation(Path(cp.result)) if cp.stages[-1].build == "evaluate" else None
+        last = cp.stages[-1]
+        problem = unreadable_evaluation(Path(cp.result), last.build) if last.build in EVALUATIONS else None
         if problem:  # a report never averages it away; a run (not --report-only) rebuilds it
             results[cp.cell.id] = {
                 "status": "failed",
@@ -386,4 +399,4 @@ def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tu
             time.sleep(2)
 
 
-__all__ = ["run_study", "run_plan", "report_study", "run_cells", "dry_run_table", "Outcome"]
+__all__ = ["plan_cells", "run_study", "run_plan", "report_study", "run_cells", "dry_run_table", "Outcome"]

@@ -23,6 +23,8 @@ from typing import Any
 
 from ..errors import UnlearnError
 from ..training.config import DTYPES
+from .movielens import MovieLensSource
+from .sharded import Sharded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,10 +39,23 @@ DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 MAX_GEN_MARGIN = 4096
 #: the model alias of a randomly initialised 2-layer Llama built in code (unlearn_plugins.testing)
 TINY_MODEL = "tiny-llama"
-TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation", "cud", "variants")
+TABLES = (
+    "study",
+    "model",
+    "benchmark",
+    "target",
+    "retain",
+    "budget",
+    "methods",
+    "evaluation",
+    "cud",
+    "sharded",
+    "variants",
+)
 CI_METHODS = ("t", "bootstrap")
-#: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
-SOURCES = ("tofu", "generated", "auto")
+#: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones;
+#: movielens: recommendation unlearning on MovieLens users (study/movielens.py)
+SOURCES = ("tofu", "generated", "auto", "movielens")
 #: the tasks every study evaluates: Forget Quality, Model Utility, forget probability and ROUGE-L
 REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 EXTRACTION_TASK = "tofu_forget_extraction_strength"
@@ -173,7 +188,7 @@ class Cud:
 
 #: fields added to the study format after its first version: left out of a study's digest and
 #: of its report while they have these values, so the studies before them keep theirs
-LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True}
+LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True, "movielens": None, "sharded": None}
 
 
 @dataclass(frozen=True)
@@ -199,6 +214,10 @@ class Study:
     #: every schedule key the same for every method (False: [budget]'s keys only; a preset keeps
     #: the rest of its own, as the demo's ReGLU its weight decay and warmup)
     one_budget: bool = True
+    #: [benchmark] source = "movielens": the MovieLens benchmark (authors and forget sizes unused)
+    movielens: MovieLensSource | None = None
+    #: [sharded] (MovieLens only): a sharded recommender (RecEraser / SISA) unlearning too
+    sharded: Sharded | None = None
 
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
@@ -222,7 +241,7 @@ class Cell:
     evaluate. ``deps``: cells whose results it reads."""
 
     id: str
-    kind: str  # target | retain | eval_retain | eval_full | method | cud
+    kind: str  # target | retain | eval_retain | eval_full | method | cud | sharded | sharded_unlearn
     label: str
     forget: int | None = None
     method: str | None = None
@@ -234,8 +253,12 @@ class Cell:
 
 
 def builtin_studies() -> dict[str, Path]:
-    """The studies shipped with the package: name -> file (the demo's too)."""
-    return {p.stem: p for folder in (BUILTIN_DIR, DEMO_DIR) for p in sorted(folder.glob("*.toml"))}
+    """The studies shipped with the package: name -> file (the demo's too: ``demo``, the TOFU
+    demo's demo.toml, and ``demo-BENCHMARK`` for the other demos' BENCHMARK.toml)."""
+    found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
+    for p in sorted(DEMO_DIR.glob("*.toml")):
+        found[p.stem if p.stem == "demo" else f"demo-{p.stem}"] = p
+    return found
 
 
 def find_study(spec: str) -> Path:
@@ -461,8 +484,22 @@ class _Reader:
         max_length = self.get("model", model_t, "max_length", "int", 512, minimum=MIN_MAX_LENGTH)
 
         bench = self.table(data, "benchmark", required=True)
-        self.keys("benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors"))
         source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
+        if source == "movielens":
+            return self.movielens_study(
+                data,
+                bench,
+                name=name,
+                description=description,
+                seeds=seeds,
+                ci=ci,
+                one_budget=one_budget,
+                model=model,
+                max_length=max_length,
+            )
+        if "sharded" in data:
+            raise StudyError(f"{self.path}: [sharded]: a sharded recommender needs [benchmark] source = 'movielens'")
+        self.keys("benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors"))
         tofu_dir = self.get("benchmark", bench, "tofu_dir", "str")
         if tofu_dir is not None:
             if source == "generated":
@@ -505,6 +542,49 @@ class _Reader:
             ci=ci,
             cud=cud,
             one_budget=one_budget,
+        )
+
+    def movielens_study(self, data: dict, bench: dict, **head) -> Study:
+        """A study on the MovieLens benchmark (study/movielens.py): target and retrain models
+        fine-tuned with the recommendation recipe, the methods, [cud] by user, [sharded]."""
+        from . import movielens
+        from . import sharded as sharded_table
+
+        rec = movielens.read(self, bench, strata="cud" in data)
+        target_t, retain_t = self.table(data, "target", required=True), self.table(data, "retain")
+        for table, values in (("target", target_t), ("retain", retain_t)):
+            if "given" in values:
+                raise self.error(
+                    table, "given", "a MovieLens study fine-tunes its models with the recommendation recipe; remove it"
+                )
+        for table, values in (("target", target_t), ("retain", retain_t)):
+            if "threads" in values:
+                raise self.error(table, "threads", "not available in a MovieLens study (its workers' threads are used)")
+        target = self.recipe("target", target_t, None)
+        retain = self.recipe("retain", retain_t, target)
+        budget = self.budget(data)
+        methods = self.methods(data, budget, head["max_length"], head["one_budget"])
+        sharded = None
+        if "sharded" in data:
+            sharded = sharded_table.read(self, self.table(data, "sharded"), users=rec.users - rec.forget_users)
+            if any(m.name == sharded.name for m in methods):
+                raise self.error("sharded", "name", f"{sharded.name!r} is used by a method")
+        return Study(
+            path=str(self.path),
+            source="movielens",
+            tofu_dir=None,
+            authors=0,
+            forget_sizes=(),
+            target=target,
+            retain=retain,
+            retain_given={},
+            budget=budget,
+            methods=methods,
+            evaluation=self.evaluation(data, movielens.TASKS),
+            cud=self.cud(data, movielens=True),
+            movielens=rec,
+            sharded=sharded,
+            **head,
         )
 
     def relative(self, value: str) -> Path:
@@ -642,7 +722,15 @@ class _Reader:
                     f"control characters, got {_show(label)}",
                 )
             preset_name = self.get(table, entry, "preset", "str")
-            rest = {k: v for k, v in entry.items() if k not in ("name", "label", "preset")}
+            # retain = false: unlearning without a retain set (NegGrad); the study gives it otherwise
+            no_retain = "retain" in entry
+            if no_retain and entry["retain"] is not False:
+                raise self.error(
+                    table,
+                    "retain",
+                    "is set by the study; only retain = false (unlearn without a retain set) is allowed",
+                )
+            rest = {k: v for k, v in entry.items() if k not in ("name", "label", "preset", "retain")}
             settings = self.training_options(table, rest, UnlearnConfig, METHOD_FIELDS)
             layers = []
             if preset_name is not None:
@@ -662,7 +750,11 @@ class _Reader:
                 Method(
                     name=name,
                     label=label,
-                    settings={**({"preset": preset_name} if preset_name else {}), **settings},
+                    settings={
+                        **({"preset": preset_name} if preset_name else {}),
+                        **settings,
+                        **({"retain": False} if no_retain else {}),
+                    },
                     config=config,
                 )
             )
@@ -708,7 +800,7 @@ class _Reader:
             except UnlearnError as exc:
                 raise self.error(table, "initializer", _one_line(exc)) from None
 
-    def cud(self, data: dict) -> Cud | None:
+    def cud(self, data: dict, movielens: bool = False) -> Cud | None:
         """[cud]: the scorer's options (checked by building it), the anchor runs' budget."""
         from ..host import create
         from ..interfaces import DIFFICULTY_SCORER
@@ -718,10 +810,18 @@ class _Reader:
             return None
         values = self.table(data, "cud")
         self.keys("cud", values, ("anchor_pool", "strata", "scorer", "unlearn"))
+        if movielens and "anchor_pool" in values:
+            raise self.error(
+                "cud",
+                "anchor_pool",
+                "a MovieLens study's anchor pool is its anchor users' prompts ([benchmark] anchor_users)",
+            )
         anchor_pool = self.get("cud", values, "anchor_pool", "int", 10, minimum=2)
         strata = self.get("cud", values, "strata", "int", 5, minimum=1)
         scorer = dict(self.get("cud", values, "scorer", "table", {}))
         for key in scorer:
+            if movielens and key == "answer_tokens":
+                raise self.error("cud.scorer", key, "is set by the study (the one Yes/No answer token); remove it")
             if key in CUD_STUDY_SET:
                 raise self.error(
                     "cud.scorer", key, "is set by the study (anchor_pool, [cud.unlearn], the target); remove it"
@@ -735,23 +835,23 @@ class _Reader:
         self.checked_config("cud.unlearn", UnlearnConfig, [("[cud.unlearn]", unlearn)])
         return Cud(scorer=scorer, unlearn=unlearn, anchor_pool=anchor_pool, strata=strata)
 
-    def evaluation(self, data: dict) -> Evaluation:
+    def evaluation(self, data: dict, required: tuple[str, ...] = REQUIRED_TASKS) -> Evaluation:
         values = self.table(data, "evaluation")
         self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype", "robustness"))
         robustness = values.get("robustness", False)
         if not isinstance(robustness, bool):
             raise self.error("evaluation", "robustness", f"must be true or false, got {_show(robustness)}")
-        tasks = values.get("tasks", list(REQUIRED_TASKS))
+        tasks = values.get("tasks", list(required))
         if not isinstance(tasks, list) or not all(isinstance(t, str) and t for t in tasks):
             raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
-        missing = [t for t in REQUIRED_TASKS if t not in tasks]
+        missing = [t for t in required if t not in tasks]
         if missing:
-            raise self.error(
-                "evaluation",
-                "tasks",
-                f"must include {', '.join(missing)} (every study reports "
-                f"Forget Quality, Model Utility, forget probability and ROUGE-L)",
+            why = (
+                "every study reports Forget Quality, Model Utility, forget probability and ROUGE-L"
+                if required == REQUIRED_TASKS
+                else "a MovieLens study reports the test and forget AUC and the JSD to the retrain model"
             )
+            raise self.error("evaluation", "tasks", f"must include {', '.join(missing)} ({why})")
         if len(set(tasks)) != len(tasks):
             raise self.error("evaluation", "tasks", "lists a task twice")
         from ..evaluation.lm_eval_runner import task_manager_for
@@ -796,7 +896,10 @@ def _config_problem(message: str) -> tuple[str | None, str]:
 def expand(study: Study) -> list[Cell]:
     """Every cell of the grid, each after the cells it needs: the target, per forget size the
     retain model and the evaluations of both (the retain model's truth ratios are the Forget
-    Quality reference), then seed x forget size x method."""
+    Quality reference), then seed x forget size x method. A MovieLens study:
+    :func:`expand_movielens`."""
+    if study.movielens is not None:
+        return expand_movielens(study)
     cells: list[Cell] = []
     target_id = None
     if study.target.given is None:
@@ -854,6 +957,52 @@ def expand(study: Study) -> list[Cell]:
     return cells
 
 
+def expand_movielens(study: Study) -> list[Cell]:
+    """The cells of a MovieLens study: the target and the retrain model, CUD's users ([cud]),
+    the retrain model's evaluation (its forget predictions are the JSD reference) and the
+    target's, then seed x method, then the sharded recommender ([sharded]): its shards, and its
+    unlearning of the forget users with its evaluation."""
+    rec = study.movielens
+    cells = [
+        Cell("target", "target", f"fine-tune the target on the {rec.users} users' prompts"),
+        Cell("retrain", "retain", f"fine-tune the retrain model on the {rec.users - rec.forget_users} retained users"),
+    ]
+    if study.cud is not None:
+        cells.append(
+            Cell("cud", "cud", f"CUD scores of the {rec.forget_users} forget users' prompts", deps=("target",))
+        )
+    cells.append(
+        Cell("eval-retrain", "eval_retain", "evaluate the retrain model (the JSD reference)", deps=("retrain",))
+    )
+    cells.append(Cell("eval-target", "eval_full", "evaluate the target", deps=("target", "eval-retrain")))
+    for seed in study.seeds:
+        for method in study.methods:
+            cells.append(
+                Cell(
+                    f"{method.name}/seed{seed}",
+                    "method",
+                    f"{method.label}, seed {seed}",
+                    method=method.name,
+                    seed=seed,
+                    deps=("target", "eval-retrain"),
+                )
+            )
+    if study.sharded is not None:
+        s = study.sharded
+        shards = f"{s.name}/shards"
+        cells.append(Cell(shards, "sharded", f"{s.method}: train {s.shards} shards ({s.aggregator} aggregator)"))
+        cells.append(
+            Cell(
+                s.name,
+                "sharded_unlearn",
+                f"{s.method}: unlearn the {rec.forget_users} forget users",
+                method=s.name,
+                deps=(shards, "eval-retrain"),
+            )
+        )
+    return cells
+
+
 __all__ = [
     "Study",
     "Method",
@@ -868,5 +1017,6 @@ __all__ = [
     "find_study",
     "builtin_studies",
     "expand",
+    "expand_movielens",
     "TINY_MODEL",
 ]
