@@ -444,6 +444,11 @@ def test_stage_keys_change_with_what_a_stage_depends_on_and_nothing_else(tmp_pat
     # robustness measures every model, the retain one too; leaving it false changes no key
     assert changed(_variant("gen_margin = 4", "gen_margin = 4\nrobustness = true")) == evaluations
     assert changed(_variant("gen_margin = 4", "gen_margin = 4\nrobustness = false")) == set()
+    # the scoring: the same numbers (to 1e-5) with fp32 weights, another evaluation in bf16
+    assert changed(_variant("gen_margin = 4", 'gen_margin = 4\nscoring = "hf"')) == set()
+    bf16 = folders(_variant("gen_margin = 4", 'gen_margin = 4\ndtype = "bf16"'))
+    hf16 = folders(_variant("gen_margin = 4", 'gen_margin = 4\ndtype = "bf16"\nscoring = "hf"'))
+    assert {c for c in base if bf16[c] != hf16[c]} == evaluations
     one = folders(_variant("seeds = [0, 1]", "seeds = [1]"))
     assert one["grad_diff/forget1/seed1"] == base["grad_diff/forget1/seed1"]  # a cell does not depend on the grid
 

@@ -43,6 +43,7 @@ TOFU_ONLY = (
     ("--tofu-dir", "tofu_dir"),
     ("--workers", "workers"),
     ("--eval-dtype", "eval_dtype"),
+    ("--scoring", "scoring"),
     ("--robustness", "robustness"),
 )
 MOVIELENS_ONLY = (
@@ -120,6 +121,13 @@ def add_parser(sub) -> None:
         default=None,
         help="weights while evaluating (log-softmax stays fp32); auto as --train-dtype, as open-unlearning "
         "evaluates in bf16 (default: auto)",
+    )
+    tofu.add_argument(
+        "--scoring",
+        choices=("prefix", "hf"),
+        default=None,
+        help="prefix: each prompt scored once (PrefixSharedLM); hf: lm-eval's HFLM, the evaluation before "
+        "prefix existed (the same numbers in fp32, differing by rounding in bf16) (default: prefix)",
     )
     tofu.add_argument(
         "--robustness",
@@ -394,6 +402,8 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
     data.setdefault("evaluation", {})
     if eval_dtype:
         data["evaluation"]["dtype"] = eval_dtype
+    if getattr(args, "scoring", None):
+        data["evaluation"]["scoring"] = args.scoring
     if args.robustness:
         data["evaluation"]["robustness"] = True
     return load_study(STUDY, data=data), budget

@@ -126,7 +126,8 @@ def add_parser(sub) -> None:
         choices=("prefix", "hf"),
         default="prefix",
         help="prefix (default): each prompt scored once, finished generations leave their batch "
-        "(lm-eval model hf-prefix); hf: lm-eval's HFLM as it is (the same numbers, slower)",
+        "(lm-eval model hf-prefix); hf: lm-eval's HFLM as it is (slower; the same numbers with fp32 "
+        "weights, differing by rounding in bf16)",
     )
     p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
     p.add_argument(

@@ -793,7 +793,7 @@ def evaluate_model(
     chosen = pick_device(device)
     dtype_name = str(pick_dtype(chosen, dtype))
     if use_cache:  # checked before the model loads
-        use_cache = keyed_cache_path(use_cache, where, adapter, dtype_name, merge_adapter)
+        use_cache = keyed_cache_path(use_cache, where, adapter, dtype_name, merge_adapter, scoring)
         check_response_cache(use_cache + "_rank0.db")
     loaded, tokenizer = loaded or load_model(
         model,
@@ -871,15 +871,20 @@ def check_response_cache(path: str) -> None:
         ) from None
 
 
-def keyed_cache_path(use_cache: str, where: str, adapter: str | None, dtype: str, merged: bool = False) -> str:
+def keyed_cache_path(
+    use_cache: str, where: str, adapter: str | None, dtype: str, merged: bool = False, scoring: str = "hf"
+) -> str:
     """lm-eval's response cache keys requests, not models: ``--use-cache DB`` for another model
     would answer with the first model's numbers. The path given becomes ``DB-<digest>``, the
     digest of the model's and the adapter's weight files (content) and the dtype, so each model
-    gets its own cache file and a rerun of the same one finds it."""
+    gets its own cache file and a rerun of the same one finds it; below fp32 also the scoring
+    (the two differ by rounding there; a cache made before "prefix" existed is HFLM's)."""
     from ..files import file_sha256, json_digest
     from ..models import ADAPTER_WEIGHTS, weights_fingerprint
 
     parts = [weights_fingerprint(where) or where, dtype, bool(merged)]
+    if scoring != "hf" and dtype.removeprefix("torch.") not in ("float32", "fp32"):
+        parts.append(scoring)
     if adapter:
         files = [Path(adapter) / name for name in ADAPTER_WEIGHTS if (Path(adapter) / name).is_file()]
         parts.append([file_sha256(f) for f in files] or adapter)

@@ -263,6 +263,10 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
     if ev.dtype:  # only when set, so the keys of studies that leave it out stay as they were
         eval_settings += (ev.dtype,)
+    if ev.scoring != "hf" and not merge_is_exact(device, ev.dtype):
+        # below fp32 the two scorings differ by rounding: an evaluation made before "prefix"
+        # existed (HFLM, under the same key) is not this one's
+        eval_settings += ("scoring", ev.scoring)
     if plugin_tasks := task_code(ev.tasks):  # likewise: only studies with a plugin's task
         eval_settings += ("task-code", plugin_tasks)
     if ev.robustness:  # likewise
@@ -373,6 +377,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             "batch_size": ev.batch_size,
             "gen_margin": ev.gen_margin,
             "dtype": ev.dtype,
+            "scoring": ev.scoring,
             "max_length": study.max_length,
             "device": device,
             "extraction_from_task": ev.extraction_from_task,
@@ -560,6 +565,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         tofu_dir=str(bench.folder),
         forget_split=str(bench.forget),
         max_gen_toks=max_gen_toks,
+        scoring=p.get("scoring", "hf"),
     )
     if p["save_reference"]:
         runner.save_reference(evaluation, tmp / "reference.json", model=p["model"], adapter=p["adapter"])

@@ -165,6 +165,11 @@ class Evaluation:
     #: also membership inference against a holdout author and the forget metrics after the
     #: probes and the relearn / int4 attacks (`unlearn eval --mia --robustness`) in every evaluation
     robustness: bool = False
+    #: the lm-eval model class (`unlearn eval --scoring`): "prefix" (each prompt scored once) or
+    #: "hf" (lm-eval's HFLM, which every evaluation used before "prefix" existed). With fp32
+    #: weights both give the same numbers (to 1e-5); with bf16 weights they differ by rounding,
+    #: so a bf16 evaluation's cache key names its scoring (study/cells.py)
+    scoring: str = "prefix"
 
     @property
     def extraction_from_task(self) -> bool:
@@ -231,8 +236,12 @@ class Study:
         return json_digest(settings, length=16)
 
     def settings(self) -> dict:
-        """Its fields as a dict, less the :data:`LATER_FIELDS` a study leaves at their defaults."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        """Its fields as a dict, less the :data:`LATER_FIELDS` a study leaves at their defaults
+        (and an evaluation's ``scoring`` "hf", what every study used before it could choose)."""
+        fields = dataclasses.asdict(self)
+        if fields["evaluation"].get("scoring") == "hf":
+            del fields["evaluation"]["scoring"]
+        return {k: v for k, v in fields.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
 
 
 @dataclass(frozen=True)
@@ -837,7 +846,9 @@ class _Reader:
 
     def evaluation(self, data: dict, required: tuple[str, ...] = REQUIRED_TASKS) -> Evaluation:
         values = self.table(data, "evaluation")
-        self.keys("evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype", "robustness"))
+        self.keys(
+            "evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype", "robustness", "scoring")
+        )
         robustness = values.get("robustness", False)
         if not isinstance(robustness, bool):
             raise self.error("evaluation", "robustness", f"must be true or false, got {_show(robustness)}")
@@ -854,7 +865,7 @@ class _Reader:
             raise self.error("evaluation", "tasks", f"must include {', '.join(missing)} ({why})")
         if len(set(tasks)) != len(tasks):
             raise self.error("evaluation", "tasks", "lists a task twice")
-        from ..evaluation.lm_eval_runner import task_manager_for
+        from ..evaluation.lm_eval_runner import SCORINGS, task_manager_for
 
         try:  # before any work, --dry-run included: a misspelt task would fail every cell late
             task_manager_for(tasks)
@@ -867,6 +878,7 @@ class _Reader:
             gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0, maximum=MAX_GEN_MARGIN),
             dtype=self.get("evaluation", values, "dtype", "str", None, choices=DTYPES),
             robustness=robustness,
+            scoring=self.get("evaluation", values, "scoring", "str", "prefix", choices=SCORINGS),
         )
 
 
