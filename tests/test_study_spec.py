@@ -350,7 +350,7 @@ BAD = [
         "a variant of the study table",
         TINY + "\n[variants.fast.study]\nseeds = [0]\n",
         "[variants.fast.study]: a variant replaces tables of the study (model, benchmark, target, retain, "
-        "budget, methods, evaluation, cud)",
+        "budget, methods, evaluation, cud, noise_ceiling, sweep, operating_point, comparisons, statistics, verdict)",
     ),
     (
         "retain given for another size",

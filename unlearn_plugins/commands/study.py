@@ -101,11 +101,16 @@ def _list() -> int:
     for name, path in builtin_studies().items():
         study = load_study(str(path))
         cells = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
-        others = variants(str(path))
-        print(
-            f"{name:<16} {study.description} ({len(study.methods)} methods x {len(study.forget_sizes)} forget "
-            f"sizes x {len(study.seeds)} seeds = {cells} runs)" + (f"; variants: {', '.join(others)}" if others else "")
+        grid = (
+            f"{len(study.methods)} methods x {len(study.forget_sizes)} forget sizes x {len(study.seeds)} seeds = "
+            f"{cells} runs"
         )
+        if study.design is not None:  # authors as the unit
+            from ..study.design import describe_grid
+
+            grid = describe_grid(study)
+        others = variants(str(path))
+        print(f"{name:<16} {study.description} ({grid})" + (f"; variants: {', '.join(others)}" if others else ""))
     return 0
 
 
@@ -154,6 +159,8 @@ def run(args) -> int:
         from ..study.runner import dry_run_table
 
         records = Path(args.records).expanduser() if args.records else None
+        if study.design is not None:  # authors as the unit (issue 34)
+            from ..study.design_plan import plan_design as plan_study
         print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
     out = args.out or f"study-{study.name}"

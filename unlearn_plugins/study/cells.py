@@ -33,7 +33,7 @@ from ..files import LockHeld, write_json
 from ..models import merge_is_exact
 from ..process import PeakSampler, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
-from .spec import TINY_MODEL, Cell, Study, expand
+from .spec import TINY_MODEL, Cell, Study, StudyError, expand
 
 #: part of every key: a change of what a stage writes recomputes it
 STUDY_FORMAT = 1
@@ -248,6 +248,12 @@ def task_code(tasks) -> dict:
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
+    if study.design is not None:  # authors as the unit: .design_plan plans it (--dry-run only, so far)
+        raise StudyError(
+            f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
+            f"{study.name} --dry-run) but cannot run it yet: the traced sweep, the operating-point cells and the "
+            "author-unit report are not built (issue 34)"
+        )
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:

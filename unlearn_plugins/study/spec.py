@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import UnlearnError
 from ..training.config import DTYPES
+from . import design as author_design
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +39,8 @@ MAX_GEN_MARGIN = 4096
 #: the model alias of a randomly initialised 2-layer Llama built in code (unlearn_plugins.testing)
 TINY_MODEL = "tiny-llama"
 TABLES = ("study", "model", "benchmark", "target", "retain", "budget", "methods", "evaluation", "cud", "variants")
+#: with [benchmark] unit = "author" (issue 34; :mod:`.design` reads them)
+TABLES += author_design.TABLES
 CI_METHODS = ("t", "bootstrap")
 #: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
 SOURCES = ("tofu", "generated", "auto")
@@ -173,7 +176,7 @@ class Cud:
 
 #: fields added to the study format after its first version: left out of a study's digest and
 #: of its report while they have these values, so the studies before them keep theirs
-LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True}
+LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True, "design": None}
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,8 @@ class Study:
     #: every schedule key the same for every method (False: [budget]'s keys only; a preset keeps
     #: the rest of its own, as the demo's ReGLU its weight decay and warmup)
     one_budget: bool = True
+    #: an author-unit study's tables ([benchmark] unit = "author": :class:`.design.Design`)
+    design: Any = None
 
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
@@ -228,6 +233,7 @@ class Cell:
     method: str | None = None
     seed: int | None = None
     deps: tuple[str, ...] = ()
+    author: int | None = None  # an author-unit study's author (its TOFU id)
 
 
 # ----------------------------------------------------------------------------- finding and reading
@@ -430,6 +436,7 @@ class _Reader:
 
     # -- tables
     def study(self, data: dict) -> Study:
+        data, design_data = author_design.split_tables(data)  # read after the rest, against it
         for key, value in data.items():
             if key not in TABLES:
                 if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
@@ -485,7 +492,7 @@ class _Reader:
         methods = self.methods(data, budget, max_length, one_budget)
         evaluation = self.evaluation(data)
         cud = self.cud(data)
-        return Study(
+        study = Study(
             name=name,
             path=str(self.path),
             description=description,
@@ -506,6 +513,8 @@ class _Reader:
             cud=cud,
             one_budget=one_budget,
         )
+        design = author_design.read_design(self, design_data, study)
+        return study if design is None else dataclasses.replace(study, design=design)
 
     def relative(self, value: str) -> Path:
         """A path written in the study file, relative to the file's folder."""
@@ -797,6 +806,8 @@ def expand(study: Study) -> list[Cell]:
     """Every cell of the grid, each after the cells it needs: the target, per forget size the
     retain model and the evaluations of both (the retain model's truth ratios are the Forget
     Quality reference), then seed x forget size x method."""
+    if study.design is not None:  # authors as the unit (issue 34)
+        return [Cell(**cell) for cell in author_design.cells(study)]
     cells: list[Cell] = []
     target_id = None
     if study.target.given is None:
