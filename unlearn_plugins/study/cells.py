@@ -251,8 +251,8 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     if study.design is not None:  # authors as the unit: .design_plan plans it (--dry-run only, so far)
         raise StudyError(
             f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
-            f"{study.name} --dry-run) but cannot run it yet: the traced sweep, the operating-point cells and the "
-            "author-unit report are not built (issue 34)"
+            f"{study.name} --dry-run) but cannot run it yet: its operating-point cells (lazy Model Utility, the "
+            "rule) and the author-unit report are not built (issue 34)"
         )
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
@@ -643,11 +643,18 @@ def build_cud(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
+def build_sweep(tmp: Path, p: dict) -> None:
+    from .trace import build_sweep as build  # an author-unit study's traced run (issue 34)
+
+    build(tmp, p)
+
+
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune,
     "unlearn": build_unlearn,
     "evaluate": build_evaluate,
     "cud": build_cud,
+    "sweep": build_sweep,
 }
 
 

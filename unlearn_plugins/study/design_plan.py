@@ -27,6 +27,8 @@ from .cells import STUDY_FORMAT, CellPlan, Plan, Stage, _file, _initializer_seed
 from .design import Design, apply_setting
 from .spec import Study, StudyError, expand
 
+#: the builder of a sweep stage (:data:`.cells.BUILDERS`): one traced run (:func:`.trace.build_sweep`)
+SWEEP_BUILDER = "sweep"
 #: the part of a folder name of a stage whose key waits for an operating point
 PENDING = "pending-operating-point"
 
@@ -45,8 +47,8 @@ class WaitingCellPlan(CellPlan):
 def not_runnable(study: Study) -> StudyError:
     return StudyError(
         f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
-        f"{study.name} --dry-run) but cannot run it yet: the traced sweep, the operating-point cells and the "
-        "author-unit report are not built (issue 34)"
+        f"{study.name} --dry-run) but cannot run it yet: its operating-point cells (lazy Model Utility, the "
+        "rule) and the author-unit report are not built (issue 34)"
     )
 
 
@@ -253,8 +255,18 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
             stage = Stage(
                 f"traced run: {cell.label}",
                 folder("sweep", f"{method.name}-author{a}-{_name(setting)}", key),
-                "sweep",
-                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
+                SWEEP_BUILDER,
+                {
+                    "config": config,
+                    "model": plan.models["target"],
+                    "bench": bench["folder"],
+                    "reference_model": plan.models[f"retain/author{a}"],
+                    "trace": list(design.sweep.trace),
+                    "heldout": design.sweep.heldout,
+                    "max_length": study.max_length,
+                    "batch_size": ev.batch_size,
+                    "device": device,
+                },
             )
             runs.setdefault(method.name, []).append(key)
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
