@@ -101,8 +101,12 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def _needs(deps) -> str:
-    """A cell's dependencies for the table; three or more of one folder as ``folder/* (n)``."""
+def _needs(deps, width: int = 80) -> str:
+    """A cell's dependencies for the table; when they are longer than ``width`` characters,
+    three or more of one folder as ``folder/* (n)`` (an operating point's dozen sweep runs)."""
+    text = ", ".join(deps)
+    if len(text) <= width:
+        return text or "-"
     groups: dict[str, list[str]] = {}
     for dep in deps:
         groups.setdefault(dep.rpartition("/")[0] or dep, []).append(dep)
