@@ -249,11 +249,9 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
     if study.design is not None:  # authors as the unit: .design_plan plans it (--dry-run only, so far)
-        raise StudyError(
-            f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
-            f"{study.name} --dry-run) but cannot run it yet: its operating-point cells (lazy Model Utility, the "
-            "rule) and the author-unit report are not built (issue 34)"
-        )
+        from .design import not_runnable
+
+        raise StudyError(not_runnable(study))
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
@@ -649,12 +647,19 @@ def build_sweep(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
+def build_operating_point(tmp: Path, p: dict) -> None:
+    from .operating_cell import choose_operating_point  # an author-unit study's method (issue 34)
+
+    choose_operating_point(tmp, p, evaluate=build_evaluate)
+
+
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune,
     "unlearn": build_unlearn,
     "evaluate": build_evaluate,
     "cud": build_cud,
     "sweep": build_sweep,
+    "operating_point": build_operating_point,
 }
 
 

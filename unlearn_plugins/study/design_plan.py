@@ -7,10 +7,11 @@ the target on that split; the target, the retain models and their evaluations ar
 as :func:`.cells.plan_study` keys them (the same recipe on the same data content is the same
 stage: v1's target and its forget-199 retain model are found in a shared cache). The noise
 ceiling's retain seeds are evaluated against the seed-0 retain model. The sweep's traced runs
-(``sweep``), each method's operating point (``operating_point``: lazy Model Utility evaluations
-and the rule) and the test cells at that point are planned but not built yet: a test cell's
-configuration is known only once its method's operating point is, so it is listed as waiting
-for it, and :func:`plan_design` refuses anything but a dry run.
+(the ``sweep`` builder, :mod:`.trace`) and each method's operating point (``operating_point``,
+:mod:`.operating_cell`: lazy Model Utility evaluations and the rule) are stages like the others;
+a test cell's configuration is known only once its method's operating point is, so until that
+cell has finished it is listed as waiting for it. The runner plans once, so
+:func:`plan_design` refuses anything but a dry run (a second pass is not built yet).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 from ..errors import UnlearnError
 from ..stages import DONE, digest
 from .cells import STUDY_FORMAT, CellPlan, Plan, Stage, _file, _initializer_seed, base_model, component_revisions
-from .design import Design, apply_setting
+from .design import Design, apply_setting, not_runnable
+from .operating_cell import read_result
+from .operating_point import MEASURES
 from .spec import Study, StudyError, expand
 
 #: the builder of a sweep stage (:data:`.cells.BUILDERS`): one traced run (:func:`.trace.build_sweep`)
@@ -42,14 +45,6 @@ class WaitingCellPlan(CellPlan):
     @property
     def cached(self) -> bool:
         return False
-
-
-def not_runnable(study: Study) -> StudyError:
-    return StudyError(
-        f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
-        f"{study.name} --dry-run) but cannot run it yet: its operating-point cells (lazy Model Utility, the "
-        "rule) and the author-unit report are not built (issue 34)"
-    )
 
 
 def author_benchmarks(study: Study, cache: Path, scratch: Path) -> dict[int, dict]:
@@ -115,7 +110,7 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
     from ..models import merge_is_exact
 
     if not dry_run:
-        raise not_runnable(study)
+        raise StudyError(not_runnable(study))
     stream = stream or sys.stderr
     design: Design = study.design
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
@@ -268,27 +263,48 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
                     "device": device,
                 },
             )
-            runs.setdefault(method.name, []).append(key)
+            runs.setdefault(method.name, []).append({"folder": stage.folder, "setting": setting, "key": key})
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "operating_point":
-            key = digest(STUDY_FORMAT, "operating-point", runs[cell.method], design.operating_point, settings)
+            method_runs = runs[cell.method]
+            key = digest(
+                STUDY_FORMAT,
+                "operating-point",
+                [r["key"] for r in method_runs],
+                design.operating_point,
+                design.sweep.model_utility_evaluations_max,
+                settings,
+            )
+            target_eval = plan.cells[f"eval-full/author{a}"].stages[-1]
             stage = Stage(
                 cell.label,
                 folder("point", f"{cell.method}-author{a}", key),
                 "operating_point",
-                {"runs": runs[cell.method]},
+                {
+                    "runs": [{"folder": r["folder"], "setting": r["setting"]} for r in method_runs],
+                    "target_evaluation": target_eval.folder,
+                    "rule": design.operating_point,
+                    "max_evaluations": design.sweep.model_utility_evaluations_max,
+                    # the evaluation of a point: the target's, with the point's adapter
+                    "evaluation": {**target_eval.params, "adapter": None},
+                },
             )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         else:  # a test author's method cell
             method = study.method(cell.method)
             waits = next((d for d in cell.deps if d.startswith("operating-point/")), None)
             name = f"{method.name}-author{a}-seed{cell.seed}"
+            config = {**method.config, "seed": cell.seed}
+            point = chosen_point(plan.cells[waits]) if waits is not None else None
+            if point is not None:  # the operating point is known: the cell is keyed at it
+                waits = None
+                config = apply_setting(config, {k: v for k, v in point.items() if k != "epoch"})
+                config["epochs"] = float(point["epoch"])
             if waits is not None:
                 unlearn = Stage(f"unlearn: {cell.label}", str(cache / PENDING / f"run-{name}"), "unlearn", {})
                 check = Stage(f"evaluate: {cell.label}", str(cache / PENDING / f"eval-{name}"), "evaluate", {})
                 plan.cells[cell.id] = WaitingCellPlan(cell, [unlearn, check], result=check.folder, waiting=waits)
                 continue
-            config = {**method.config, "seed": cell.seed}
             config["initializer_options"] = _initializer_seed(config, cell.seed)
             run_key = digest(
                 STUDY_FORMAT,
@@ -322,6 +338,19 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
     return plan
 
 
+def chosen_point(cp: CellPlan) -> dict | None:
+    """The setting and epoch an operating-point cell chose ({"lr", "epoch", ...}), once it has
+    finished and found a point to use; else None."""
+    stage = cp.stages[-1]
+    if not stage.done:
+        return None
+    result = read_result(stage.folder)
+    use = (result or {}).get("use")
+    if not use:
+        return None
+    return {k: v for k, v in use.items() if k not in MEASURES and k not in ("adapter", "index")}
+
+
 def _name(setting: dict) -> str:
     from .design import setting_name
 
@@ -333,4 +362,4 @@ def _made(stage: Stage) -> str:
     return str(run if stage.params["finetune"].get("full_finetune") else run / "merged")
 
 
-__all__ = ["plan_design", "WaitingCellPlan", "not_runnable", "author_benchmarks"]
+__all__ = ["plan_design", "WaitingCellPlan", "author_benchmarks", "chosen_point"]
