@@ -163,6 +163,11 @@ def run(args) -> int:
             from ..study.design_plan import plan_design as plan_study
         print(dry_run_table(plan_study(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
+    if study.design is not None:  # authors as the unit: planned (--dry-run), not run yet; nothing written
+        from ..study.design import not_runnable
+        from ..study.spec import StudyError
+
+        raise StudyError(not_runnable(study))
     out = args.out or f"study-{study.name}"
     if args.report_only:
         from ..study.runner import report_study
