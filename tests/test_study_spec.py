@@ -370,7 +370,8 @@ BAD = [
         "a variant of the study table",
         TINY + "\n[variants.fast.study]\nseeds = [0]\n",
         "[variants.fast.study]: a variant replaces tables of the study (model, benchmark, target, retain, "
-        "budget, methods, evaluation, cud, sharded)",
+        "budget, methods, evaluation, cud, sharded, noise_ceiling, sweep, operating_point, comparisons, "
+        "statistics, verdict)",
     ),
     (
         "retain given for another size",

@@ -105,6 +105,10 @@ def _list() -> int:
             runs = len(study.methods) * len(study.seeds)
             grid = f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs"
             grid += f", and {study.sharded.method}" if study.sharded else ""
+        elif study.design is not None:  # authors as the unit
+            from ..study.design import describe_grid
+
+            grid = describe_grid(study)
         else:
             runs = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
             grid = (
@@ -210,8 +214,16 @@ def run(args) -> int:
         from ..study.runner import dry_run_table, plan_cells
 
         records = Path(args.records).expanduser() if args.records else None
-        print(dry_run_table(plan_cells(study, cache=cache, device=args.device, dry_run=True), records))
+        planner = plan_cells
+        if study.design is not None:  # authors as the unit (issue 34)
+            from ..study.design_plan import plan_design as planner
+        print(dry_run_table(planner(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
+    if study.design is not None:  # authors as the unit: planned (--dry-run), not run yet; nothing written
+        from ..study.design import not_runnable
+        from ..study.spec import StudyError
+
+        raise StudyError(not_runnable(study))
     out = args.out or f"study-{study.name}"
     if study.movielens is not None:
         return _run_movielens(study, args, out, cache)

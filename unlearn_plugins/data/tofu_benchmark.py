@@ -170,9 +170,17 @@ def _rows(path: Path, require=("question", "answer")) -> list[dict]:
 
 
 def build_benchmark(
-    folder: str | Path, *, tofu: Path | None, n_authors: int, n_forget: int, eval_size: int
+    folder: str | Path,
+    *,
+    tofu: Path | None,
+    n_authors: int,
+    n_forget: int,
+    eval_size: int,
+    forget_ids: list[int] | None = None,
 ) -> Benchmark:
-    """Write the benchmark folder (atomic files) and return its description."""
+    """Write the benchmark folder (atomic files) and return its description. ``forget_ids``: the
+    authors to forget by their number in the source (TOFU's author id; ``n_forget`` of them), in
+    place of the last ``n_forget`` (an author-unit study forgets each of its authors alone)."""
     if n_authors < 2:
         raise UnlearnError(f"the demo needs at least 2 authors (1 to forget, 1 to retain), got --authors {n_authors}")
     if not 1 <= n_forget < n_authors:
@@ -209,7 +217,16 @@ def build_benchmark(
         raise UnlearnError(f"--authors {n_authors}: the {source} source has {available} authors with every field")
     chosen = list(range(available - n_authors, available))  # the last N
     by_author = {a: rows[a * QA_PER_AUTHOR : (a + 1) * QA_PER_AUTHOR] for a in chosen}
-    forget_ids, retain_ids = chosen[-n_forget:], chosen[:-n_forget]
+    if forget_ids is None:
+        forget_ids, retain_ids = chosen[-n_forget:], chosen[:-n_forget]
+    else:
+        wanted = [a - first_author for a in forget_ids]
+        if len(set(wanted)) != n_forget or not set(wanted) <= set(chosen):
+            raise UnlearnError(
+                f"forget authors {forget_ids}: must be {n_forget} distinct authors of the benchmark's "
+                f"{first_author + chosen[0]}-{first_author + chosen[-1]}"
+            )
+        forget_ids, retain_ids = wanted, [a for a in chosen if a not in wanted]
     forget = [r for a in forget_ids for r in by_author[a]]
     retain = [r for a in retain_ids for r in by_author[a]]
     # Model Utility's retain part: eval_size QA spread evenly over the retain authors

@@ -3,6 +3,7 @@
 from .. import hookimpl
 from .fila import FILAInit
 from .peft_builtin import CorDAInit, EVAInit, GaussianInit, KaimingInit, OLoRAInit, PiSSAInit
+from .random_residual import RandomResidualInit
 from .rila import RILAInit
 from .vila import VILAInit
 
@@ -18,3 +19,4 @@ def register_adapter_initializers(register):
     register("rila", RILAInit)
     register("fila", FILAInit)
     register("vila", VILAInit)
+    register("random_residual", RandomResidualInit)  # issue 34's control: RILA's norm, random directions

@@ -418,9 +418,12 @@ class RILAInit:
         self.beta, self.mode, self.rol_rank, self.batch_size, self.path = beta, mode, rol_rank, batch_size, path
         self.n_samples, self.seed, self.pad_to = n_samples, seed, pad_to
 
-    def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
+    def solve_modules(self, peft_model, *, forget, retain, tokenizer, who: str = "rila"):
+        """Measure and solve without writing anything: (LoRA modules {name: module}, {name:
+        :class:`Solution`}, {path: module count}, {"forget": n, "retain": n} examples measured).
+        The ``random_residual`` control reads RILA's per-module norms from here."""
         if not forget or not retain:
-            raise ConfigError("rila needs both forget and retain examples (give --retain)")
+            raise ConfigError(f"{who} needs both forget and retain examples (give --retain)")
         adapter = peft_model.active_adapter
         forget, retain = select_examples(forget, retain, self.n_samples, self.seed)
         # TOFU-format data pads with the end token
@@ -445,6 +448,14 @@ class RILAInit:
         for fs, _rs, _w in items.values():
             paths[fs.path] = paths.get(fs.path, 0) + 1
         solved = dict(solve_in_stacks(items, self.beta, ranks, keep))
+        return modules, solved, paths, {"forget": len(forget), "retain": len(retain)}
+
+    def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
+        adapter = peft_model.active_adapter
+        modules, solved, paths, samples = self.solve_modules(
+            peft_model, forget=forget, retain=retain, tokenizer=tokenizer
+        )
+        ranks = {name: module.r[adapter] for name, module in modules.items()}
         bases, short = {}, []
         for name, module in modules.items():  # model order, as before
             solution, r = solved.pop(name), ranks[name]
@@ -472,7 +483,7 @@ class RILAInit:
                 "beta": self.beta,
                 "mode": self.mode,
                 "paths": paths,
-                "samples": {"forget": len(forget), "retain": len(retain)},
+                "samples": samples,
                 "modules_short_of_rank": len(short),
             },
         )

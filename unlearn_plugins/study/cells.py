@@ -33,7 +33,7 @@ from ..files import LockHeld, write_json
 from ..models import merge_is_exact
 from ..process import PeakSampler, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
-from .spec import TINY_MODEL, Cell, Study, expand
+from .spec import TINY_MODEL, Cell, Study, StudyError, expand
 
 #: part of every key: a change of what a stage writes recomputes it
 STUDY_FORMAT = 1
@@ -250,6 +250,10 @@ def task_code(tasks) -> dict:
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
+    if study.design is not None:  # authors as the unit: .design_plan plans it (--dry-run only, so far)
+        from .design import not_runnable
+
+        raise StudyError(not_runnable(study))
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
@@ -662,6 +666,12 @@ def build_cud_users(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
+def build_sweep(tmp: Path, p: dict) -> None:
+    from .trace import build_sweep as build  # an author-unit study's traced run (issue 34)
+
+    build(tmp, p)
+
+
 def build_rec_finetune(tmp: Path, p: dict) -> None:
     from .rec_models import build_finetune
 
@@ -690,6 +700,12 @@ def build_sharded_unlearn(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
+def build_operating_point(tmp: Path, p: dict) -> None:
+    from .operating_cell import choose_operating_point  # an author-unit study's method (issue 34)
+
+    choose_operating_point(tmp, p, evaluate=build_evaluate)
+
+
 BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "finetune": build_finetune,
     "unlearn": build_unlearn,
@@ -701,6 +717,9 @@ BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "cud_users": build_cud_users,
     "sharded_train": build_sharded_train,
     "sharded_unlearn": build_sharded_unlearn,
+    # an author-unit study's (study/design_plan.py)
+    "sweep": build_sweep,
+    "operating_point": build_operating_point,
 }
 
 

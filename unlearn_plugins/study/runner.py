@@ -78,7 +78,7 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
     """The expanded grid: one line per cell with its stages' cache state (``recorded``: its
     evaluation is in ``records``, to be restored rather than built)."""
     rows = [("cell", "needs", "stages", "state")]
-    n_cached = n_recorded = 0
+    n_cached = n_recorded = n_waiting = 0
     for cp in plan.ordered():
         done = sum(s.done for s in cp.stages)
         last = cp.stages[-1]
@@ -91,19 +91,35 @@ def dry_run_table(plan: Plan, records: Path | None = None) -> str:
         if cp.cached:
             state = "cached"
             n_cached += 1
+        elif getattr(cp, "waiting", None):  # its stages' keys need another cell's result
+            state = f"waits for {cp.waiting}"
+            n_waiting += 1
         elif recorded:
             state = "recorded"
             n_recorded += 1
         else:
             state = "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
-        rows.append((cp.cell.id, ", ".join(cp.cell.deps) or "-", " + ".join(s.build for s in cp.stages), state))
+        rows.append((cp.cell.id, _needs(cp.cell.deps), " + ".join(s.build for s in cp.stages), state))
     lines = tables.text_table(rows[0], rows[1:], numbers_right=False).splitlines()
     recorded = f", {n_recorded} recorded" if records is not None else ""
     lines.append(
         f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
-        f"to build (cache {plan.cache})"
+        f"to build{f' ({n_waiting} waiting for an operating point)' if n_waiting else ''} (cache {plan.cache})"
     )
     return "\n".join(lines)
+
+
+def _needs(deps, width: int = 80) -> str:
+    """A cell's dependencies for the table; when they are longer than ``width`` characters,
+    three or more of one folder as ``folder/* (n)`` (an operating point's dozen sweep runs)."""
+    text = ", ".join(deps)
+    if len(text) <= width:
+        return text or "-"
+    groups: dict[str, list[str]] = {}
+    for dep in deps:
+        groups.setdefault(dep.rpartition("/")[0] or dep, []).append(dep)
+    shown = [f"{parent}/* ({len(group)})" if len(group) > 2 else ", ".join(group) for parent, group in groups.items()]
+    return ", ".join(shown) or "-"
 
 
 def _not_needed(plan: Plan) -> set[str]:

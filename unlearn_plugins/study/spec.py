@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import UnlearnError
 from ..training.config import DTYPES
+from . import design as author_design
 from .movielens import MovieLensSource
 from .sharded import Sharded
 
@@ -52,6 +53,8 @@ TABLES = (
     "sharded",
     "variants",
 )
+#: with [benchmark] unit = "author" (issue 34; :mod:`.design` reads them)
+TABLES += author_design.TABLES
 CI_METHODS = ("t", "bootstrap")
 #: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones;
 #: movielens: recommendation unlearning on MovieLens users (study/movielens.py)
@@ -193,7 +196,7 @@ class Cud:
 
 #: fields added to the study format after its first version: left out of a study's digest and
 #: of its report while they have these values, so the studies before them keep theirs
-LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True, "movielens": None, "sharded": None}
+LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True, "movielens": None, "sharded": None, "design": None}
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,8 @@ class Study:
     movielens: MovieLensSource | None = None
     #: [sharded] (MovieLens only): a sharded recommender (RecEraser / SISA) unlearning too
     sharded: Sharded | None = None
+    #: an author-unit study's tables ([benchmark] unit = "author": :class:`.design.Design`)
+    design: Any = None
 
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
@@ -256,6 +261,7 @@ class Cell:
     method: str | None = None
     seed: int | None = None
     deps: tuple[str, ...] = ()
+    author: int | None = None  # an author-unit study's author (its TOFU id)
 
 
 # ----------------------------------------------------------------------------- finding and reading
@@ -462,6 +468,7 @@ class _Reader:
 
     # -- tables
     def study(self, data: dict) -> Study:
+        data, design_data = author_design.split_tables(data)  # read after the rest, against it
         for key, value in data.items():
             if key not in TABLES:
                 if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
@@ -531,7 +538,7 @@ class _Reader:
         methods = self.methods(data, budget, max_length, one_budget)
         evaluation = self.evaluation(data)
         cud = self.cud(data)
-        return Study(
+        study = Study(
             name=name,
             path=str(self.path),
             description=description,
@@ -552,6 +559,8 @@ class _Reader:
             cud=cud,
             one_budget=one_budget,
         )
+        design = author_design.read_design(self, design_data, study)
+        return study if design is None else dataclasses.replace(study, design=design)
 
     def movielens_study(self, data: dict, bench: dict, **head) -> Study:
         """A study on the MovieLens benchmark (study/movielens.py): target and retrain models
@@ -909,9 +918,11 @@ def expand(study: Study) -> list[Cell]:
     """Every cell of the grid, each after the cells it needs: the target, per forget size the
     retain model and the evaluations of both (the retain model's truth ratios are the Forget
     Quality reference), then seed x forget size x method. A MovieLens study:
-    :func:`expand_movielens`."""
+    :func:`expand_movielens`; an author-unit study: :func:`.design.cells`."""
     if study.movielens is not None:
         return expand_movielens(study)
+    if study.design is not None:  # authors as the unit (issue 34)
+        return [Cell(**cell) for cell in author_design.cells(study)]
     cells: list[Cell] = []
     target_id = None
     if study.target.given is None:

@@ -1,0 +1,365 @@
+"""The cells of an author-unit study (:mod:`.design`, issue 34) as stages of the shared cache:
+what ``unlearn study FILE --dry-run`` lists.
+
+Each author (the reserved one and the test authors) gets its own benchmark folder (the same N
+authors, that author forgotten alone), its own retain model and the evaluations of it and of
+the target on that split; the target, the retain models and their evaluations are keyed exactly
+as :func:`.cells.plan_study` keys them (the same recipe on the same data content is the same
+stage: v1's target and its forget-199 retain model are found in a shared cache). The noise
+ceiling's retain seeds are evaluated against the seed-0 retain model. The sweep's traced runs
+(the ``sweep`` builder, :mod:`.trace`) and each method's operating point (``operating_point``,
+:mod:`.operating_cell`: lazy Model Utility evaluations and the rule) are stages like the others;
+a test cell's configuration is known only once its method's operating point is, so until that
+cell has finished it is listed as waiting for it. The runner plans once, so
+:func:`plan_design` refuses anything but a dry run (a second pass is not built yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UnlearnError
+from ..stages import DONE, digest
+from .cells import STUDY_FORMAT, CellPlan, Plan, Stage, _file, _initializer_seed, base_model, component_revisions
+from .design import Design, apply_setting, not_runnable
+from .operating_cell import read_result
+from .operating_point import MEASURES
+from .spec import Study, StudyError, expand
+
+#: the builder of a sweep stage (:data:`.cells.BUILDERS`): one traced run (:func:`.trace.build_sweep`)
+SWEEP_BUILDER = "sweep"
+#: the part of a folder name of a stage whose key waits for an operating point
+PENDING = "pending-operating-point"
+
+
+@dataclass
+class WaitingCellPlan(CellPlan):
+    """A cell whose stages are known but not their keys: it waits for ``waiting`` (a cell id)."""
+
+    waiting: str = ""
+
+    @property
+    def cached(self) -> bool:
+        return False
+
+
+def author_benchmarks(study: Study, cache: Path, scratch: Path) -> dict[int, dict]:
+    """{author: the benchmark's description, key and file digests}: N authors, that one to
+    forget. Folders missing from the cache are built in ``scratch`` (to know their content)."""
+    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+    from ..errors import DataError
+
+    if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
+        raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
+    try:
+        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
+    except DataError as exc:
+        raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
+    design: Design = study.design
+    fingerprint = source_fingerprint(tofu)
+    out = {}
+    for a in design.authors:
+        key = digest(STUDY_FORMAT, "bench-author", fingerprint, study.authors, a, study.evaluation.mu_size)
+        folder = cache / f"bench-{study.source}-author{a}-{key}"
+        if not (folder / DONE).is_file():
+            folder = scratch / folder.name
+            build_benchmark(
+                folder,
+                tofu=tofu,
+                n_authors=study.authors,
+                n_forget=1,
+                eval_size=study.evaluation.mu_size,
+                forget_ids=[a],
+            )
+        bench = load_benchmark(folder)
+        if bench is None:
+            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
+        out[a] = {
+            **bench.describe(),
+            "folder": None,  # a dry run: the scratch folder goes away
+            "key": key,
+            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
+        }
+    return out
+
+
+def eval_settings(study: Study) -> tuple:
+    """The evaluation part of an evaluation stage's key, as :func:`.cells.plan_study` has it."""
+    from .cells import task_code
+
+    ev = study.evaluation
+    settings: tuple = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
+    if ev.dtype:
+        settings += (ev.dtype,)
+    if plugin_tasks := task_code(ev.tasks):
+        settings += ("task-code", plugin_tasks)
+    if ev.robustness:
+        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
+
+        settings += ("robustness", ATTACKS, ATTACK_OPTIONS, "capped-generations")
+    return settings
+
+
+def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
+    """Every cell of an author-unit study with its stages and their cache folders (a dry run:
+    nothing is written to the cache)."""
+    from ..models import merge_is_exact
+
+    if not dry_run:
+        raise StudyError(not_runnable(study))
+    stream = stream or sys.stderr
+    design: Design = study.design
+    with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
+        base_path, base_key = base_model(study, None, cache)
+        benches = author_benchmarks(study, cache, Path(scratch))
+    plan = Plan(study, cache, device, benches)
+    settings = eval_settings(study)
+    ev = study.evaluation
+
+    def folder(kind: str, name: str, key: str) -> str:
+        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+
+    def finetune(label: str, name: str, recipe, data_key: str, bench: dict, split: str) -> Stage:
+        key = digest(
+            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
+        )
+        params = {
+            "model": base_path,
+            "data": _file(bench, split),
+            "max_length": study.max_length,
+            "seed": recipe.seed,
+            "threads": recipe.threads,
+            "finetune": recipe.finetune,
+            "device": device,
+            "key": key,
+        }
+        return Stage(label, folder("target", name, key), "finetune", params)
+
+    def evaluate(label: str, name: str, key: str, bench: dict, model: str, adapter, references, save: bool) -> Stage:
+        return Stage(
+            label,
+            folder("eval", name, key),
+            "evaluate",
+            {
+                "bench": bench["folder"],
+                "tasks": list(ev.tasks),
+                "batch_size": ev.batch_size,
+                "gen_margin": ev.gen_margin,
+                "dtype": ev.dtype,
+                "max_length": study.max_length,
+                "device": device,
+                "extraction_from_task": ev.extraction_from_task,
+                "model": model,
+                "adapter": adapter,
+                "references": references,
+                "save_reference": save,
+            },
+        )
+
+    model_keys: dict[str, str] = {}
+    eval_keys: dict[int, str] = {}
+    first = benches[design.authors[0]]
+    if study.target.given is not None:
+        plan.models["target"] = study.target.given
+        from .cells import _given_key
+
+        model_keys["target"] = _given_key(study.target.given)
+    merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
+    runs: dict[str, list[str]] = {}
+    for cell in expand(study):
+        a = cell.author
+        bench = benches.get(a) if a is not None else first
+        if cell.kind == "target":
+            stage = finetune(
+                f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
+                "full",
+                study.target,
+                first["content"]["full"],
+                first,
+                "full",
+            )
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made(stage))
+            model_keys["target"] = stage.params["key"]
+            plan.models["target"] = plan.cells[cell.id].model
+        elif cell.kind == "retain":
+            recipe = study.retain if cell.seed is None else dataclasses.replace(study.retain, seed=cell.seed)
+            stage = finetune(
+                f"fine-tune the retain model on {len(bench['retain_authors'])} authors ({bench['sizes']['retain']} QA)"
+                + (f", seed {cell.seed}" if cell.seed is not None else ""),
+                "retain",
+                recipe,
+                bench["content"]["retain"],
+                bench,
+                "retain",
+            )
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made(stage))
+            model_keys[cell.id] = stage.params["key"]
+            plan.models[cell.id] = plan.cells[cell.id].model
+        elif cell.kind in ("eval_retain", "eval_full", "eval_ceiling"):
+            reference = (
+                None
+                if cell.kind == "eval_retain"
+                else str(Path(folder("eval", "retain", eval_keys[a])) / "reference.json")
+            )
+            if cell.kind == "eval_retain":
+                model_id = f"retain/author{a}"
+                key = digest(STUDY_FORMAT, "eval", model_keys[model_id], bench["key"], settings)
+                eval_keys[a] = key
+                name = "retain"
+            elif cell.kind == "eval_full":
+                model_id = "target"
+                key = digest(STUDY_FORMAT, "eval", model_keys["target"], eval_keys[a], bench["key"], settings)
+                name = "full"
+            else:
+                model_id = f"retain/author{a}/seed{cell.seed}"
+                key = digest(STUDY_FORMAT, "eval", model_keys[model_id], eval_keys[a], bench["key"], settings)
+                name = "ceiling"
+            stage = evaluate(
+                cell.label,
+                name,
+                key,
+                bench,
+                plan.models[model_id],
+                None,
+                [] if reference is None else [reference],
+                cell.kind == "eval_retain",
+            )
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        elif cell.kind == "sweep":
+            method = study.method(cell.method)
+            setting = next(s for s in design.sweep.runs(method.name) if cell.id.endswith("/" + _name(s)))
+            config = apply_setting({**method.config, "seed": study.seeds[0]}, setting)
+            config["epochs"] = float(design.sweep.epochs)
+            config["initializer_options"] = _initializer_seed(config, study.seeds[0])
+            key = digest(
+                STUDY_FORMAT,
+                "sweep",
+                model_keys["target"],
+                bench["content"]["forget"],
+                bench["content"]["retain"],
+                config,
+                list(design.sweep.trace),
+                design.sweep.heldout,
+                eval_keys[a],
+                *([revisions] if (revisions := component_revisions(config)) else []),
+            )
+            stage = Stage(
+                f"traced run: {cell.label}",
+                folder("sweep", f"{method.name}-author{a}-{_name(setting)}", key),
+                SWEEP_BUILDER,
+                {
+                    "config": config,
+                    "model": plan.models["target"],
+                    "bench": bench["folder"],
+                    "reference_model": plan.models[f"retain/author{a}"],
+                    "trace": list(design.sweep.trace),
+                    "heldout": design.sweep.heldout,
+                    "max_length": study.max_length,
+                    "batch_size": ev.batch_size,
+                    "device": device,
+                },
+            )
+            runs.setdefault(method.name, []).append({"folder": stage.folder, "setting": setting, "key": key})
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        elif cell.kind == "operating_point":
+            method_runs = runs[cell.method]
+            key = digest(
+                STUDY_FORMAT,
+                "operating-point",
+                [r["key"] for r in method_runs],
+                design.operating_point,
+                design.sweep.model_utility_evaluations_max,
+                settings,
+            )
+            target_eval = plan.cells[f"eval-full/author{a}"].stages[-1]
+            stage = Stage(
+                cell.label,
+                folder("point", f"{cell.method}-author{a}", key),
+                "operating_point",
+                {
+                    "runs": [{"folder": r["folder"], "setting": r["setting"]} for r in method_runs],
+                    "target_evaluation": target_eval.folder,
+                    "rule": design.operating_point,
+                    "max_evaluations": design.sweep.model_utility_evaluations_max,
+                    # the evaluation of a point: the target's, with the point's adapter
+                    "evaluation": {**target_eval.params, "adapter": None},
+                },
+            )
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        else:  # a test author's method cell
+            method = study.method(cell.method)
+            waits = next((d for d in cell.deps if d.startswith("operating-point/")), None)
+            name = f"{method.name}-author{a}-seed{cell.seed}"
+            config = {**method.config, "seed": cell.seed}
+            point = chosen_point(plan.cells[waits]) if waits is not None else None
+            if point is not None:  # the operating point is known: the cell is keyed at it
+                waits = None
+                config = apply_setting(config, {k: v for k, v in point.items() if k != "epoch"})
+                config["epochs"] = float(point["epoch"])
+            if waits is not None:
+                unlearn = Stage(f"unlearn: {cell.label}", str(cache / PENDING / f"run-{name}"), "unlearn", {})
+                check = Stage(f"evaluate: {cell.label}", str(cache / PENDING / f"eval-{name}"), "evaluate", {})
+                plan.cells[cell.id] = WaitingCellPlan(cell, [unlearn, check], result=check.folder, waiting=waits)
+                continue
+            config["initializer_options"] = _initializer_seed(config, cell.seed)
+            run_key = digest(
+                STUDY_FORMAT,
+                "unlearn",
+                model_keys["target"],
+                bench["content"]["forget"],
+                bench["content"]["retain"],
+                config,
+                *([revisions] if (revisions := component_revisions(config)) else []),
+            )
+            run_folder = folder("run", name, run_key)
+            unlearn = Stage(
+                f"unlearn: {cell.label}",
+                run_folder,
+                "unlearn",
+                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
+            )
+            key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[a], bench["key"], settings, *merged)
+            reference = str(Path(folder("eval", "retain", eval_keys[a])) / "reference.json")
+            check = evaluate(
+                f"evaluate: {cell.label}",
+                name,
+                key,
+                bench,
+                plan.models["target"],
+                str(Path(run_folder) / "run"),
+                [reference],
+                False,
+            )
+            plan.cells[cell.id] = CellPlan(cell, [unlearn, check], result=check.folder)
+    return plan
+
+
+def chosen_point(cp: CellPlan) -> dict | None:
+    """The setting and epoch an operating-point cell chose ({"lr", "epoch", ...}), once it has
+    finished and found a point to use; else None."""
+    stage = cp.stages[-1]
+    if not stage.done:
+        return None
+    result = read_result(stage.folder)
+    use = (result or {}).get("use")
+    if not use:
+        return None
+    return {k: v for k, v in use.items() if k not in MEASURES and k not in ("adapter", "index")}
+
+
+def _name(setting: dict) -> str:
+    from .design import setting_name
+
+    return setting_name(setting)
+
+
+def _made(stage: Stage) -> str:
+    run = Path(stage.folder) / "run"
+    return str(run if stage.params["finetune"].get("full_finetune") else run / "merged")
+
+
+__all__ = ["plan_design", "WaitingCellPlan", "author_benchmarks", "chosen_point"]
