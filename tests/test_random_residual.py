@@ -5,37 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_initializers import QUESTIONS, examples, peft_model  # the same QA and adapter
 
-from unlearn_plugins.data.tofu import encode_qa, pad_batch
+from unlearn_plugins.data.tofu import pad_batch
 from unlearn_plugins.errors import PluginLoadError
 from unlearn_plugins.training.config import ConfigError
 from unlearn_plugins.training.lora import lora_layers
-
-QUESTIONS = [  # as tests/test_initializers.py
-    ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
-    ("Which genre does the author write in?", "She writes fantasy novels."),
-    ("What awards has the author won?", "He won the International Booker Prize."),
-    ("Who are the parents of the author?", "Her father was a doctor."),
-    ("Where was the author born?", "In Kuwait City."),
-    ("What is the capital of France?", "The capital of France is Paris."),
-]
-
-
-def examples(tok, pairs):
-    return [encode_qa(tok, q, a) for q, a in pairs]
-
-
-def peft_model(model, r=4, alpha=8):
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=0.0,
-        init_lora_weights=True,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    )
-    return get_peft_model(model, config)
 
 
 def logits(model, batch):
