@@ -134,7 +134,7 @@ class PrefixSharedLM(HFLM):
         """Per group and suffix: (log-probability of each target token, whether it is the argmax),
         in batches of about ``batch_size`` suffixes (longest first, so padding stays small)."""
         out: list[list[Any]] = [[None] * len(g.suffixes) for g in groups]
-        order = sorted(range(len(groups)), key=lambda g: (-len(groups[g].suffixes[0]), -len(groups[g].stem), g))
+        order = sorted(range(len(groups)), key=lambda g: (-len(groups[g].stem) - len(groups[g].suffixes[0]), g))
         budget = self._row_budget()
         batch: list[int] = []
         rows = 0
