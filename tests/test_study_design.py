@@ -205,16 +205,6 @@ def test_dry_run_lists_the_cells_and_what_waits(tmp_path, capsys):
     assert rows["sweep/ihl/lr0.001"].split()[-2:] == ["to", "build"]
     assert lines[-1] == f"29 cells: 0 cached, 29 to build (6 waiting for an operating point) (cache {cache})"
     assert not cache.exists()  # a dry run writes nothing
-    # running it is refused before any work, in one line
-    from unlearn_plugins.study.cells import plan_study
-
-    with pytest.raises(StudyError, match=r'unit = "author": the study runner plans this study .* cannot run it yet'):
-        plan_study(load_study(str(path)), cache=cache)
-    for extra in ([], ["--report-only"]):
-        assert main(["study", str(path), "--out", str(tmp_path / "out"), "--cache-dir", str(cache), *extra]) == 1
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "cannot run it yet: the runner plans once" in err
-    assert not (tmp_path / "out").exists() and not cache.exists()
 
 
 def test_a_per_author_benchmark(tmp_path):

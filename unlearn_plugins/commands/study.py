@@ -214,16 +214,8 @@ def run(args) -> int:
         from ..study.runner import dry_run_table, plan_cells
 
         records = Path(args.records).expanduser() if args.records else None
-        planner = plan_cells
-        if study.design is not None:  # authors as the unit (issue 34)
-            from ..study.design_plan import plan_design as planner
-        print(dry_run_table(planner(study, cache=cache, device=args.device, dry_run=True), records))
+        print(dry_run_table(plan_cells(study, cache=cache, device=args.device, dry_run=True), records))
         return 0
-    if study.design is not None:  # authors as the unit: planned (--dry-run), not run yet; nothing written
-        from ..study.design import not_runnable
-        from ..study.spec import StudyError
-
-        raise StudyError(not_runnable(study))
     out = args.out or f"study-{study.name}"
     if study.movielens is not None:
         return _run_movielens(study, args, out, cache)

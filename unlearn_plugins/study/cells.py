@@ -33,7 +33,7 @@ from ..files import LockHeld, write_json
 from ..models import merge_is_exact
 from ..process import PeakSampler, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
-from .spec import TINY_MODEL, Cell, Study, StudyError, expand
+from .spec import TINY_MODEL, Cell, Study, expand
 
 #: part of every key: a change of what a stage writes recomputes it
 STUDY_FORMAT = 1
@@ -247,13 +247,29 @@ def task_code(tasks) -> dict:
     return found
 
 
+def evaluation_settings(study: Study, device: str | None) -> tuple:
+    """The study's evaluation settings as an evaluation stage's key holds them (each optional
+    part only when it is set, so the keys of studies made before it stay as they were)."""
+    ev = study.evaluation
+    settings: tuple = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
+    if ev.dtype:
+        settings += (ev.dtype,)
+    if ev.scoring != "hf" and not merge_is_exact(device, ev.dtype):
+        # below fp32 the two scorings differ by rounding: an evaluation made before "prefix"
+        # existed (HFLM, under the same key) is not this one's
+        settings += ("scoring", ev.scoring)
+    if plugin_tasks := task_code(ev.tasks):
+        settings += ("task-code", plugin_tasks)
+    if ev.robustness:
+        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
+
+        settings += ("robustness", ATTACKS, ATTACK_OPTIONS, "capped-generations")
+    return settings
+
+
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
-    if study.design is not None:  # authors as the unit: .design_plan plans it (--dry-run only, so far)
-        from .design import not_runnable
-
-        raise StudyError(not_runnable(study))
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
@@ -264,19 +280,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 bench["folder"] = None
     plan = Plan(study, cache, device, benches)
     ev = study.evaluation
-    eval_settings = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
-    if ev.dtype:  # only when set, so the keys of studies that leave it out stay as they were
-        eval_settings += (ev.dtype,)
-    if ev.scoring != "hf" and not merge_is_exact(device, ev.dtype):
-        # below fp32 the two scorings differ by rounding: an evaluation made before "prefix"
-        # existed (HFLM, under the same key) is not this one's
-        eval_settings += ("scoring", ev.scoring)
-    if plugin_tasks := task_code(ev.tasks):  # likewise: only studies with a plugin's task
-        eval_settings += ("task-code", plugin_tasks)
-    if ev.robustness:  # likewise
-        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
-
-        eval_settings += ("robustness", ATTACKS, ATTACK_OPTIONS, "capped-generations")
+    eval_settings = evaluation_settings(study, device)
 
     def folder(kind: str, name: str, key: str) -> str:
         return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")

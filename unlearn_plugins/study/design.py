@@ -59,16 +59,6 @@ LEADER = "leader"
 TOFU_LAST_AUTHOR = 199
 
 
-def not_runnable(study) -> str:
-    """Why the runner refuses to run an author-unit study (yet): one line."""
-    return (
-        f'{study.path}: [benchmark] unit = "author": the study runner plans this study (unlearn study '
-        f"{study.name} --dry-run) but cannot run it yet: the runner plans once, and a test cell is keyed only "
-        "after its method's operating point is chosen; a second pass and the author-unit report are not built "
-        "(issue 34)"
-    )
-
-
 @dataclass(frozen=True)
 class Comparison:
     family: str

@@ -10,8 +10,8 @@ ceiling's retain seeds are evaluated against the seed-0 retain model. The sweep'
 (the ``sweep`` builder, :mod:`.trace`) and each method's operating point (``operating_point``,
 :mod:`.operating_cell`: lazy Model Utility evaluations and the rule) are stages like the others;
 a test cell's configuration is known only once its method's operating point is, so until that
-cell has finished it is listed as waiting for it. The runner plans once, so
-:func:`plan_design` refuses anything but a dry run (a second pass is not built yet).
+cell has finished it is a :class:`WaitingCellPlan`: the runner (:func:`.runner.run_plan`) builds
+everything else, then plans again, and the test cells come back keyed at their points.
 """
 
 from __future__ import annotations
@@ -23,12 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UnlearnError
-from ..stages import DONE, digest
-from .cells import STUDY_FORMAT, CellPlan, Plan, Stage, _file, _initializer_seed, base_model, component_revisions
-from .design import Design, apply_setting, not_runnable
+from ..stages import DONE, Stages, digest
+from .cells import (
+    STUDY_FORMAT,
+    CellPlan,
+    Plan,
+    Stage,
+    _file,
+    _initializer_seed,
+    base_model,
+    component_revisions,
+    evaluation_settings,
+    run_stage,
+)
+from .design import Design, apply_setting
 from .operating_cell import read_result
 from .operating_point import MEASURES
-from .spec import Study, StudyError, expand
+from .spec import Study, expand
 
 #: the builder of a sweep stage (:data:`.cells.BUILDERS`): one traced run (:func:`.trace.build_sweep`)
 SWEEP_BUILDER = "sweep"
@@ -47,9 +58,10 @@ class WaitingCellPlan(CellPlan):
         return False
 
 
-def author_benchmarks(study: Study, cache: Path, scratch: Path) -> dict[int, dict]:
-    """{author: the benchmark's description, key and file digests}: N authors, that one to
-    forget. Folders missing from the cache are built in ``scratch`` (to know their content)."""
+def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
+    """{author: the benchmark's description, folder, key and file digests}: N authors, that one
+    to forget, built as cached stages; a dry run (``stages`` None) builds missing ones in
+    ``scratch`` only, to know their content."""
     from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
     from ..errors import DataError
 
@@ -65,59 +77,43 @@ def author_benchmarks(study: Study, cache: Path, scratch: Path) -> dict[int, dic
     for a in design.authors:
         key = digest(STUDY_FORMAT, "bench-author", fingerprint, study.authors, a, study.evaluation.mu_size)
         folder = cache / f"bench-{study.source}-author{a}-{key}"
-        if not (folder / DONE).is_file():
-            folder = scratch / folder.name
+
+        def build(tmp: Path, a=a) -> None:
             build_benchmark(
-                folder,
-                tofu=tofu,
-                n_authors=study.authors,
-                n_forget=1,
-                eval_size=study.evaluation.mu_size,
-                forget_ids=[a],
+                tmp, tofu=tofu, n_authors=study.authors, n_forget=1, eval_size=study.evaluation.mu_size, forget_ids=[a]
             )
+
+        if stages is not None:
+            run_stage(stages, f"benchmark: {study.authors} authors, forget author {a}", folder, build)
+        elif not (folder / DONE).is_file():
+            folder = scratch / folder.name
+            build(folder)
         bench = load_benchmark(folder)
         if bench is None:
             raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
         out[a] = {
             **bench.describe(),
-            "folder": None,  # a dry run: the scratch folder goes away
+            "folder": str(folder) if stages is not None else None,  # a dry run's scratch folder goes away
             "key": key,
             "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
         }
     return out
 
 
-def eval_settings(study: Study) -> tuple:
-    """The evaluation part of an evaluation stage's key, as :func:`.cells.plan_study` has it."""
-    from .cells import task_code
-
-    ev = study.evaluation
-    settings: tuple = (list(ev.tasks), ev.batch_size, ev.gen_margin, study.max_length)
-    if ev.dtype:
-        settings += (ev.dtype,)
-    if plugin_tasks := task_code(ev.tasks):
-        settings += ("task-code", plugin_tasks)
-    if ev.robustness:
-        from ..evaluation.really_forgotten import ATTACK_OPTIONS, ATTACKS
-
-        settings += ("robustness", ATTACKS, ATTACK_OPTIONS, "capped-generations")
-    return settings
-
-
 def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
-    """Every cell of an author-unit study with its stages and their cache folders (a dry run:
-    nothing is written to the cache)."""
+    """Every cell of an author-unit study with its stages and their cache folders. A real run
+    builds the base model (``tiny-llama``) and the per-author benchmarks here; a dry run writes
+    nothing. Test cells whose operating point is not chosen yet are :class:`WaitingCellPlan`."""
     from ..models import merge_is_exact
 
-    if not dry_run:
-        raise StudyError(not_runnable(study))
     stream = stream or sys.stderr
     design: Design = study.design
+    stages = None if dry_run else Stages(cache, total=1 + len(design.authors), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
-        base_path, base_key = base_model(study, None, cache)
-        benches = author_benchmarks(study, cache, Path(scratch))
+        base_path, base_key = base_model(study, stages, cache)
+        benches = author_benchmarks(study, cache, stages, Path(scratch))
     plan = Plan(study, cache, device, benches)
-    settings = eval_settings(study)
+    settings = evaluation_settings(study, device)
     ev = study.evaluation
 
     def folder(kind: str, name: str, key: str) -> str:
@@ -150,6 +146,7 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
                 "batch_size": ev.batch_size,
                 "gen_margin": ev.gen_margin,
                 "dtype": ev.dtype,
+                "scoring": ev.scoring,
                 "max_length": study.max_length,
                 "device": device,
                 "extraction_from_task": ev.extraction_from_task,

@@ -9,6 +9,9 @@ Recorded per stage folder (``DIR/<stage folder name>/``):
   the extraction strengths, ``resources.json`` and the stage marker, and the samples files
   slimmed to their numbers (``doc_id`` and the per-sample metrics; the prompts, documents and
   raw responses, most of the bytes, are left out);
+- an operating-point stage (an author-unit study's): ``operating_point.json`` and its Model
+  Utility evaluations, as an evaluation's files;
+- a traced sweep run: its ``trace/trace.jsonl`` (the measures per epoch) and ``resources.json``;
 - a fine-tune or unlearning stage: its ``resources.json`` only (wall time, peak memory). Models
   and adapters are never recorded.
 
@@ -20,9 +23,10 @@ cell and the stage instead (``grad_diff-forget1-seed0-evaluate``), every such fo
 and are read as they are (an evaluation is found by its ``results_<date>.json``, whatever its
 folder's name).
 
-Restoring puts an evaluation back as a finished stage. A model stage comes back hollow: its
-``resources.json`` in a folder without the stage marker, so the report still has its wall time
-and anything that needs the model rebuilds it. A cell whose evaluation is finished is done; a
+Restoring puts an evaluation (or an operating point) back as a finished stage. A model stage
+comes back hollow: its ``resources.json`` (and a sweep run's trace) in a folder without the stage
+marker, so the report still has its wall time and traces, and anything that needs the model
+rebuilds it. A cell whose evaluation is finished is done; a
 target or retain model that no unfinished cell needs is not built.
 """
 
@@ -84,10 +88,19 @@ def _record_path(relative: Path, renamed: dict[Path, Path]) -> Path:
     return relative
 
 
+#: stages recorded whole, as an evaluation is (their files slimmed), and restored as finished
+WHOLE = ("evaluate", "operating_point")
+#: a traced sweep run's trace, recorded beside its resources
+TRACE = Path("trace") / "trace.jsonl"
+
+
 def _record_files(stage_folder: Path, kind: str, into: Path, name: str = "") -> None:
-    if kind != "evaluate":
+    if kind not in WHOLE:
         if (stage_folder / RESOURCES).is_file():
             shutil.copy2(stage_folder / RESOURCES, into / RESOURCES)
+        if kind == "sweep" and (stage_folder / TRACE).is_file():
+            (into / TRACE).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(stage_folder / TRACE, into / TRACE)
         return
     renamed = _renamed(stage_folder, name) if name else {}
     for path in sorted(stage_folder.rglob("*")):
@@ -138,6 +151,14 @@ def save(cp: CellPlan, records: Path) -> list[str]:
     return saved
 
 
+def _hollow(record: Path, tmp: Path) -> None:
+    """A model stage's recorded files, without its stage marker."""
+    shutil.copy2(record / RESOURCES, tmp / RESOURCES)
+    if (record / TRACE).is_file():
+        (tmp / TRACE).parent.mkdir(parents=True)
+        shutil.copy2(record / TRACE, tmp / TRACE)
+
+
 def restore(plan: Plan, records: Path) -> list[str]:
     """Put the recorded stages of the plan's cells into the cache where they are missing;
     returns the folder names restored."""
@@ -149,7 +170,7 @@ def restore(plan: Plan, records: Path) -> list[str]:
             folder, record = Path(stage.folder), records / Path(stage.folder).name
             if not record.is_dir() or (folder / DONE).is_file():
                 continue
-            if stage.build == "evaluate":
+            if stage.build in WHOLE:
                 if not (record / DONE).is_file():
                     continue  # not a finished evaluation: ignore it
                 if folder.exists():  # a hollow or unfinished folder: the record replaces it
@@ -157,7 +178,7 @@ def restore(plan: Plan, records: Path) -> list[str]:
                 if _write_folder(folder, lambda tmp, record=record: shutil.copytree(record, tmp, dirs_exist_ok=True)):
                     restored.append(folder.name)
             elif not folder.exists() and (record / RESOURCES).is_file():
-                if _write_folder(folder, lambda tmp, record=record: shutil.copy2(record / RESOURCES, tmp / RESOURCES)):
+                if _write_folder(folder, lambda tmp, record=record: _hollow(record, tmp)):
                     restored.append(folder.name)
     return restored
 

@@ -920,8 +920,8 @@ def terminal_table(report: dict, plan: Plan) -> str:
 
 
 def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:
-    """study.json, summary.md and pareto.png in ``out``; returns the files and the terminal table."""
-
+    """study.json, summary.md and pareto.png in ``out``; returns the files and the terminal table.
+    (An author-unit study's report: :func:`.author_report.write_report`.)"""
     data = collect(plan, results)
     study = plan.study
     report = {

@@ -19,9 +19,13 @@ from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE, unreadable
 from .cells import EVALUATIONS, CellTask, Plan, cell_source, plan_study
+from .design_plan import WaitingCellPlan, plan_design
 from .progress import Progress
 from .rec_cells import plan_movielens_study
 from .spec import Study
+
+#: the status of a test cell whose operating point was chosen after this pass planned it
+WAITING = "waiting"
 
 
 @dataclass
@@ -37,9 +41,13 @@ class Outcome:
 
 
 def plan_cells(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
-    """The study's cells and stages: :func:`.cells.plan_study`, or for a MovieLens study
-    :func:`.rec_cells.plan_movielens_study`."""
-    make = plan_movielens_study if study.movielens is not None else plan_study
+    """The study's cells and stages: :func:`.cells.plan_study`, for a MovieLens study
+    :func:`.rec_cells.plan_movielens_study`, for an author-unit study :func:`.design_plan.plan_design`."""
+    make = plan_study
+    if study.movielens is not None:
+        make = plan_movielens_study
+    elif study.design is not None:
+        make = plan_design
     return make(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
 
 
@@ -123,31 +131,50 @@ def _needs(deps, width: int = 80) -> str:
 
 
 def _not_needed(plan: Plan) -> set[str]:
-    """Target and retain cells not built whose every dependent cell is finished (its
-    evaluation restored from records): their models would be built for nothing."""
+    """Target, retain and traced sweep cells not built whose every dependent cell is finished
+    (its evaluation or operating point restored from records) or itself not needed: their
+    models would be built for nothing (the target of a study whose sweeps are recorded, say)."""
     dependents: dict[str, list[str]] = {}
     for cp in plan.ordered():
         for dep in cp.cell.deps:
             dependents.setdefault(dep, []).append(cp.cell.id)
-    return {
-        cp.cell.id
-        for cp in plan.ordered()
-        if cp.cell.kind in ("target", "retain")
-        and not cp.cached
-        and dependents.get(cp.cell.id)
-        and all(plan.cells[d].cached for d in dependents[cp.cell.id])
-    }
+    skip: set[str] = set()
+    for cp in reversed(plan.ordered()):  # a cell's dependents come after it
+        if (
+            cp.cell.kind in ("target", "retain", "sweep")
+            and not cp.cached
+            and dependents.get(cp.cell.id)
+            and all(plan.cells[d].cached or d in skip for d in dependents[cp.cell.id])
+        ):
+            skip.add(cp.cell.id)
+    return skip
 
 
-def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Path | None = None) -> dict[str, dict]:
+def run_cells(
+    plan: Plan,
+    make_executor,
+    out: Path,
+    *,
+    stream=None,
+    records: Path | None = None,
+    progress: Progress | None = None,
+    earlier: dict[str, dict] | None = None,
+) -> dict[str, dict]:
     """Every cell of ``plan`` (dependencies first); returns each cell's result. With
-    ``records``, each finished cell's results are recorded there as it finishes."""
-    progress = Progress(len(plan.cells), stream=stream)
+    ``records``, each finished cell's results are recorded there as it finishes. A cell waiting
+    for an operating point (:class:`.design_plan.WaitingCellPlan`) is not run: its result says
+    ``waiting`` once what it waits for has finished (the next pass keys it). ``earlier``: the
+    results of a previous pass over the same study, whose finished cells are not reported again."""
+    earlier = earlier or {}
+    own_progress = progress is None
+    progress = progress or Progress(len(plan.cells), stream=stream)
     results: dict[str, dict] = {}
     pending = []
     skip = _not_needed(plan)
     for cp in plan.ordered():
-        if cp.cached or cp.cell.id in skip:
+        if earlier.get(cp.cell.id, {}).get("status") == "done" and (cp.cached or cp.cell.id in skip):
+            results[cp.cell.id] = earlier[cp.cell.id]
+        elif cp.cached or cp.cell.id in skip:
             results[cp.cell.id] = {
                 "status": "done",
                 "source": "cached" if cp.cached else "recorded",
@@ -173,6 +200,10 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
                     }
                     progress.finished(cp.cell.id, results[cp.cell.id])
             ready = [cp for cp in pending if all(results.get(d, {}).get("status") == "done" for d in cp.cell.deps)]
+            for cp in [cp for cp in ready if isinstance(cp, WaitingCellPlan)]:  # keyed in the next pass
+                ready.remove(cp)
+                pending.remove(cp)
+                results[cp.cell.id] = {"status": WAITING, "sources": [], "error": f"waits for {cp.waiting}"}
             if ready and executor is None:
                 executor = make_executor()
                 progress.line(f"executor: {executor.describe()}")
@@ -210,7 +241,8 @@ def run_cells(plan: Plan, make_executor, out: Path, *, stream=None, records: Pat
     finally:
         if executor is not None:
             executor.close()
-        progress.close()
+        if own_progress:
+            progress.close()
     return results
 
 
@@ -278,6 +310,26 @@ def record_cell(cp, records: Path, stream) -> None:
         print(f"warning: --records {records}: could not record {cp.cell.id}: {exc}", file=stream, flush=True)
 
 
+def plan_restored(
+    study: Study, *, cache: Path, device: str | None, stream, records: Path | None, quiet: bool = False
+) -> Plan:
+    """:func:`plan_cells` with ``records`` restored into the cache; planned again while a
+    restored operating point keys test cells that were waiting for it."""
+    from . import records as ledger
+
+    while True:
+        plan = plan_cells(study, cache=cache, device=device, stream=stream)
+        if records is None:
+            return plan
+        check_records(plan, records)
+        restored = ledger.restore(plan, records)
+        if restored and not quiet:
+            print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
+        waiting = [cp for cp in plan.cells.values() if isinstance(cp, WaitingCellPlan)]
+        if not restored or not any(plan.cells[cp.waiting].cached for cp in waiting):
+            return plan
+
+
 def run_plan(
     study: Study,
     *,
@@ -296,26 +348,37 @@ def run_plan(
     finished cells' results (:mod:`unlearn_plugins.study.records`), restored into the cache
     first and added to as cells finish. The study's report (:func:`run_study`) and the demo's
     are written from what this returns."""
-    from . import records as ledger
     from .executors import make_executor
 
     stream = stream or sys.stderr
-    plan = plan_cells(study, cache=cache, device=device, stream=stream)
-    if records is not None:
-        records = Path(records)
-        check_records(plan, records)
-        restored = ledger.restore(plan, records)
-        if restored:
-            print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
-    drop_unreadable(plan, stream)
-    results = run_cells(
-        plan,
-        lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
-        Path(out),
-        stream=stream,
-        records=records,
-    )
-    return plan, results
+    records = Path(records) if records is not None else None
+    progress = None
+    results: dict[str, dict] = {}
+    waited: set[str] = set()
+    try:
+        while True:  # one pass; an author-unit study plans again once operating points are chosen
+            plan = plan_restored(study, cache=cache, device=device, stream=stream, records=records)
+            drop_unreadable(plan, stream)
+            if progress is None:
+                progress = Progress(len(plan.cells), stream=stream)
+            passed = run_cells(
+                plan,
+                lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
+                Path(out),
+                stream=stream,
+                records=records,
+                progress=progress,
+                earlier=results,
+            )
+            waiting = {cid for cid, r in passed.items() if r["status"] == WAITING}
+            results = passed
+            if not waiting or waiting == waited:  # nothing left to key (an operating point that chose nothing)
+                return plan, results
+            waited = waiting
+            progress.line("operating points chosen: planning the test cells at them")
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def run_study(
@@ -371,17 +434,20 @@ def report_study(
 ) -> Outcome:
     """The report of the cells finished so far (cached, or restored from ``records``), building
     no cell: a long study's table while it runs, or of a study stopped before its end."""
-    from . import records as ledger
 
     stream = stream or sys.stderr
     out = Path(out)
     check_out(out, study)
-    plan = plan_cells(study, cache=cache, device=device, stream=stream)
-    if records is not None:
-        check_records(plan, Path(records))
-        ledger.restore(plan, Path(records))
+    plan = plan_restored(
+        study, cache=cache, device=device, stream=stream, records=Path(records) if records else None, quiet=True
+    )
     results = {}
+    # an author-unit study's report lists what did not finish: a model only recorded cells
+    # needed is reported as recorded (a TOFU study's summary names such models "not run yet")
+    skip = _not_needed(plan) if study.design is not None else set()
     for cp in plan.ordered():
+        if cp.cell.id in skip:
+            results[cp.cell.id] = {"status": "done", "source": "recorded", "sources": []}
         if not cp.cached:
             continue
         last = cp.stages[-1]
@@ -401,13 +467,14 @@ def report_study(
 def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tuple[dict, str]:
     """The report, under the lock of ``out`` (a concurrent run of the same study writing the
     same folder is waited for: its report is replaced by this one, which has the same cells)."""
-    from . import report
+    from . import author_report, report
 
+    write = author_report.write_report if plan.study.design is not None else report.write_report
     deadline = time.monotonic() + 600
     while True:
         try:
             with folder_lock(out, f"--out {out}"):
-                return report.write_report(out, plan, results, run)
+                return write(out, plan, results, run)
         except LockHeld:
             if time.monotonic() > deadline:
                 raise

@@ -1,0 +1,467 @@
+"""The report of an author-unit study (issue 34): per test author and method the numbers of its
+evaluation, the declared comparisons over the authors (:mod:`.design_report`), each method's
+paired Model Utility against the target, the noise ceiling, the operating points and their
+sweep traces; ``study.json``, ``summary.md`` and one trace plot per method, each written to a
+temporary file and renamed.
+
+Reads only the stage folders of the cache (restored from ``--records`` where they were
+recorded): an evaluation's numbers (:func:`.report.evaluation_metrics`), its forget truth ratios
+against the retain model's of the same author (:func:`.statistics.truth_ratio_distances`: the KS
+statistic and the Wasserstein distance of the log ratios beside Forget Quality), its Model
+Utility samples paired with the target's on the same QA (:func:`.statistics.mu_paired_bootstrap`),
+``operating_point.json`` and the sweep runs' ``trace.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError, UnlearnError
+from ..files import atomic_open, write_json
+from . import design_report
+from .cells import Plan
+from .design import LOWER_IS_BETTER, Design
+from .operating_cell import read_result
+from .report import CorruptEvaluation, evaluation_metrics, read_evaluation
+from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
+
+REPORT_FORMAT = 1
+#: the per-author numbers reported beside Forget Quality (the ``[evaluation] report`` keys and the usual ones)
+PER_AUTHOR = (
+    ("forget_quality", "Forget Quality"),
+    ("ks_statistic", "KS statistic"),
+    ("wasserstein_log", "W1 log truth ratio"),
+    ("model_utility", "Model Utility"),
+    ("model_utility_diff", "MU - target (paired)"),
+    ("forget_prob", "forget prob"),
+    ("forget_rougeL", "forget ROUGE-L"),
+    ("retain_prob", "retain prob"),
+)
+TRUTH_RATIO_TASK = "tofu_forget_truth_ratio"
+
+
+def forget_truth_ratios(samples: dict[str, list[dict]]) -> list[float]:
+    """The forget truth ratios of an evaluation's samples, in doc order."""
+    rows = sorted(samples.get(TRUTH_RATIO_TASK, []), key=lambda r: r["doc_id"])
+    if not rows:
+        raise CorruptEvaluation(f"no {TRUTH_RATIO_TASK} samples (the forget truth ratios)")
+    return [float(r["truth_ratio"]) for r in rows]
+
+
+def reference_ratios(eval_retain: str | Path) -> list[float]:
+    """The retain model's forget truth ratios (its evaluation's ``reference.json``)."""
+    from ..evaluation.reference import read_reference
+
+    try:
+        return list(read_reference(Path(eval_retain) / "reference.json").truth_ratios)
+    except DataError as exc:
+        raise CorruptEvaluation(str(exc)) from None
+
+
+def mu_rows(samples: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    from ..evaluation.tofu_metrics import MU_PARTS
+
+    tasks = {task for parts in MU_PARTS.values() for task, _ in parts}
+    return {task: rows for task, rows in samples.items() if task in tasks}
+
+
+def author_numbers(folder: str | Path, reference: list[float], target: dict[str, list[dict]] | None) -> dict:
+    """One evaluation's numbers: the report's, the truth-ratio distances to the retain model,
+    and (given the target's Model Utility samples on the same QA) the paired difference."""
+    numbers = evaluation_metrics(Path(folder))
+    _, samples = read_evaluation(Path(folder))
+    distances = truth_ratio_distances(forget_truth_ratios(samples), reference)
+    numbers.update(ks_statistic=distances["ks_statistic"], wasserstein_log=distances["wasserstein_log"])
+    if target is not None:
+        paired = mu_paired_bootstrap(mu_rows(samples), target)
+        numbers["model_utility_paired"] = paired
+        numbers["model_utility_diff"] = paired["difference"]
+    return numbers
+
+
+def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
+    """Everything study.json holds but the study's settings: cells, per-author values, the
+    analysis, the noise ceiling and the operating points."""
+    study = plan.study
+    design: Design = study.design
+    cells: dict[str, dict] = {}
+    for cell_id, cp in plan.cells.items():
+        result = results.get(cell_id, {"status": "not run"})
+        cells[cell_id] = {
+            "kind": cp.cell.kind,
+            "author": cp.cell.author,
+            "method": cp.cell.method,
+            "seed": cp.cell.seed,
+            "status": result["status"],
+            "source": result.get("source"),
+            "error": result.get("error"),
+            "log": result.get("log"),
+            "stages": [s.folder for s in cp.stages],
+        }
+
+    def done(cell_id: str) -> bool:
+        return cells.get(cell_id, {}).get("status") == "done"
+
+    def read(cell_id: str, compute):
+        try:
+            return compute()
+        except (OSError, ValueError, KeyError, TypeError, UnlearnError) as exc:
+            cells[cell_id].update(status="failed", error=f"its evaluation is unreadable: {exc}")
+            return None
+
+    references: dict[str, dict] = {}  # author -> {"retain": numbers, "full": numbers}
+    ratios: dict[int, list[float]] = {}
+    targets: dict[int, dict] = {}
+    for a in design.authors:
+        retain_id, full_id = f"eval-retain/author{a}", f"eval-full/author{a}"
+        entry: dict[str, Any] = {}
+        if done(retain_id):
+            folder = plan.cells[retain_id].result
+            ratios[a] = ref = read(retain_id, lambda folder=folder: reference_ratios(folder))
+            if ref is not None:
+                entry["retain"] = read(retain_id, lambda folder=folder, ref=ref: author_numbers(folder, ref, None))
+        if done(full_id) and a in ratios and ratios[a] is not None:
+            folder = plan.cells[full_id].result
+            target = read(full_id, lambda folder=folder: mu_rows(read_evaluation(Path(folder))[1]))
+            if target is not None:
+                targets[a] = target
+                entry["full"] = read(full_id, lambda folder=folder, a=a: author_numbers(folder, ratios[a], None))
+        references[str(a)] = entry
+
+    per_author: dict[str, dict[str, dict]] = {m.name: {} for m in study.methods}
+    for cell_id, cp in plan.cells.items():
+        if cp.cell.kind != "method" or not done(cell_id):
+            continue
+        a = cp.cell.author
+        if ratios.get(a) is None or a not in targets:
+            cells[cell_id].update(status="failed", error=f"the retain or target evaluation of author {a} is missing")
+            continue
+        numbers = read(cell_id, lambda cp=cp, a=a: author_numbers(cp.result, ratios[a], targets[a]))
+        if numbers is not None:
+            cells[cell_id]["metrics"] = numbers
+            per_author[cp.cell.method][str(a)] = numbers
+
+    methods = [m.name for m in study.methods]
+    values = {
+        key: {m: {a: per_author[m].get(str(a), {}).get(key) for a in design.test_authors} for m in methods}
+        for key in ("forget_quality", "ks_statistic", "wasserstein_log")
+    }
+    mu_diffs = {
+        m: {a: per_author[m].get(str(a), {}).get("model_utility_diff") for a in design.test_authors} for m in methods
+    }
+    labels = {m.name: m.label for m in study.methods}
+    complete = all(v is not None for per in values["forget_quality"].values() for v in per.values())
+    analysis = design_report.analyse(design, values, mu_diffs, methods, labels) if _any(values) else None
+    summaries = {
+        m: {
+            key: group_summary(
+                [per_author[m][str(a)][key] for a in design.test_authors if str(a) in per_author[m]], method=study.ci
+            )
+            for key, _ in PER_AUTHOR
+        }
+        for m in methods
+    }
+    return {
+        "cells": cells,
+        "references": references,
+        "per_author": per_author,
+        "summaries": summaries,
+        "analysis": analysis,
+        "complete": complete,
+        "noise_ceiling": _ceiling(plan, design, ratios, done),
+        "operating_points": _operating_points(plan, study, done),
+    }
+
+
+def _any(values: dict) -> bool:
+    return any(v is not None for per_metric in values.values() for per in per_metric.values() for v in per.values())
+
+
+def _ceiling(plan: Plan, design: Design, ratios: dict, done) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in (design.noise_ceiling or {}).get("authors", ()):
+        if ratios.get(a) is None:
+            continue
+        seeds = {}
+        for s in design.noise_ceiling["seeds"]:
+            cell_id = f"ceiling/author{a}/seed{s}"
+            if done(cell_id):
+                _, samples = read_evaluation(Path(plan.cells[cell_id].result))
+                seeds[f"seed{s}"] = forget_truth_ratios(samples)
+        if seeds:
+            out[str(a)] = noise_ceiling(ratios[a], seeds)
+    return out
+
+
+def _operating_points(plan: Plan, study, done) -> dict[str, Any]:
+    from .operating_cell import sweep_points
+
+    out: dict[str, Any] = {}
+    for m in study.methods:
+        cell_id = f"operating-point/{m.name}"
+        if cell_id not in plan.cells:
+            continue
+        stage = plan.cells[cell_id].stages[-1]
+        result = read_result(stage.folder) if done(cell_id) else None
+        if result is not None:
+            points = result["points"]
+        else:  # not chosen yet: the traces of the sweep runs that have finished
+            runs = [r for r in stage.params["runs"] if (Path(r["folder"]) / "trace").is_dir()]
+            points = sweep_points(runs) if runs else []
+        out[m.name] = {
+            "use": _setting(result["use"]) if result and result.get("use") else None,
+            "qualified": result.get("qualified") if result else None,
+            "reason": result.get("reason") if result else "not chosen yet",
+            "evaluations": result.get("evaluations", []) if result else [],
+            "points": [{k: v for k, v in p.items() if k != "adapter"} for p in points],
+        }
+    return out
+
+
+def _setting(use: dict) -> dict:
+    return {k: v for k, v in use.items() if k not in ("adapter",)}
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 10**-digits or not math.isfinite(value)):
+            return f"{value:.2e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}")
+
+
+def markdown(report: dict) -> str:
+    study, design = report["study"], report["design"]
+    labels = {m["name"]: m["label"] for m in report["methods"]}
+    lines = [f"# Study: {study['name']}", "", study.get("description") or "", ""]
+    lines += [
+        f"Unit of replication: the forget author ({len(design['test_authors'])} test authors: "
+        f"{', '.join(map(str, design['test_authors']))}; author {design['reserved_author']} reserved for the "
+        "operating points). Intervals: 95% Student-t over the authors of the paired differences.",
+        "",
+    ]
+    if not report["complete"]:
+        lines += [
+            "**Incomplete:** some test cells have not finished; the tests below use the authors each pair has.",
+            "",
+        ]
+    analysis = report.get("analysis")
+    if analysis and "verdict" in analysis:
+        lines += ["## Verdict", ""] + [f"- {s}" for s in analysis["verdict"]["sentences"]] + [""]
+    if analysis:
+        for family, result in analysis["families"].items():
+            title = f"## Comparisons: {family} ({result['metric']}" + (
+                ", lower is better" if result["lower_is_better"] else ""
+            )
+            lines += [title + (", post hoc" if result["post_hoc"] else "") + ")", ""]
+            lines += [
+                "| method | rival | mean difference | 95% interval | wins/ties/losses | permutation p | Holm p | Wilcoxon p |",
+                "|---|---|---:|---|---|---:|---:|---:|",
+            ]
+            for row in result["rows"]:
+                iv = row.get("interval") or {}
+                interval = iv.get("text") or "-"
+                lines.append(
+                    f"| {labels.get(row['method'], row['method'])} | {labels.get(row['rival'], row['rival'])} | "
+                    f"{_fmt(row['difference'])} | {interval} | {row.get('wins', '-')}/{row.get('ties', '-')}/"
+                    f"{row.get('losses', '-')} | {_p(row['permutation_p'])} | {_p(row['holm_p'])} | "
+                    f"{_p(row['wilcoxon_p'])} |"
+                )
+            lines.append("")
+    lines += ["## Per method, over the test authors (mean and 95% t interval, or no spread)", ""]
+    header = "| method | " + " | ".join(title for _, title in PER_AUTHOR) + " |"
+    lines += [header, "|---|" + "---|" * len(PER_AUTHOR)]
+    for m in report["methods"]:
+        s = report["summaries"][m["name"]]
+        lines.append(f"| {m['label']} | " + " | ".join(s[key].get("text", "n/a") for key, _ in PER_AUTHOR) + " |")
+    lines += ["", "## Forget Quality per test author", ""]
+    authors = [str(a) for a in design["test_authors"]]
+    lines += ["| method | " + " | ".join(authors) + " |", "|---|" + "---:|" * len(authors)]
+    for m in report["methods"]:
+        row = report["per_author"][m["name"]]
+        lines.append(
+            f"| {m['label']} | " + " | ".join(_fmt(row.get(a, {}).get("forget_quality")) for a in authors) + " |"
+        )
+    for name in ("full", "retain"):
+        row = {a: report["references"].get(a, {}).get(name) or {} for a in authors}
+        lines.append(
+            f"| {name} (reference) | " + " | ".join(_fmt(row[a].get("forget_quality")) for a in authors) + " |"
+        )
+    lines.append("")
+    if report["noise_ceiling"]:
+        lines += ["## Noise ceiling (other retain seeds against seed 0)", ""]
+        lines += ["| author | seed | Forget Quality | KS statistic | W1 log truth ratio |", "|---|---|---:|---:|---:|"]
+        for a, c in report["noise_ceiling"].items():
+            for seed, d in c["seeds"].items():
+                lines.append(
+                    f"| {a} | {seed} | {_fmt(d['forget_quality'])} | {_fmt(d['ks_statistic'])} | "
+                    f"{_fmt(d['wasserstein_log'])} |"
+                )
+        lines.append("")
+    if report["operating_points"]:
+        lines += ["## Operating points (reserved author)", ""]
+        lines += ["| method | setting | epochs | qualified | reason |", "|---|---|---:|---|---|"]
+        for name, op in report["operating_points"].items():
+            use = op["use"] or {}
+            setting = ", ".join(
+                f"{k} {v:g}" for k, v in use.items() if k not in ("epoch", "index") and not _is_measure(k)
+            )
+            lines.append(
+                f"| {labels.get(name, name)} | {setting or '-'} | {use.get('epoch', '-')} | {op['qualified']} | "
+                f"{op['reason']} |"
+            )
+        lines += [
+            "",
+            "Traces: `trace-<method>.png` (Forget Quality and held-out probability against epochs; "
+            "Model Utility where it was evaluated).",
+            "",
+        ]
+    failed = [cid for cid, c in report["cells"].items() if c["status"] not in ("done",)]
+    if failed:
+        lines += (
+            ["## Cells not finished", ""]
+            + [
+                f"- {cid}: {report['cells'][cid]['status']}"
+                + (f" ({report['cells'][cid]['error']})" if report["cells"][cid].get("error") else "")
+                for cid in failed
+            ]
+            + [""]
+        )
+    return "\n".join(lines)
+
+
+def _is_measure(key: str) -> bool:
+    from .operating_point import MEASURES
+
+    return key in MEASURES
+
+
+def plot_trace(name: str, label: str, op: dict, path: Path) -> None:
+    """Forget Quality (log) and the held-out probability against epochs, one line per swept
+    setting; the Model Utility differences evaluated for the rule as labelled points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    runs: dict[str, list[dict]] = {}
+    for p in op["points"]:
+        key = ", ".join(
+            f"{k} {v:g}" for k, v in p.items() if k not in ("epoch", "index", "adapter") and not _is_measure(k)
+        )
+        runs.setdefault(key, []).append(p)
+    for key, points in runs.items():
+        points = sorted(points, key=lambda p: p["epoch"])
+        epochs = [p["epoch"] for p in points]
+        if all("forget_quality" in p for p in points):
+            ax1.plot(epochs, [max(p["forget_quality"], 1e-12) for p in points], marker=".", label=key)
+        if all("heldout_prob" in p for p in points):
+            ax2.plot(epochs, [p["heldout_prob"] for p in points], marker=".", label=key)
+    for e in op["evaluations"]:
+        point = op["points"][e["point"]]
+        diff = e["model_utility_paired"]["difference"]
+        ax1.annotate(f"MU {diff:+.3f}", (point["epoch"], max(point.get("forget_quality", 1e-12), 1e-12)), fontsize=7)
+    use = op.get("use")
+    if use and "forget_quality" in use:
+        ax1.scatter(
+            [use["epoch"]],
+            [max(use["forget_quality"], 1e-12)],
+            s=120,
+            facecolors="none",
+            edgecolors="red",
+            label="operating point",
+        )
+    ax1.set_yscale("log")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("Forget Quality (KS p vs the retain model)")
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("held-out probability")
+    ax1.legend(fontsize=7)
+    fig.suptitle(f"{label}: sweep on the reserved author")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:
+    """study.json, summary.md and trace-<method>.png in ``out``; returns the files and the
+    terminal table (the summary's verdict and per-method lines)."""
+    study = plan.study
+    design: Design = study.design
+    data = collect(plan, results)
+    report = {
+        "format": REPORT_FORMAT,
+        "study": {k: v for k, v in study.settings().items() if k != "methods"},
+        "study_digest": study.digest(),
+        "methods": [{"name": m.name, "label": m.label, "config": m.config} for m in study.methods],
+        "design": {
+            "unit": design.unit,
+            "test_authors": list(design.test_authors),
+            "reserved_author": design.reserved_author,
+            "lower_is_better": sorted(LOWER_IS_BETTER),
+        },
+        "ci": {"method": study.ci, "level": 0.95},
+        "benchmarks": {str(k): {key: v for key, v in b.items() if key != "content"} for k, b in plan.benches.items()},
+        "models": plan.models,
+        "cache": str(plan.cache),
+        "run": run,
+        **data,
+        "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
+        "not_run": [cid for cid, c in data["cells"].items() if c["status"] not in ("done", "failed")],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"study.json": out / "study.json", "summary.md": out / "summary.md"}
+    labels = {m.name: m.label for m in study.methods}
+    plots = {f"trace-{name}.png": name for name, op in data["operating_points"].items() if op["points"]}
+    files.update({f: out / f for f in plots})
+    staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
+    text = markdown(report)
+    writers = {"study.json": lambda path: write_json(path, report), "summary.md": lambda path: _write_text(path, text)}
+    for f, name in plots.items():
+        writers[f] = lambda path, name=name: plot_trace(name, labels[name], data["operating_points"][name], path)
+    try:
+        for name, write in writers.items():
+            current = name
+            write(staged[name])
+    except OSError as exc:
+        for path in staged.values():
+            path.unlink(missing_ok=True)
+        raise UnlearnError(
+            f"study report: cannot write {files[current]}: {exc.strerror or exc}; the report in {out} is unchanged"
+        ) from exc
+    for name, path in files.items():
+        os.replace(staged[name], path)
+    return {k: str(v) for k, v in files.items()}, terminal_table(report)
+
+
+def terminal_table(report: dict) -> str:
+    from .. import tables
+
+    rows = []
+    for m in report["methods"]:
+        s = report["summaries"][m["name"]]
+        rows.append((m["label"], s["forget_quality"].get("text", "n/a"), s["model_utility_diff"].get("text", "n/a")))
+    text = tables.text_table(("method", "Forget Quality", "MU - target (paired)"), rows)
+    verdict = (report.get("analysis") or {}).get("verdict")
+    return text + ("\n" + verdict["sentences"][0] if verdict else "")
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_open(path) as handle:
+        handle.write(text)
+
+
+__all__ = ["write_report", "collect", "markdown", "author_numbers", "forget_truth_ratios"]
