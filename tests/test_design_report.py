@@ -94,3 +94,56 @@ def test_noise_ceiling_of_an_author():
     out = dr.ceiling(reference, {"seed1": reference, "seed2": [r * 2 for r in reference]})
     assert out["seeds"]["seed1"]["forget_quality"] == 1.0 and out["seeds"]["seed1"]["wasserstein_log"] == 0.0
     assert out["seeds"]["seed2"]["wasserstein_log"] == pytest.approx(0.6931, abs=1e-4)  # log 2
+
+
+# ----------------------------------------------------------------------------- the README's verdict
+
+from pathlib import Path  # noqa: E402
+
+from unlearn_plugins.study import author_report as ar  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def report_json(analysis: dict) -> dict:
+    """study.json as the author-unit report writes it, the parts verdict_block reads."""
+    return {
+        "study": {"name": "reglu_tofu_v2", "design": {"verdict": dict(DESIGN.verdict)}},
+        "methods": [{"name": m.name, "label": m.label} for m in STUDY.methods],
+        "design": {"test_authors": list(AUTHORS)},
+        "cells": {f"{m}/author{a}/seed0": {"kind": "method", "status": "done"} for m in METHODS for a in AUTHORS},
+        "analysis": analysis,
+    }
+
+
+def test_the_verdict_block_is_generated_from_study_json_and_a_changed_readme_fails():
+    fq = {m: base_fq(0.0) for m in METHODS}
+    fq["reglu"] = base_fq(0.1)
+    report = report_json(dr.analyse(DESIGN, values(fq), mu({m: SMALL_LOSS for m in METHODS}), METHODS))
+    block = ar.verdict_block(report)
+    assert block.splitlines()[2].startswith("**The claim holds: ")
+    assert "- control (forget_quality): IHL + RILA vs IHL + random residual (control): difference +0.000" in block
+    assert "(10 test authors; 70 of 70 test cells finished.)" in block
+    readme = f"# x\n\nintro\n\n{block}\n\nmore\n"
+    assert ar.readme_verdict(readme, "reglu_tofu_v2") == block
+    # a README whose verdict says what the numbers do not is caught
+    edited = readme.replace("Holm p 0.0098", "Holm p 0.0010", 1)
+    assert ar.readme_verdict(edited, "reglu_tofu_v2") != block
+    assert ar.readme_verdict("no verdict here", "reglu_tofu_v2") is None
+    with pytest.raises(ValueError, match="no end marker"):
+        ar.readme_verdict(block.rsplit("\n", 1)[0], "reglu_tofu_v2")
+
+
+def test_the_readme_verdict_of_reglu_tofu_v2_is_its_study_json():
+    """docs/study/reglu_tofu_v2/study.json and the README agree: the README quotes the verdict
+    block generated from it, word for word; before the study has a report, the README gives no
+    verdict of it."""
+    readme = (ROOT / "README.md").read_text()
+    quoted = ar.readme_verdict(readme, "reglu_tofu_v2")
+    path = ROOT / "docs" / "study" / "reglu_tofu_v2" / "study.json"
+    if not path.is_file():
+        assert quoted is None, "the README gives a verdict of reglu_tofu_v2, which has no report yet"
+        return
+    import json
+
+    assert quoted == ar.verdict_block(json.loads(path.read_text()))

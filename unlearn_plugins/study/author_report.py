@@ -1,8 +1,9 @@
 """The report of an author-unit study (issue 34): per test author and method the numbers of its
 evaluation, the declared comparisons over the authors (:mod:`.design_report`), each method's
 paired Model Utility against the target, the noise ceiling, the operating points and their
-sweep traces; ``study.json``, ``summary.md`` and one trace plot per method, each written to a
-temporary file and renamed.
+sweep traces; ``study.json``, ``summary.md``, one trace plot per method and (with a
+``[verdict]``) ``verdict.md``, the block a README quotes (:func:`verdict_block`), each written to
+a temporary file and renamed.
 
 Reads only the stage folders of the cache (restored from ``--records`` where they were
 recorded): an evaluation's numbers (:func:`.report.evaluation_metrics`), its forget truth ratios
@@ -348,6 +349,56 @@ def _is_measure(key: str) -> bool:
     return key in MEASURES
 
 
+#: the comments that enclose a verdict block in a README (its study's name in the first)
+VERDICT_START = "<!-- verdict of {name}: generated from its study.json (unlearn study {name} --report-only) -->"
+VERDICT_END = "<!-- end of the verdict of {name} -->"
+
+
+def verdict_block(report: dict) -> str | None:
+    """The verdict as a README carries it (``verdict.md`` of the report), from study.json: the
+    verdict's sentences, then each comparison of every declared family with its Holm p; None
+    when the study declares no verdict or has no analysis yet."""
+    analysis = report.get("analysis") or {}
+    verdict = analysis.get("verdict")
+    if verdict is None:
+        return None
+    name = report["study"]["name"]
+    labels = {m["name"]: m["label"] for m in report["methods"]}
+    lines = [VERDICT_START.format(name=name), "", f"**{verdict['sentences'][0]}**", ""]
+    lines += [f"- {s}" for s in verdict["sentences"][1:]]
+    for family, result in analysis["families"].items():
+        if family == report["study"]["design"]["verdict"]["family"]:
+            continue
+        kind = "post hoc, " if result["post_hoc"] else ""
+        for row in result["rows"]:
+            shown = (
+                "untested"
+                if row["holm_p"] is None
+                else f"difference {row['difference']:+.3f}, Holm p {row['holm_p']:.4f}"
+            )
+            lines.append(
+                f"- {family} ({kind}{result['metric']}): {labels.get(row['method'], row['method'])} vs "
+                f"{labels.get(row['rival'], row['rival'])}: {shown}"
+            )
+    n = len(report["design"]["test_authors"])
+    done = sum(1 for c in report["cells"].values() if c["kind"] == "method" and c["status"] == "done")
+    total = sum(1 for c in report["cells"].values() if c["kind"] == "method")
+    lines += ["", f"({n} test authors; {done} of {total} test cells finished.)", "", VERDICT_END.format(name=name)]
+    return "\n".join(lines)
+
+
+def readme_verdict(readme: str, name: str) -> str | None:
+    """The verdict block of study ``name`` in a README's text (markers included), or None."""
+    start, end = VERDICT_START.format(name=name), VERDICT_END.format(name=name)
+    if start not in readme:
+        return None
+    i = readme.index(start)
+    j = readme.find(end, i)
+    if j < 0:
+        raise ValueError(f"the README's verdict of {name} has no end marker ({end})")
+    return readme[i : j + len(end)]
+
+
 def plot_trace(name: str, label: str, op: dict, path: Path) -> None:
     """Forget Quality (log) and the held-out probability against epochs, one line per swept
     setting; the Model Utility differences evaluated for the rule as labelled points."""
@@ -424,12 +475,17 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
     }
     out.mkdir(parents=True, exist_ok=True)
     files = {"study.json": out / "study.json", "summary.md": out / "summary.md"}
+    block = verdict_block(report)
+    if block is not None:
+        files["verdict.md"] = out / "verdict.md"
     labels = {m.name: m.label for m in study.methods}
     plots = {f"trace-{name}.png": name for name, op in data["operating_points"].items() if op["points"]}
     files.update({f: out / f for f in plots})
     staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
     text = markdown(report)
     writers = {"study.json": lambda path: write_json(path, report), "summary.md": lambda path: _write_text(path, text)}
+    if block is not None:
+        writers["verdict.md"] = lambda path: _write_text(path, block + "\n")
     for f, name in plots.items():
         writers[f] = lambda path, name=name: plot_trace(name, labels[name], data["operating_points"][name], path)
     try:
@@ -464,4 +520,12 @@ def _write_text(path: Path, text: str) -> None:
         handle.write(text)
 
 
-__all__ = ["write_report", "collect", "markdown", "author_numbers", "forget_truth_ratios"]
+__all__ = [
+    "write_report",
+    "collect",
+    "markdown",
+    "author_numbers",
+    "forget_truth_ratios",
+    "verdict_block",
+    "readme_verdict",
+]
