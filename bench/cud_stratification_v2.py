@@ -85,6 +85,7 @@ record is missing). The report is made from the records alone::
 
     UNLEARN_TOFU_DIR=../shared/data/tofu OMP_NUM_THREADS=2 python bench/cud_stratification_v2.py phase1
     python bench/cud_stratification_v2.py report --out docs/study
+    python bench/cud_stratification_v2.py v1     # v1's records read with these measures (README)
 """
 
 from __future__ import annotations
@@ -706,6 +707,80 @@ def mean_nlls(model, tok, pairs, max_length: int, batch_size: int = 8) -> list[f
 # ============================================================================= report (records only)
 
 
+V1_RECORDS = Path(__file__).resolve().parent / "results" / "cud_stratification"
+V1_HELDOUT_ROWS = list(range(40, 80))  # v1's held-out authors 2 and 3 of forget10_perturbed
+
+
+def reread_v1(v1_records: Path = V1_RECORDS) -> dict:
+    """v1's committed records (bench/cud_stratification.py) read with v2's measures, no run
+    needed: per objective and set, the raw and the damage-adjusted efficacy (mean over v1's two
+    seeds) and each set's difference to the mean of v1's 3 random sets; per scorer and
+    objective the Spearman of the score with the per-sample *change* in answer NLL on the random
+    sets' QA (v1 correlated it with the post level, which holds the pre level). Descriptive: v1
+    had 3 random sets and one hard and one easy set per scorer, too few units for a test."""
+
+    def one(pattern: str) -> Path:
+        found = sorted(v1_records.glob(pattern))
+        if len(found) != 1:
+            raise SystemExit(f"error: {v1_records}: expected one {pattern}, found {len(found)}")
+        return found[0]
+
+    before = json.loads((one("before-*") / "before.json").read_text())["nll"]
+    heldout_before = [before[i] for i in V1_HELDOUT_ROWS]
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for folder in sorted(v1_records.glob("run-*")):
+        result = json.loads((folder / "result.json").read_text())
+        name = folder.name.split("-")
+        set_name, objective = name[1], name[2]
+        measure = damage_adjusted(
+            [before[i] for i in result["rows"]], result["nll_after"], heldout_before, result["heldout_nll_after"]
+        )
+        runs.setdefault((objective, set_name), []).append(
+            {**measure, "rows": result["rows"], "after": result["nll_after"]}
+        )
+    objectives = sorted({o for o, _ in runs})
+    sets: dict[str, dict] = {}
+    for objective in objectives:
+        per_set = {
+            name: {k: sum(r[k] for r in rs) / len(rs) for k in ("efficacy", "heldout_drop", "adjusted")}
+            | {"runs": len(rs)}
+            for (o, name), rs in sorted(runs.items())
+            if o == objective
+        }
+        randoms = [v for name, v in per_set.items() if name.startswith("random")]
+        base = {k: sum(v[k] for v in randoms) / len(randoms) for k in ("efficacy", "heldout_drop", "adjusted")}
+        for name, v in per_set.items():
+            if not name.startswith("random"):
+                v["minus_random"] = {k: v[k] - base[k] for k in base}
+        sets[objective] = {
+            "random_mean": base,
+            "random_sets": [v for n, v in per_set.items() if n.startswith("random")],
+            "sets": per_set,
+        }
+    correlations: dict[str, dict] = {}
+    for folder in sorted(v1_records.glob("scores-*")):
+        scorer = folder.name.split("-")[1]
+        scores = {}
+        for line in (folder / "scores.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if not row.get("anchor"):
+                scores[row["index"]] = float(row["score"])
+        for objective in objectives:
+            after: dict[int, list[float]] = {}
+            for (o, name), rs in runs.items():
+                if o == objective and name.startswith("random"):
+                    for r in rs:
+                        for i, x in zip(r["rows"], r["after"]):
+                            after.setdefault(i, []).append(x)
+            correlations.setdefault(scorer, {})[objective] = change_correlation(scores, dict(enumerate(before)), after)
+    return {
+        "source": str(v1_records.name),
+        "heldout_rows": [V1_HELDOUT_ROWS[0], V1_HELDOUT_ROWS[-1]],
+        "objectives": sets,
+        "change_correlations": correlations,
+    }
+
+
 def read_records(records: Path) -> dict:
     """Everything the report needs, from the records folder alone."""
     out: dict[str, Any] = {"scorings": {}, "anchor_runs": {}}
@@ -867,9 +942,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "command",
-        choices=("phase1", "report", "design"),
+        choices=("phase1", "report", "design", "v1"),
         help="phase1: run (or resume) the reliability scorings; report: write the report from the "
-        "records alone; design: print the declared design and the pools",
+        "records alone; design: print the declared design and the pools; v1: v1's records read "
+        "with v2's measures (damage-adjusted efficacy, change correlations), as JSON",
     )
     p.add_argument(
         "--cache",
@@ -889,6 +965,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from unlearn_plugins.files import write_json
 
+    if args.command == "v1":
+        print(json.dumps(reread_v1(), indent=1))
+        return 0
     if args.command == "design":
         print(json.dumps({"design": DESIGN, "authors": author_pools()}, indent=1))
         return 0

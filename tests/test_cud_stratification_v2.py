@@ -267,3 +267,37 @@ def test_phase1_report_from_records_alone(v2, tmp_path):
     json.dumps(out)  # the report's json
     assert v2.main(["report", "--records", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "cud_stratification_v2.md").read_text() == text
+
+
+# ----------------------------------------------------------------------------- v1 re-read
+
+
+def test_v1_reread_from_its_records_and_the_readme_says_what_it_found(v2):
+    """v1's committed records read with v2's measures (`bench/cud_stratification_v2.py v1`): the
+    README's sentences about v1 quote these numbers; a README that says CUD's easy set unlearned
+    better, or that the plain loss predicts it, contradicts them."""
+    out = v2.reread_v1()
+    gd = out["objectives"]["grad_diff"]
+    easy = gd["sets"]["cud_easy"]
+    randoms = sorted(r["adjusted"] for r in gd["random_sets"])
+    assert easy["minus_random"]["efficacy"] > 25  # v1's +27.9 raw ...
+    assert easy["adjusted"] < randoms[0]  # ... below every random set once the damage is taken off
+    corr = out["change_correlations"]
+    assert corr["loss"]["grad_diff"]["rho"] < -0.4 and corr["loss"]["grad_diff"]["p"] < 0.001
+    assert abs(corr["loss"]["npo"]["rho"]) < 0.1 and all(abs(c["rho"]) < 0.2 for c in corr["cud"].values())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    quoted = (
+        f"the easy set scored {easy['adjusted']:.1f} against the random sets' "
+        f"{randoms[0]:.1f}, {randoms[1]:.1f} and {randoms[2]:.1f} ({easy['minus_random']['adjusted']:+.1f} "
+        "against their mean)",
+        f"held-out probability drop of {easy['heldout_drop']:.1f} points (random sets: "
+        f"{gd['random_mean']['heldout_drop']:.1f})",
+        f"the loss scorer gives rho {corr['loss']['grad_diff']['rho']:.2f} under grad_diff",
+        f"{corr['loss']['npo']['rho']:.2f} under npo (p {corr['loss']['npo']['p']:.2f})",
+        f"CUD {corr['cud']['grad_diff']['rho']:+.2f}, {corr['cud']['npo']['rho']:+.2f}, "
+        f"{corr['cud']['simnpo']['rho']:+.2f}",
+    )
+    for text in quoted:
+        assert text in readme, text
+    for contradicted in ("easy set unlearned better than random", "while the plain answer loss does"):
+        assert contradicted not in readme
