@@ -41,7 +41,7 @@ or no hard anchor) the study reports that CUD is not stable at this scale and st
 result. (Phase 2 builds hard and easy sets of 40 from CUD's ranking; if fewer than half of a
 top-40 set survives another draw of seeds or anchors, the sets are mostly the draw's.)
 
-**Phase 2, stratification** (declared now; runs only if phase 1 passes; not yet implemented):
+**Phase 2, stratification** (declared before phase 1 ran; runs only if phase 1 passes):
 
 - Objectives: grad_diff, npo, simnpo, each analysed on its own (never pooled: v1's disagree in
   sign). Budget per objective from a pilot on 2 random pilot sets (not reused): LoRA lr 5e-4,
@@ -72,6 +72,17 @@ top-40 set survives another draw of seeds or anchors, the sets are mostly the dr
   - pre)) is a monotone function of that change: the same Spearman.) Never with the post level,
   which contains the pre level.
 
+Phase 2 as implemented (:class:`Phase2`; choices the declaration left open, fixed before any
+phase-2 run): pilot set j = ``random.Random(3400 + j).sample(query rows, 40)``, its run seed 90 +
+j; set numbers: random j -> j, hard k -> 24 + k, easy k -> 28 + k (seed 100 + number); every run
+is LoRA r 16 / alpha 32, bf16 base, lr 5e-4, batch 4 (10 steps an epoch), retaining anchor pools
+A and B, the objective's defaults otherwise; the set's and the held-out QA's answer NLLs are
+measured at the end of every epoch in the training process (eval mode, :func:`epoch_probe`), the
+pilots' trace for the budget and a run's last epoch for its result; the random sets of an
+objective run first, its MDD is recorded (``phase2/mdd-OBJECTIVE.json``) and printed, then its
+hard and easy sets; MRD scores the query pool last. The loss scorer's score is the negated
+answer NLL before unlearning (``before.json``), as the ``loss`` scorer computes it.
+
 Running
 =======
 
@@ -84,8 +95,12 @@ recorded (models and EAP-IG matrices live in ``--cache``; an anchor run is redon
 record is missing). The report is made from the records alone::
 
     UNLEARN_TOFU_DIR=../shared/data/tofu OMP_NUM_THREADS=2 python bench/cud_stratification_v2.py phase1
+    UNLEARN_TOFU_DIR=../shared/data/tofu OMP_NUM_THREADS=2 python bench/cud_stratification_v2.py phase2
     python bench/cud_stratification_v2.py report --out docs/study
     python bench/cud_stratification_v2.py v1     # v1's records read with these measures (README)
+
+Phase 2 records under ``phase2/``: ``pilot-OBJECTIVE.json`` (the pilots' traces and the budget),
+``mdd-OBJECTIVE.json``, ``runs/OBJECTIVE/SET.json`` (each run's NLLs after), ``scores-mrd.json``.
 """
 
 from __future__ import annotations
@@ -704,6 +719,422 @@ def mean_nlls(model, tok, pairs, max_length: int, batch_size: int = 8) -> list[f
     return [s / max(n, 1) for s, n in answer_nll(model, encoded, tok.pad_token_id, batch_size=batch_size)]
 
 
+# ============================================================================= phase 2 (runs only when phase 1 passes)
+
+#: pilot set j: ``random.Random(3400 + j).sample(query rows, 40)`` (j = 0, 1; never reused)
+PILOT_SET_SEED = 3400
+#: random set j: ``random.Random(3500 + j).sample(query rows, 40)``
+RANDOM_SET_SEED = 3500
+#: the run of set number n (random j: n = j; hard k: 24 + k; easy k: 28 + k): seed 100 + n; pilot j: 90 + j
+RUN_SEED, PILOT_RUN_SEED = 100, 90
+PILOT_EPOCHS = 10
+BUDGET_BAND, BUDGET_AIM = (30.0, 70.0), 50.0
+
+
+def set_plan(scores: dict[int, float], subpools: Sequence[Sequence[int]], query_rows: Sequence[int]) -> dict[str, dict]:
+    """Phase 2's sets: per sub-pool k its 40 highest (``hard{k}``) and 40 lowest (``easy{k}``)
+    scores; ``random{j}``: 40 QA of the whole query pool. Each with its set number and run seed."""
+    p2 = DESIGN["phase2"]
+    k, plan = p2["set_size"], {}
+    for j in range(p2["random_sets"]):
+        rows = sorted(random.Random(RANDOM_SET_SEED + j).sample(list(query_rows), k))
+        plan[f"random{j}"] = {"kind": "random", "number": j, "rows": rows}
+    base = p2["random_sets"]
+    for kind, hardest, offset in (("hard", True, 0), ("easy", False, p2["hard_sets"])):
+        for i, pool in enumerate(subpools):
+            rows = top_rows({r: scores[r] for r in pool}, k, hardest=hardest)
+            plan[f"{kind}{i}"] = {"kind": kind, "number": base + offset + i, "rows": rows}
+    for entry in plan.values():
+        entry["seed"] = RUN_SEED + entry["number"]
+    return plan
+
+
+def pilot_sets(query_rows: Sequence[int]) -> list[list[int]]:
+    k = DESIGN["phase2"]["set_size"]
+    return [sorted(random.Random(PILOT_SET_SEED + j).sample(list(query_rows), k)) for j in range(2)]
+
+
+def choose_budget(pilots: Sequence[dict], heldout_before: Sequence[float]) -> dict:
+    """The declared budget rule on the pilots' traces: per whole epoch e, the pilots' mean
+    efficacy (points) and mean held-out answer probability; the epochs whose efficacy is within
+    30-70 with held-out probability above half the target's qualify; the one nearest 50 is the
+    budget (ties: fewer epochs). ``pilots``: {"before": set NLLs, "trace": [{"epoch", "set_nll",
+    "heldout_nll"}, ...]}. None qualifies: ``epochs`` None and the reason."""
+    target = sum(probs(heldout_before)) / len(heldout_before)
+    epochs = sorted(set.intersection(*[{p["epoch"] for p in pilot["trace"]} for pilot in pilots]))
+    table = []
+    for e in epochs:
+        points = [next(p for p in pilot["trace"] if p["epoch"] == e) for pilot in pilots]
+        eff = sum(efficacy_points(pilot["before"], p["set_nll"]) for pilot, p in zip(pilots, points)) / len(pilots)
+        kept = sum(sum(probs(p["heldout_nll"])) / len(p["heldout_nll"]) for p in points) / len(points)
+        ok = BUDGET_BAND[0] <= eff <= BUDGET_BAND[1] and kept > target / 2
+        table.append({"epoch": e, "efficacy": eff, "heldout_prob": kept, "qualifies": ok})
+    good = [t for t in table if t["qualifies"]]
+    if not good:
+        return {
+            "epochs": None,
+            "table": table,
+            "target_heldout_prob": target,
+            "reason": "no epoch of the pilots reached 30-70% efficacy with held-out probability above half "
+            "the target's",
+        }
+    best = min(good, key=lambda t: (abs(t["efficacy"] - BUDGET_AIM), t["epoch"]))
+    return {
+        "epochs": best["epoch"],
+        "table": table,
+        "target_heldout_prob": target,
+        "reason": f"epoch {best['epoch']}: pilot efficacy {best['efficacy']:.1f} points, held-out probability "
+        f"{best['heldout_prob']:.3f} (target {target:.3f})",
+    }
+
+
+def mdd_of(random_adjusted: Sequence[float]) -> dict:
+    """The declared minimum detectable difference (80% power, n1 = 4, n2 = 24, alpha = 0.05 / 6)
+    from the random sets' SD of the primary measure, t and normal."""
+    p2 = DESIGN["phase2"]
+    sd = _sd(random_adjusted)
+    alpha = 0.05 / 6
+    kw = dict(alpha=alpha, power=0.8)
+    n1, n2 = p2["hard_sets"], p2["random_sets"]
+    return {
+        "sd": sd,
+        "n_random": len(random_adjusted),
+        "n1": n1,
+        "n2": n2,
+        "alpha": alpha,
+        "t": minimum_detectable_difference(sd, n1, n2, **kw),
+        "normal": minimum_detectable_difference(sd, n1, n2, method="normal", **kw),
+    }
+
+
+def analyse_phase2(
+    before_nll: Sequence[float],
+    heldout_rows: Sequence[int],
+    runs: dict[str, dict[str, dict]],
+    budgets: dict[str, dict],
+    scores: dict[str, dict[int, float]],
+) -> dict:
+    """Phase 2's figures from its runs: per objective (with a budget) each set's raw and
+    damage-adjusted efficacy, the MDD from the random sets, hard - random and easy - random
+    (sets as units: Welch t, Welch and bootstrap intervals), Holm over every declared comparison;
+    per scorer and objective the Spearman with the per-sample change (random sets' QA), Holm over
+    those. ``runs``: objective -> set name -> {"kind", "rows", "nll_after", "heldout_nll_after"}."""
+    held_before = [before_nll[i] for i in heldout_rows]
+    objectives: dict[str, Any] = {}
+    pvalues: dict[str, float] = {}
+    for objective, budget in budgets.items():
+        if budget.get("epochs") is None:
+            objectives[objective] = {"left_out": budget.get("reason")}
+            continue
+        sets = {}
+        for name, r in runs.get(objective, {}).items():
+            m = damage_adjusted([before_nll[i] for i in r["rows"]], r["nll_after"], held_before, r["heldout_nll_after"])
+            sets[name] = {"kind": r["kind"], **m}
+        by_kind = {kind: [s for s in sets.values() if s["kind"] == kind] for kind in ("random", "hard", "easy")}
+        entry: dict[str, Any] = {"budget_epochs": budget["epochs"], "sets": sets, "comparisons": {}}
+        if len(by_kind["random"]) >= 2:
+            entry["mdd"] = mdd_of([s["adjusted"] for s in by_kind["random"]])
+        for kind in ("random", "hard", "easy"):
+            for measure in ("adjusted", "efficacy"):
+                vals = [s[measure] for s in by_kind[kind]]
+                entry.setdefault("means", {}).setdefault(kind, {})[measure] = (
+                    {"mean": sum(vals) / len(vals), "n": len(vals), "sd": _sd(vals) if len(vals) > 1 else None}
+                    if vals
+                    else None
+                )
+        for kind in ("hard", "easy"):
+            if by_kind[kind] and by_kind["random"]:
+                entry["comparisons"][f"{kind}_minus_random"] = {
+                    m: compare_sets([s[m] for s in by_kind[kind]], [s[m] for s in by_kind["random"]])
+                    for m in ("adjusted", "efficacy")
+                }
+                p = entry["comparisons"][f"{kind}_minus_random"]["adjusted"]["p"]
+                if p is not None:
+                    pvalues[f"{objective}: {kind} - random"] = p
+        objectives[objective] = entry
+    corrected = holm(pvalues) if pvalues else {}
+    for key, p in corrected.items():
+        objective, kind = key.split(": ")
+        objectives[objective]["comparisons"][kind.replace(" - ", "_minus_")]["adjusted"]["holm_p"] = p
+    correlations: dict[str, dict] = {}
+    cp: dict[str, float] = {}
+    for scorer, sc in scores.items():
+        for objective, entry in objectives.items():
+            if "left_out" in entry:
+                continue
+            after: dict[int, list[float]] = {}
+            for r in runs.get(objective, {}).values():
+                if r["kind"] == "random":
+                    for i, x in zip(r["rows"], r["nll_after"]):
+                        after.setdefault(i, []).append(x)
+            c = change_correlation(sc, dict(enumerate(before_nll)), after)
+            correlations.setdefault(scorer, {})[objective] = c
+            if c["p"] is not None:
+                cp[f"{scorer}/{objective}"] = c["p"]
+    for key, p in (holm(cp) if cp else {}).items():
+        scorer, objective = key.split("/")
+        correlations[scorer][objective]["holm_p"] = p
+    return {"objectives": objectives, "holm_family": sorted(pvalues), "correlations": correlations}
+
+
+def epoch_probe(encoded_set, encoded_heldout, pad_token_id: int, batch_size: int = 8):
+    """A Trainer callback: at the end of every epoch, the answer NLL of the set's and the
+    held-out QA under the model being trained (eval mode, as the runs' anchor checks)."""
+    import contextlib
+
+    import torch
+    from transformers import TrainerCallback
+
+    from unlearn_plugins.likelihood import answer_nll
+
+    class EpochProbe(TrainerCallback):
+        def __init__(self):
+            self.trace: list[dict] = []
+
+        def on_epoch_end(self, args, state, control, model=None, **kwargs):
+            training = model.training
+            model.eval()
+            autocast = (
+                torch.autocast(device_type=args.device.type, dtype=torch.bfloat16)
+                if args.bf16
+                else contextlib.nullcontext()
+            )
+            with autocast:
+                point = {"epoch": int(round(state.epoch or 0)), "step": int(state.global_step)}
+                for key, encoded in (("set_nll", encoded_set), ("heldout_nll", encoded_heldout)):
+                    stats = answer_nll(model, encoded, pad_token_id, batch_size=batch_size)
+                    point[key] = [s / max(n, 1) for s, n in stats]
+            model.train(training)
+            self.trace.append(point)
+
+    return EpochProbe()
+
+
+class Phase2:
+    """Phase 2 on phase 1's target, pools and A012 scores; every run recorded under
+    ``RECORDS/phase2/`` as it finishes (a rerun skips what is recorded)."""
+
+    def __init__(self, phase1: "Phase1", unlearn: dict | None = None, mrd: dict | None = None):
+        self.p1 = phase1
+        self.folder = phase1.records / "phase2"
+        c = phase1.config
+        self.unlearn = dict(
+            unlearn or dict(lr=5e-4, batch_size=4, grad_accum=1, lora_r=16, lora_alpha=32.0, dtype="bf16")
+        )
+        self.unlearn.update(max_length=c.max_length, save_steps=0)
+        self.mrd = dict(mrd or dict(perturbations=100))
+
+    def log(self, msg: str) -> None:
+        self.p1.log(msg)
+
+    def gate(self) -> dict:
+        """Phase 1's decision: phase 2 runs only when it is made and says go on."""
+        d = report_phase1(self.p1.records)["decision"]
+        if not d["decided"]:
+            raise SystemExit(f"error: phase 1 is unfinished (pending: {', '.join(d['pending'])}); phase 2 waits for it")
+        if d["stop"]:
+            raise SystemExit("error: phase 1's stop rule fired (" + "; ".join(d["reasons"]) + "): the study ends there")
+        return d
+
+    def retain_file(self) -> str:
+        path = self.p1.cache / "data" / "phase2_retain_anchor_pools.json"
+        if not path.is_file():
+            rows = self.p1.rows["anchor_A"] + self.p1.rows["anchor_B"]
+            write_samples(path, [self.p1.samples[i] for i in rows])
+        return str(path)
+
+    def train(self, rows: list[int], objective: str, seed: int, epochs: int) -> list[dict]:
+        """One unlearning run of ``rows``; returns the probe's trace (one point per epoch)."""
+        import tempfile
+
+        from unlearn_plugins.data.tofu import encode_samples
+        from unlearn_plugins.process import release_memory
+        from unlearn_plugins.training.config import UnlearnConfig
+        from unlearn_plugins.training.run import run_unlearning
+
+        _, tok = self.p1.model()
+        samples = [self.p1.samples[i] for i in rows]
+        heldout = [self.p1.samples[i] for i in self.p1.rows["heldout"]]
+        length = self.p1.config.max_length
+        probe = epoch_probe(
+            encode_samples(tok, samples, max_length=length),
+            encode_samples(tok, heldout, max_length=length),
+            tok.pad_token_id,
+        )
+        with tempfile.TemporaryDirectory(prefix="cud-v2-run-") as tmp:
+            forget = write_samples(Path(tmp) / "forget.json", samples)
+            config = UnlearnConfig(
+                out=str(Path(tmp) / "run"),
+                model=self.p1.target(),
+                forget=forget,
+                retain=self.retain_file(),
+                objective=objective,
+                seed=seed,
+                epochs=float(epochs),
+                device=self.p1.config.device,
+                **self.unlearn,
+            )
+            run_unlearning(config, callbacks=[probe])
+        release_memory()
+        return probe.trace
+
+    def pilot(self, objective: str) -> dict:
+        from unlearn_plugins.files import write_json
+
+        path = self.folder / f"pilot-{objective}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        before = self.p1.before()["nll"]
+        pilots = []
+        for j, rows in enumerate(pilot_sets(self.p1.rows["query"])):
+            started = time.perf_counter()
+            self.log(f"phase 2 pilot {objective} {j}: {PILOT_EPOCHS} epochs on {len(rows)} QA ...")
+            trace = self.train(rows, objective, PILOT_RUN_SEED + j, PILOT_EPOCHS)
+            pilots.append(
+                {
+                    "rows": rows,
+                    "before": [before[i] for i in rows],
+                    "trace": trace,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
+        budget = choose_budget(pilots, [before[i] for i in self.p1.rows["heldout"]])
+        record = {"objective": objective, "pilots": pilots, "budget": budget}
+        write_json(path, record)
+        self.log(f"phase 2 budget {objective}: {budget['reason']}")
+        return record
+
+    def run_set(self, objective: str, name: str, entry: dict, epochs: int) -> dict:
+        from unlearn_plugins.files import write_json
+
+        path = self.folder / "runs" / objective / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        started = time.perf_counter()
+        trace = self.train(entry["rows"], objective, entry["seed"], epochs)
+        last = trace[-1]
+        record = {
+            "objective": objective,
+            "set": name,
+            **entry,
+            "epochs": epochs,
+            "nll_after": last["set_nll"],
+            "heldout_nll_after": last["heldout_nll"],
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, record)
+        self.log(f"phase 2 {objective} {name}: {record['seconds']:.0f} s")
+        return record
+
+    def mrd_scores(self) -> dict[int, float]:
+        from unlearn_plugins.files import write_json
+        from unlearn_plugins.host import create
+        from unlearn_plugins.scoring import score_samples
+
+        path = self.folder / "scores-mrd.json"
+        if not path.is_file():
+            model, tok = self.p1.model()
+            query = self.p1.rows["query"]
+            scorer = create("difficulty_scorer", "mrd", max_length=self.p1.config.max_length, **self.mrd)
+            started = time.perf_counter()
+            rows = score_samples(
+                scorer, [self.p1.samples[i] for i in query], model=model, tokenizer=tok, scorer_name="mrd"
+            )
+            write_json(
+                path,
+                {
+                    "options": self.mrd,
+                    "scores": {str(i): r["score"] for i, r in zip(query, rows)},
+                    "seconds": round(time.perf_counter() - started, 1),
+                },
+            )
+        return {int(r): v for r, v in json.loads(path.read_text())["scores"].items()}
+
+    def run(self) -> dict:
+        self.gate()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        scoring = self.p1.scoring(DESIGN["phase1"]["primary_scoring"])
+        scores = {int(r): v for r, v in scoring["scores"].items()}
+        subpools = [self.p1.rows[f"subpool{j}"] for j in range(DESIGN["pools"]["query_subpools"])]
+        plan = set_plan(scores, subpools, self.p1.rows["query"])
+        before = self.p1.before()["nll"]
+        for objective in DESIGN["phase2"]["objectives"]:
+            epochs = self.pilot(objective)["budget"]["epochs"]
+            if epochs is None:
+                continue
+            randoms = {n: e for n, e in plan.items() if e["kind"] == "random"}
+            for name, entry in randoms.items():
+                self.run_set(objective, name, entry, epochs)
+            runs = [json.loads((self.folder / "runs" / objective / f"{n}.json").read_text()) for n in randoms]
+            held = [before[i] for i in self.p1.rows["heldout"]]
+            adjusted = [
+                damage_adjusted([before[i] for i in r["rows"]], r["nll_after"], held, r["heldout_nll_after"])[
+                    "adjusted"
+                ]
+                for r in runs
+            ]
+            mdd = mdd_of(adjusted)  # declared: stated before any stratified set is looked at
+            from unlearn_plugins.files import write_json
+
+            if not (self.folder / f"mdd-{objective}.json").is_file():
+                write_json(self.folder / f"mdd-{objective}.json", mdd)
+            self.log(
+                f"phase 2 {objective}: minimum detectable difference at 80% power {mdd['t']:.1f} points "
+                f"(t; normal {mdd['normal']:.1f}; random sets' SD {mdd['sd']:.1f})"
+            )
+            for name, entry in plan.items():
+                if entry["kind"] != "random":
+                    self.run_set(objective, name, entry, epochs)
+        self.mrd_scores()
+        return report_phase2(self.p1.records)
+
+
+def read_phase2(records: Path) -> dict:
+    folder = records / "phase2"
+    out: dict[str, Any] = {"pilots": {}, "runs": {}, "mdd": {}}
+    for path in sorted(folder.glob("pilot-*.json")):
+        record = json.loads(path.read_text())
+        out["pilots"][record["objective"]] = record
+    for path in sorted(folder.glob("runs/*/*.json")):
+        record = json.loads(path.read_text())
+        out["runs"].setdefault(record["objective"], {})[record["set"]] = record
+    for path in sorted(folder.glob("mdd-*.json")):
+        out["mdd"][path.stem.removeprefix("mdd-")] = json.loads(path.read_text())
+    mrd = folder / "scores-mrd.json"
+    out["mrd"] = {int(r): v for r, v in json.loads(mrd.read_text())["scores"].items()} if mrd.is_file() else None
+    return out
+
+
+def report_phase2(records: Path) -> dict | None:
+    """Phase 2's figures from the records alone (None before any pilot is recorded)."""
+    rec = read_records(records)
+    p2 = read_phase2(records)
+    if not p2["pilots"] or rec["before"] is None:
+        return None
+    before = rec["before"]["nll"]
+    heldout_rows = rows_of(rec["design"]["authors"]["heldout"])
+    scoring = rec["scorings"].get(DESIGN["phase1"]["primary_scoring"]) or {}
+    scores = {}
+    if scoring.get("scores"):
+        scores["cud"] = {int(r): v for r, v in scoring["scores"].items()}
+        query = [int(r) for r in scoring["scores"]]
+        scores["loss"] = {r: -before[r] for r in query}  # the loss scorer: negated answer NLL
+    if p2["mrd"]:
+        scores["mrd"] = p2["mrd"]
+    budgets = {o: p["budget"] for o, p in p2["pilots"].items()}
+    out = analyse_phase2(before, heldout_rows, p2["runs"], budgets, scores)
+    for objective, mdd in p2["mdd"].items():  # the MDD as it was stated before the stratified runs
+        if objective in out["objectives"]:
+            out["objectives"][objective]["mdd_stated"] = mdd
+    out["budgets"] = budgets
+    n_sets = DESIGN["phase2"]["random_sets"] + DESIGN["phase2"]["hard_sets"] + DESIGN["phase2"]["easy_sets"]
+    out["complete"] = all(
+        len(p2["runs"].get(o, {})) == n_sets for o, b in budgets.items() if b.get("epochs") is not None
+    ) and len(budgets) == len(DESIGN["phase2"]["objectives"])
+    return out
+
+
 # ============================================================================= report (records only)
 
 
@@ -936,16 +1367,126 @@ def markdown_phase1(out: dict) -> str:
 # ============================================================================= main
 
 
+def markdown_phase2(p2: dict) -> str:
+    """Phase 2's section of the report."""
+    lines = ["", "# Phase 2, stratification", ""]
+    if not p2.get("complete"):
+        lines += ["**Interim: not every phase-2 run is recorded yet.**", ""]
+    lines += ["Budgets (declared rule on 2 random pilot sets; efficacy in points, held-out answer probability):", ""]
+    for objective, b in p2["budgets"].items():
+        reason = b.get("reason") or f"{b.get('epochs')} epochs"
+        lines.append(f"- {objective}: " + (reason if b.get("epochs") else f"left out: {reason}"))
+    lines += [
+        "",
+        "Minimum detectable difference of set means at 80% power (stated before the stratified sets were "
+        "run; pooled t, n1 = 4, n2 = 24, alpha = 0.05/6, the random sets' SD of the damage-adjusted efficacy):",
+        "",
+    ]
+    for objective, o in p2["objectives"].items():
+        mdd = o.get("mdd_stated") or o.get("mdd")
+        if mdd:
+            lines.append(
+                f"- {objective}: {mdd['t']:.1f} points (normal approximation {mdd['normal']:.1f}; SD "
+                f"{mdd['sd']:.1f} over {mdd.get('n_random', mdd['n2'])} random sets)"
+            )
+    lines += [
+        "",
+        "| objective | set kind | sets | damage-adjusted efficacy (mean) | raw efficacy (mean) | minus random: "
+        "damage-adjusted [95% Welch; bootstrap] | Welch p | Holm p | minus random: raw |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for objective, o in p2["objectives"].items():
+        if "left_out" in o:
+            lines.append(f"| {objective} | left out | | | | {o['left_out']} | | | |")
+            continue
+        for kind in ("random", "hard", "easy"):
+            m = o["means"][kind]
+            if not m["adjusted"]:
+                continue
+            row = f"| {objective} | {kind} | {m['adjusted']['n']} | {m['adjusted']['mean']:.1f} | {m['efficacy']['mean']:.1f} |"
+            c = o["comparisons"].get(f"{kind}_minus_random")
+            if c:
+                a, raw = c["adjusted"], c["efficacy"]
+                ci = f"[{a['ci'][0]:+.1f}, {a['ci'][1]:+.1f}]" if a.get("ci") else "n/a"
+                boot = f"[{a['ci_boot'][0]:+.1f}, {a['ci_boot'][1]:+.1f}]" if a.get("ci_boot") else "n/a"
+                p = "n/a" if a.get("p") is None else f"{a['p']:.3g}"
+                hp = "n/a" if a.get("holm_p") is None else f"{a['holm_p']:.3g}"
+                row += f" {a['diff']:+.1f} {ci}; {boot} | {p} | {hp} | {raw['diff']:+.1f} |"
+            else:
+                row += " | | | |"
+            lines.append(row)
+    lines += [
+        "",
+        "Per-sample Spearman of each score with the change in answer NLL (post - pre) on the random sets' "
+        "QA (negative: QA scored hard lost less); Holm over scorer x objective:",
+        "",
+        "| scorer | " + " | ".join(o for o in p2["objectives"] if "left_out" not in p2["objectives"][o]) + " |",
+        "| --- |" + " --- |" * sum("left_out" not in o for o in p2["objectives"].values()),
+    ]
+    for scorer, per in p2["correlations"].items():
+        cells = []
+        for c in per.values():
+            cells.append(
+                "n/a"
+                if c["rho"] is None
+                else f"{c['rho']:+.2f} (Holm p {c.get('holm_p', float('nan')):.2g}, n {c['n']})"
+            )
+        lines.append(f"| {scorer} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(out: dict, records: Path, path: Path) -> None:
+    """Phase 2: each set's damage-adjusted efficacy per objective and kind (points: sets; bars:
+    means). Before phase 2: phase 1's score agreement (one scatter per declared comparison)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p2 = out.get("phase2")
+    if p2:
+        objectives = [o for o, v in p2["objectives"].items() if "left_out" not in v]
+        fig, axes = plt.subplots(1, max(len(objectives), 1), figsize=(4 * max(len(objectives), 1), 4), squeeze=False)
+        for ax, objective in zip(axes[0], objectives):
+            sets = p2["objectives"][objective]["sets"]
+            for x, kind in enumerate(("random", "hard", "easy")):
+                vals = [s["adjusted"] for s in sets.values() if s["kind"] == kind]
+                ax.scatter([x + random.Random(i).uniform(-0.15, 0.15) for i in range(len(vals))], vals, s=12)
+                if vals:
+                    ax.hlines(sum(vals) / len(vals), x - 0.3, x + 0.3, color="black")
+            ax.set_xticks([0, 1, 2], ["random", "hard", "easy"])
+            ax.set_title(objective)
+            ax.set_ylabel("damage-adjusted efficacy (points)")
+    else:
+        scorings = read_records(records)["scorings"]
+        pairs = [tuple(v) for v in DESIGN["phase1"]["comparisons"].values()]
+        fig, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4), squeeze=False)
+        for ax, (x, y) in zip(axes[0], pairs):
+            a = (scorings.get(x) or {}).get("scores")
+            b = (scorings.get(y) or {}).get("scores")
+            if a and b:
+                rows = sorted(set(a) & set(b))
+                ax.scatter([a[r] for r in rows], [b[r] for r in rows], s=5)
+            else:
+                ax.text(0.5, 0.5, "not scored yet", ha="center", transform=ax.transAxes)
+            ax.set_xlabel(f"CUD score, {x}")
+            ax.set_ylabel(f"CUD score, {y}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
         "command",
-        choices=("phase1", "report", "design", "v1"),
-        help="phase1: run (or resume) the reliability scorings; report: write the report from the "
-        "records alone; design: print the declared design and the pools; v1: v1's records read "
-        "with v2's measures (damage-adjusted efficacy, change correlations), as JSON",
+        choices=("phase1", "phase2", "report", "design", "v1"),
+        help="phase1: run (or resume) the reliability scorings; phase2: run (or resume) the stratification, "
+        "only after phase 1 decided to go on; report: write the report from the records alone; design: print "
+        "the declared design and the pools; v1: v1's records read with v2's measures (damage-adjusted "
+        "efficacy, change correlations), as JSON",
     )
     p.add_argument(
         "--cache",
@@ -971,20 +1512,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "design":
         print(json.dumps({"design": DESIGN, "authors": author_pools()}, indent=1))
         return 0
-    if args.command == "phase1":
+    if args.command in ("phase1", "phase2"):
         from unlearn_plugins.models import cache_dir
+        from unlearn_plugins.process import quiet_libraries
 
         cache = args.cache or cache_dir() / "study" / "cud_stratification_v2"
         study = Phase1(StudyConfig(device=args.device), cache, args.records)
-        from unlearn_plugins.process import quiet_libraries
-
         with quiet_libraries():
-            out = study.run()
-    else:
-        out = report_phase1(args.records)
+            if args.command == "phase1":
+                study.run()
+            else:
+                study.check_design()
+                Phase2(study).run()
+    out = report_phase1(args.records)
+    out["phase2"] = report_phase2(args.records)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "cud_stratification_v2.json", out)
-    (args.out / "cud_stratification_v2.md").write_text(markdown_phase1(out))
+    text = markdown_phase1(out) + (markdown_phase2(out["phase2"]) if out["phase2"] else "")
+    (args.out / "cud_stratification_v2.md").write_text(text)
+    plot_report(out, args.records, args.out / "cud_stratification_v2.png")
     d = out["decision"]
     print(
         json.dumps(

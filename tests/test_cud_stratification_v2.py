@@ -301,3 +301,203 @@ def test_v1_reread_from_its_records_and_the_readme_says_what_it_found(v2):
         assert text in readme, text
     for contradicted in ("easy set unlearned better than random", "while the plain answer loss does"):
         assert contradicted not in readme
+
+
+# ----------------------------------------------------------------------------- phase 2
+
+
+def test_the_phase2_sets_are_as_declared(v2):
+    pools = v2.author_pools()
+    subpools = [v2.rows_of(pools[f"subpool{j}"]) for j in range(4)]
+    query = v2.rows_of(pools["query"])
+    scores = {r: math.sin(r) for r in query}
+    plan = v2.set_plan(scores, subpools, query)
+    kinds = [e["kind"] for e in plan.values()]
+    assert kinds.count("random") == 24 and kinds.count("hard") == 4 and kinds.count("easy") == 4
+    assert sorted(e["number"] for e in plan.values()) == list(range(32))
+    assert all(e["seed"] == 100 + e["number"] and len(e["rows"]) == 40 for e in plan.values())
+    for k, pool in enumerate(subpools):  # hard: the sub-pool's 40 highest; easy: its 40 lowest
+        ranked = sorted(pool, key=lambda r: -scores[r])
+        assert plan[f"hard{k}"]["rows"] == sorted(ranked[:40]) and plan[f"easy{k}"]["rows"] == sorted(ranked[-40:])
+    hard = [set(plan[f"hard{k}"]["rows"]) for k in range(4)]
+    assert all(not (a & b) for i, a in enumerate(hard) for b in hard[i + 1 :])  # disjoint sub-pools
+    assert plan["random3"]["rows"] == sorted(random.Random(3503).sample(query, 40))
+    pilots = v2.pilot_sets(query)
+    assert len(pilots) == 2 and all(len(p) == 40 and set(p) <= set(query) for p in pilots)
+
+
+def pilot(before_p: float, set_ps: list[float], held_ps: list[float]) -> dict:
+    return {
+        "before": [nll(before_p)] * 4,
+        "trace": [
+            {"epoch": e, "set_nll": [nll(p)] * 4, "heldout_nll": [nll(h)] * 3}
+            for e, (p, h) in enumerate(zip(set_ps, held_ps), 1)
+        ],
+    }
+
+
+def test_the_budget_rule_on_synthetic_pilot_traces(v2):
+    held_before = [nll(0.4)] * 3
+    # efficacy per epoch 20, 40, 55, 80 (mean of two identical pilots); held-out kept above 0.2 until epoch 3
+    pilots = [pilot(0.5, [0.4, 0.3, 0.225, 0.1], [0.38, 0.3, 0.21, 0.1])] * 2
+    out = v2.choose_budget(pilots, held_before)
+    assert out["epochs"] == 3  # 55 is nearest 50 among 40 (epoch 2) and 55 (epoch 3)
+    assert [round(t["efficacy"]) for t in out["table"]] == [20, 40, 55, 80]
+    # epoch 3's held-out probability at half the target's: not above half, so epoch 2
+    pilots = [pilot(0.5, [0.4, 0.3, 0.225, 0.1], [0.38, 0.3, 0.2, 0.1])] * 2
+    assert v2.choose_budget(pilots, held_before)["epochs"] == 2
+    # ties (45 and 55): fewer epochs
+    assert v2.choose_budget([pilot(0.5, [0.275, 0.225], [0.4, 0.4])] * 2, held_before)["epochs"] == 1
+    # nothing in 30-70: left out, with the reason
+    none = v2.choose_budget([pilot(0.5, [0.49, 0.48], [0.4, 0.4])] * 2, held_before)
+    assert none["epochs"] is None and "no epoch" in none["reason"]
+
+
+def run_record(kind: str, rows: list[int], after_p: float, held_p: float) -> dict:
+    return {"kind": kind, "rows": rows, "nll_after": [nll(after_p)] * len(rows), "heldout_nll_after": [nll(held_p)] * 4}
+
+
+def test_phase2_analysis_of_constructed_runs(v2):
+    before = [nll(0.5)] * 200
+    heldout = list(range(196, 200))  # held-out probability 0.5 before
+    rng = random.Random(1)
+    runs = {}
+    for objective, hard_p in (("grad_diff", 0.35), ("npo", 0.25)):
+        sets = {}
+        for j in range(24):
+            sets[f"random{j}"] = run_record("random", list(range(j, j + 40)), 0.25 + rng.uniform(-0.03, 0.03), 0.45)
+        for k in range(4):
+            sets[f"hard{k}"] = run_record("hard", list(range(k, k + 40)), hard_p + rng.uniform(-0.01, 0.01), 0.45)
+            sets[f"easy{k}"] = run_record("easy", list(range(k, k + 40)), 0.25 + rng.uniform(-0.01, 0.01), 0.45)
+        runs[objective] = sets
+    budgets = {"grad_diff": {"epochs": 2}, "npo": {"epochs": 3}, "simnpo": {"epochs": None, "reason": "no epoch"}}
+    scores = {"loss": {r: float(r) for r in range(200)}}
+    out = v2.analyse_phase2(before, heldout, runs, budgets, scores)
+    gd = out["objectives"]["grad_diff"]
+    # efficacy 100(1 - p_after/0.5); held-out drop 10 points; adjusted = efficacy - 10
+    hard = gd["comparisons"]["hard_minus_random"]
+    assert hard["efficacy"]["diff"] == pytest.approx(hard["adjusted"]["diff"])  # the same damage everywhere
+    assert hard["adjusted"]["diff"] == pytest.approx(-20.0, abs=2.0) and hard["adjusted"]["p"] < 1e-4
+    assert abs(gd["comparisons"]["easy_minus_random"]["adjusted"]["diff"]) < 2.0
+    assert out["objectives"]["npo"]["comparisons"]["hard_minus_random"]["adjusted"]["p"] > 0.01
+    assert out["objectives"]["simnpo"] == {"left_out": "no epoch"}
+    # Holm over the 4 comparisons made (2 objectives x hard/easy), the smallest p times 4
+    assert len(out["holm_family"]) == 4
+    ps = sorted(
+        (c["adjusted"]["p"], c["adjusted"]["holm_p"])
+        for o in ("grad_diff", "npo")
+        for c in out["objectives"][o]["comparisons"].values()
+    )
+    assert ps[0][1] == pytest.approx(min(1.0, 4 * ps[0][0]))
+    # the MDD from the random sets' SD, as mdd_of computes it by hand
+    sd = gd["mdd"]["sd"]
+    assert gd["mdd"]["normal"] == pytest.approx(
+        (v2_norm(1 - 0.05 / 12) + v2_norm(0.8)) * sd * math.sqrt(1 / 4 + 1 / 24), rel=1e-9
+    )
+    assert gd["mdd"]["t"] > gd["mdd"]["normal"]
+    assert set(out["correlations"]["loss"]) == {"grad_diff", "npo"}
+    text = v2.markdown_phase2({**out, "budgets": budgets, "complete": False})
+    assert "left out: no epoch" in text and "| grad_diff | hard | 4 |" in text
+
+
+def v2_norm(q: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(q))
+
+
+def test_the_epoch_probe_measures_every_epoch(tiny_model_dir, tmp_path, v2):
+    from unlearn_plugins.data.tofu import QASample, encode_samples
+    from unlearn_plugins.models import load_tokenizer
+    from unlearn_plugins.training.config import UnlearnConfig
+    from unlearn_plugins.training.run import run_unlearning
+
+    samples = [QASample(f"Who wrote book {i}?", f"Author number {i} wrote it.", i) for i in range(8)]
+    tok = load_tokenizer(str(tiny_model_dir))
+    forget = v2.write_samples(tmp_path / "forget.json", samples[:4])
+    probe = v2.epoch_probe(
+        encode_samples(tok, samples[:4], max_length=64),
+        encode_samples(tok, samples[4:], max_length=64),
+        tok.pad_token_id,
+    )
+    config = UnlearnConfig(
+        out=str(tmp_path / "run"),
+        model=str(tiny_model_dir),
+        forget=forget,
+        retain=None,
+        objective="grad_ascent",
+        epochs=2.0,
+        lr=1e-3,
+        batch_size=2,
+        grad_accum=1,
+        lora_r=4,
+        lora_alpha=8,
+        max_length=64,
+        save_steps=0,
+    )
+    run_unlearning(config, callbacks=[probe])
+    assert [p["epoch"] for p in probe.trace] == [1, 2] and [p["step"] for p in probe.trace] == [2, 4]
+    assert all(len(p["set_nll"]) == 4 and len(p["heldout_nll"]) == 4 for p in probe.trace)
+    assert probe.trace[1]["set_nll"][0] > probe.trace[0]["set_nll"][0]  # ascent raised the forget loss
+
+
+def test_the_report_command_from_records_alone_with_phase2(v2, tmp_path):
+    """`report` writes the .md, .json and .png from the records: phase 1 only (the agreement
+    scatter), then with phase 2's pilots, MDD and runs (made up)."""
+    pools = v2.author_pools()
+    query = v2.rows_of(pools["query"])
+    rng = random.Random(3)
+    scores = {r: rng.random() for r in query}
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "design.json").write_text(json.dumps({"authors": pools}))
+    (records / "before.json").write_text(json.dumps({"nll": [nll(0.5)] * 800}))
+    for name, pool, seeds in (("A012", "A", [0, 1, 2]), ("A345", "A", [3, 4, 5]), ("B012", "B", [0, 1, 2])):
+        record = {
+            "name": name,
+            "pool": pool,
+            "seeds": seeds,
+            "scores": {str(r): v for r, v in scores.items()},
+            "s_E": {str(r): 0.9 for r in query},
+            "s_H": {str(r): 0.95 for r in query},
+            "anchors": {"easy": [80], "hard": [120]},
+        }
+        (records / f"scoring-{name}.json").write_text(json.dumps(record))
+    out = tmp_path / "out"
+    assert v2.main(["report", "--records", str(records), "--out", str(out)]) == 0
+    written = json.loads((out / "cud_stratification_v2.json").read_text())
+    assert written["decision"]["stop"] is False and written["phase2"] is None
+    assert (out / "cud_stratification_v2.png").stat().st_size > 1000
+    assert "Phase 2" not in (out / "cud_stratification_v2.md").read_text()
+
+    phase2 = records / "phase2"
+    (phase2 / "runs" / "npo").mkdir(parents=True)
+    budget = {"epochs": 2, "reason": "epoch 2: pilot efficacy 48.0 points"}
+    (phase2 / "pilot-npo.json").write_text(json.dumps({"objective": "npo", "pilots": [], "budget": budget}))
+    for objective in ("grad_diff", "simnpo"):
+        left = {"epochs": None, "reason": "no epoch of the pilots reached 30-70% efficacy"}
+        (phase2 / f"pilot-{objective}.json").write_text(json.dumps({"objective": objective, "budget": left}))
+    plan = v2.set_plan(scores, [v2.rows_of(pools[f"subpool{j}"]) for j in range(4)], query)
+    for name, entry in plan.items():
+        p = 0.3 if entry["kind"] == "hard" else 0.25 + rng.uniform(-0.02, 0.02)
+        record = {
+            "objective": "npo",
+            "set": name,
+            **entry,
+            "epochs": 2,
+            "nll_after": [nll(p)] * 40,
+            "heldout_nll_after": [nll(0.45)] * 80,
+        }
+        (phase2 / "runs" / "npo" / f"{name}.json").write_text(json.dumps(record))
+    (phase2 / "mdd-npo.json").write_text(json.dumps(v2.mdd_of([1.0, 2.0, 3.0])))
+    assert v2.main(["report", "--records", str(records), "--out", str(out)]) == 0
+    written = json.loads((out / "cud_stratification_v2.json").read_text())
+    p2 = written["phase2"]
+    assert p2["complete"] is True and p2["objectives"]["grad_diff"] == {"left_out": left["reason"]}
+    npo = p2["objectives"]["npo"]
+    assert npo["mdd_stated"]["sd"] == pytest.approx(1.0)  # as stated before the stratified runs
+    assert npo["comparisons"]["hard_minus_random"]["adjusted"]["diff"] < -5
+    assert npo["comparisons"]["hard_minus_random"]["adjusted"]["holm_p"] is not None
+    assert set(p2["correlations"]) == {"cud", "loss"}
+    text = (out / "cud_stratification_v2.md").read_text()
+    assert "# Phase 2, stratification" in text and "| npo | hard | 4 |" in text
