@@ -160,3 +160,87 @@ def test_the_report_regenerates_from_the_records_and_a_rerun_builds_nothing(ran,
     err = capsys.readouterr().err
     assert " start " not in err and "done" in err
     assert not list((root / "fresh2").glob("target-*/run/merged"))
+
+
+class FakeExecutor:
+    """Runs nothing: each submitted cell finishes at once, failing when its id is in ``fail``."""
+
+    def __init__(self, fail: set[str], ran: list[str]):
+        self.fail, self.ran, self.queue = fail, ran, []
+
+    def describe(self) -> str:
+        return "fake"
+
+    def free(self) -> int:
+        return 1
+
+    def submit(self, task) -> None:
+        self.queue.append(task.plan.cell.id)
+
+    def events(self, timeout):
+        while self.queue:
+            cell = self.queue.pop(0)
+            self.ran.append(cell)
+            status = {"status": "failed", "error": "boom"} if cell in self.fail else {"status": "done"}
+            yield ("done", cell, {**status, "sources": ["built"]})
+
+    def close(self, interrupted: bool = False) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fail", [set(), {"operating-point/m"}])
+def test_the_runner_plans_again_once_an_operating_point_is_chosen(fail, tmp_path, monkeypatch):
+    """Pass 1 runs the operating point, not the test cell waiting for it; pass 2 (planned again)
+    runs the test cell keyed at the point. A failed operating point ends the passes: the test
+    cell is not run, and nothing is retried."""
+    from unlearn_plugins.study import executors, runner
+    from unlearn_plugins.study.cells import CellPlan, Plan, Stage
+    from unlearn_plugins.study.spec import Cell
+
+    done: set[str] = set()
+    plans: list[Plan] = []
+
+    class Study:
+        design = object()
+        movielens = None
+
+    def plan_cells(study, *, cache, device=None, dry_run=False, stream=None):
+        op = Cell("operating-point/m", "operating_point", "op", method="m")
+        test = Cell("m/author1/seed0", "method", "test", method="m", deps=("operating-point/m",))
+        stage = Stage("op", str(tmp_path / "op"), "operating_point", {})
+        plan = Plan(study, tmp_path, None, {})
+        plan.cells[op.id] = CellPlan(op, [stage], result=stage.folder)
+        if "operating-point/m" in done:
+            (tmp_path / "op").mkdir(exist_ok=True)
+            (tmp_path / "op" / "stage.json").write_text("{}")
+            plan.cells[test.id] = CellPlan(test, [Stage("t", str(tmp_path / "t"), "evaluate", {})])
+        else:
+            plan.cells[test.id] = WaitingCellPlan(test, [Stage("t", "pending", "evaluate", {})], waiting=op.id)
+        plans.append(plan)
+        return plan
+
+    ran: list[str] = []
+
+    class Tracking(FakeExecutor):
+        def events(self, timeout):
+            for event in super().events(timeout):
+                if event[2]["status"] == "done":
+                    done.add(event[1])
+                yield event
+
+    monkeypatch.setattr(runner, "plan_cells", plan_cells)
+    monkeypatch.setattr(executors, "make_executor", lambda *a, **k: Tracking(fail, ran))
+    plan, results = runner.run_plan(Study(), out=tmp_path / "out", cache=tmp_path)
+    if not fail:
+        assert ran == ["operating-point/m", "m/author1/seed0"] and len(plans) == 2
+        assert results["m/author1/seed0"]["status"] == "done" and not isinstance(
+            plan.cells["m/author1/seed0"], WaitingCellPlan
+        )
+    else:
+        assert ran == ["operating-point/m"] and len(plans) == 1
+        assert results["operating-point/m"]["status"] == "failed"
+        assert results["m/author1/seed0"] == {
+            "status": "failed",
+            "sources": [],
+            "error": "not run: it needs operating-point/m, which failed",
+        }

@@ -172,8 +172,9 @@ def run_cells(
     pending = []
     skip = _not_needed(plan)
     for cp in plan.ordered():
-        if earlier.get(cp.cell.id, {}).get("status") == "done" and (cp.cached or cp.cell.id in skip):
-            results[cp.cell.id] = earlier[cp.cell.id]
+        before = earlier.get(cp.cell.id, {}).get("status")
+        if (before == "done" and (cp.cached or cp.cell.id in skip)) or before == "failed":
+            results[cp.cell.id] = earlier[cp.cell.id]  # reported in the previous pass (a failure is not retried)
         elif cp.cached or cp.cell.id in skip:
             results[cp.cell.id] = {
                 "status": "done",
