@@ -880,31 +880,18 @@ def analyse_phase2(
 def epoch_probe(encoded_set, encoded_heldout, pad_token_id: int, batch_size: int = 8):
     """A Trainer callback: at the end of every epoch, the answer NLL of the set's and the
     held-out QA under the model being trained (eval mode, as the runs' anchor checks)."""
-    import contextlib
-
-    import torch
     from transformers import TrainerCallback
 
-    from unlearn_plugins.likelihood import answer_nll
+    from unlearn_plugins.likelihood import mean_answer_nlls_in_training
 
     class EpochProbe(TrainerCallback):
         def __init__(self):
             self.trace: list[dict] = []
 
         def on_epoch_end(self, args, state, control, model=None, **kwargs):
-            training = model.training
-            model.eval()
-            autocast = (
-                torch.autocast(device_type=args.device.type, dtype=torch.bfloat16)
-                if args.bf16
-                else contextlib.nullcontext()
-            )
-            with autocast:
-                point = {"epoch": int(round(state.epoch or 0)), "step": int(state.global_step)}
-                for key, encoded in (("set_nll", encoded_set), ("heldout_nll", encoded_heldout)):
-                    stats = answer_nll(model, encoded, pad_token_id, batch_size=batch_size)
-                    point[key] = [s / max(n, 1) for s, n in stats]
-            model.train(training)
+            point = {"epoch": int(round(state.epoch or 0)), "step": int(state.global_step)}
+            for key, encoded in (("set_nll", encoded_set), ("heldout_nll", encoded_heldout)):
+                point[key] = mean_answer_nlls_in_training(model, args, encoded, pad_token_id, batch_size=batch_size)
             self.trace.append(point)
 
     return EpochProbe()

@@ -75,6 +75,27 @@ def answer_nll(model, examples: Sequence[dict], pad_token_id: int, *, batch_size
     return out
 
 
+def mean_answer_nlls_in_training(model, args, examples: Sequence[dict], pad_token_id: int, *, batch_size: int = 8):
+    """Per example its mean answer-token NLL under a model the Trainer is training (from a
+    callback): in eval mode (no dropout) and under the run's bf16 autocast when it has one, then
+    back to the mode it was in. ``args``: the Trainer's TrainingArguments."""
+    import contextlib
+
+    import torch
+
+    training = model.training
+    model.eval()
+    autocast = (
+        torch.autocast(device_type=args.device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+    )
+    try:
+        with autocast:
+            stats = answer_nll(model, examples, pad_token_id, batch_size=batch_size)
+    finally:
+        model.train(training)
+    return [s / max(n, 1) for s, n in stats]
+
+
 def non_finite_message(positions: Sequence[int], total: int, model=None) -> str:
     shown = ", ".join(str(i) for i in sorted(positions)[:5]) + (", ..." if len(positions) > 5 else "")
     name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", "")

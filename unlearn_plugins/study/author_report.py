@@ -16,7 +16,6 @@ Utility samples paired with the target's on the same QA (:func:`.statistics.mu_p
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from . import design_report
 from .cells import Plan
 from .design import LOWER_IS_BETTER, Design
 from .operating_cell import read_result
-from .report import CorruptEvaluation, evaluation_metrics, read_evaluation
+from .report import CorruptEvaluation, evaluation_metrics, read_evaluation, write_together
 from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
 
 REPORT_FORMAT = 1
@@ -473,34 +472,18 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
         "not_run": [cid for cid, c in data["cells"].items() if c["status"] not in ("done", "failed")],
     }
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"study.json": out / "study.json", "summary.md": out / "summary.md"}
     block = verdict_block(report)
-    if block is not None:
-        files["verdict.md"] = out / "verdict.md"
     labels = {m.name: m.label for m in study.methods}
-    plots = {f"trace-{name}.png": name for name, op in data["operating_points"].items() if op["points"]}
-    files.update({f: out / f for f in plots})
-    staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
     text = markdown(report)
     writers = {"study.json": lambda path: write_json(path, report), "summary.md": lambda path: _write_text(path, text)}
     if block is not None:
         writers["verdict.md"] = lambda path: _write_text(path, block + "\n")
-    for f, name in plots.items():
-        writers[f] = lambda path, name=name: plot_trace(name, labels[name], data["operating_points"][name], path)
-    try:
-        for name, write in writers.items():
-            current = name
-            write(staged[name])
-    except OSError as exc:
-        for path in staged.values():
-            path.unlink(missing_ok=True)
-        raise UnlearnError(
-            f"study report: cannot write {files[current]}: {exc.strerror or exc}; the report in {out} is unchanged"
-        ) from exc
-    for name, path in files.items():
-        os.replace(staged[name], path)
-    return {k: str(v) for k, v in files.items()}, terminal_table(report)
+    for name, op in data["operating_points"].items():
+        if op["points"]:
+            writers[f"trace-{name}.png"] = lambda path, name=name: plot_trace(
+                name, labels[name], data["operating_points"][name], path
+            )
+    return write_together(out, writers), terminal_table(report)
 
 
 def terminal_table(report: dict) -> str:

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import tables
 from ..errors import DataError, UnlearnError
@@ -948,16 +948,24 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
         "not_run": [cid for cid, c in data["cells"].items() if c["status"] == "not run"],
     }
+    files = write_together(
+        out,
+        {
+            "study.json": lambda path: write_json(path, report),
+            "summary.md": lambda path: _write_text(path, markdown({**report, "data": data}, plan)),
+            "pareto.png": lambda path: plot_pareto(report, plan, path),
+        },
+    )
+    return files, terminal_table(report, plan)
+
+
+def write_together(out: Path, writers: dict[str, Callable[[Path], None]]) -> dict[str, str]:
+    """The report's files in ``out`` (name -> a function writing it to a given path): each to a
+    temporary first, renamed together at the end, so that a write that fails (a full disk) leaves
+    the previous report whole, never a new study.json beside an old summary.md."""
     out.mkdir(parents=True, exist_ok=True)
-    files = {"study.json": out / "study.json", "summary.md": out / "summary.md", "pareto.png": out / "pareto.png"}
-    # each file to a temporary first, renamed together at the end: a write that fails (a full
-    # disk) leaves the previous report whole, never a new study.json beside an old summary.md
+    files = {name: out / name for name in writers}
     staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
-    writers = {
-        "study.json": lambda path: write_json(path, report),
-        "summary.md": lambda path: _write_text(path, markdown({**report, "data": data}, plan)),
-        "pareto.png": lambda path: plot_pareto(report, plan, path),
-    }
     try:
         for name, write in writers.items():
             current = name
@@ -970,7 +978,7 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         ) from exc
     for name, path in files.items():
         os.replace(staged[name], path)
-    return {k: str(v) for k, v in files.items()}, terminal_table(report, plan)
+    return {k: str(v) for k, v in files.items()}
 
 
 def _write_text(path: Path, text: str) -> None:

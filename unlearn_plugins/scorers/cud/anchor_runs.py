@@ -45,12 +45,9 @@ def forget_prob_watch(
     """A Trainer callback: before training and every ``every`` optimizer steps, the mean answer
     probability of ``encoded`` under the model being trained; stops training at the first check
     below ``stop_prob`` (None: never). ``checks`` lists (step, forget_prob[, per-sample losses])."""
-    import contextlib
-
-    import torch
     from transformers import TrainerCallback
 
-    from ...likelihood import answer_nll
+    from ...likelihood import mean_answer_nlls_in_training
 
     class ForgetProbWatch(TrainerCallback):
         def __init__(self):
@@ -58,17 +55,7 @@ def forget_prob_watch(
             self.stopped_at: int | None = None
 
         def check(self, args, state, model) -> float:
-            training = model.training
-            model.eval()
-            autocast = (
-                torch.autocast(device_type=args.device.type, dtype=torch.bfloat16)
-                if args.bf16
-                else contextlib.nullcontext()
-            )
-            with autocast:
-                stats = answer_nll(model, encoded, pad_token_id, batch_size=batch_size)
-            model.train(training)
-            losses = [s / max(n, 1) for s, n in stats]
+            losses = mean_answer_nlls_in_training(model, args, encoded, pad_token_id, batch_size=batch_size)
             entry = {"step": state.global_step, "forget_prob": _mean_prob(losses)}
             if trace:
                 entry["losses"] = losses
