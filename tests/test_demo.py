@@ -597,3 +597,18 @@ def test_orphaned_temporary_stage_folders_are_removed(tmp_path):
     Stages(tmp_path, total=1)
     assert not gone.exists() and mine.exists() and done.exists()
     assert not gone_here.exists() and mine_here.exists() and elsewhere.exists()
+
+
+def test_an_interrupted_worker_removes_its_own_temporary_folders(tmp_path):
+    """The backstop of an interrupted worker (a second SIGINT can cut its stage's clean-up short):
+    its own temporary stage folders go, another process's and finished stages stay."""
+    from unlearn_plugins.stages import host_name, remove_own_temporaries, temporary_folder
+
+    mine = temporary_folder(tmp_path / "eval-full-abc")
+    (mine / "partial").mkdir(parents=True)
+    other = tmp_path / f"eval-full-def.tmp-{host_name()}-1"
+    done = tmp_path / "eval-full-ghi"
+    other.mkdir()
+    done.mkdir()
+    assert remove_own_temporaries(tmp_path) == [mine.name]
+    assert not mine.exists() and other.exists() and done.exists()

@@ -43,6 +43,17 @@ def temporary_folder(folder: Path) -> Path:
     return folder.with_name(f"{folder.name}.tmp-{host_name()}-{os.getpid()}")
 
 
+def remove_own_temporaries(root: Path) -> list[str]:
+    """Remove the temporary stage folders this process is building in ``root`` (an interrupted
+    worker's backstop: a second SIGINT arriving while its stage cleans up can cut the removal
+    short before it starts); returns their names."""
+    removed = []
+    for path in Path(root).glob(f"*.tmp-{host_name()}-{os.getpid()}"):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
+
 def orphaned(path: Path) -> bool:
     """A temporary stage folder whose builder is gone: its process on this host is not running
     (folders of other hosts are not this machine's to judge; the old ``.tmp-<pid>`` names

@@ -25,10 +25,12 @@ import queue
 import signal
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from ..errors import UnlearnError
 from ..process import resident_mb
+from ..stages import remove_own_temporaries
 from .cells import CellTask, execute_cell
 
 EXECUTORS = ("local", "dask")
@@ -91,7 +93,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growt
     parent = os.getppid()
     _watch_parent(parent)
     first_mb = None
-    cell = None
+    cell = cache = None
     try:
         while True:
             try:
@@ -102,7 +104,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growt
                 continue
             if task is None:
                 return
-            cell = task.plan.cell.id
+            cell, cache = task.plan.cell.id, task.cache
             outbox.put(("start", cell, where))
             result = execute_cell(task, lambda *event: outbox.put(event))
             now_mb = resident_mb()
@@ -114,6 +116,8 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growt
                 return
     except KeyboardInterrupt:  # the stage being built has removed its temporary folder
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study's own SIGINT may follow: leave quietly
+        if cache is not None:  # a second SIGINT may have cut the stage's own clean-up short
+            remove_own_temporaries(Path(cache))
         # said to the study, which stops too: a Ctrl-C that reached the workers but not the
         # study itself (started with SIGINT ignored, as a script's background job) went on
         # to report the cells as died with exit code 0
