@@ -300,6 +300,18 @@ def top_rows(scores: dict[int, float], k: int, *, hardest: bool) -> list[int]:
     return sorted(order[:k])
 
 
+def spearman_interval(rho: float, n: int, level: float = 0.95) -> list[float]:
+    """Fisher-z interval of a Spearman correlation with Bonett and Wright's (2000) standard error
+    sqrt((1 + rho^2 / 2) / (n - 3)): how precisely n rows pin the reliability down."""
+    from scipy.stats import norm
+
+    if n <= 3 or abs(rho) >= 1:
+        return [rho, rho]
+    half = norm.ppf(0.5 + level / 2) * math.sqrt((1 + rho**2 / 2) / (n - 3))
+    z = math.atanh(rho)
+    return [math.tanh(z - half), math.tanh(z + half)]
+
+
 def agreement(a: dict[int, float], b: dict[int, float], k: int) -> dict:
     """How two scorings of the same rows agree: Spearman, and the overlap of their top-k hard and
     top-k easy sets as a fraction of k (``chance``: the expected overlap of random sets, k / n)."""
@@ -309,7 +321,13 @@ def agreement(a: dict[int, float], b: dict[int, float], k: int) -> dict:
     if len(rows) != len(a) or len(rows) != len(b):
         raise ValueError("the two scorings cover different rows")
     rho = float(spearmanr([a[r] for r in rows], [b[r] for r in rows]).statistic)
-    out = {"spearman": None if math.isnan(rho) else rho, "n": len(rows), "k": k, "chance": k / len(rows)}
+    out = {
+        "spearman": None if math.isnan(rho) else rho,
+        "spearman_ci": None if math.isnan(rho) else spearman_interval(rho, len(rows)),
+        "n": len(rows),
+        "k": k,
+        "chance": k / len(rows),
+    }
     for kind, hardest in (("hard", True), ("easy", False)):
         shared = set(top_rows(a, k, hardest=hardest)) & set(top_rows(b, k, hardest=hardest))
         out[f"{kind}_overlap"] = len(shared) / k
@@ -1235,6 +1253,7 @@ def report_phase1(records: Path) -> dict:
         entry: dict[str, Any] = {"pool": s["pool"], "seeds": s["seeds"], "seconds": s.get("seconds")}
         anchors = s.get("anchors") or {"easy": [], "hard": []}
         entry["anchors"] = {kind: len(anchors[kind]) for kind in ("easy", "hard")}
+        entry["anchor_rows"] = {kind: sorted(anchors[kind]) for kind in ("easy", "hard")}
         entry["anchor_authors"] = {
             kind: sorted({r // QA_PER_AUTHOR for r in anchors[kind]}) for kind in ("easy", "hard")
         }
@@ -1242,6 +1261,7 @@ def report_phase1(records: Path) -> dict:
             entry["error"] = s.get("error")
         else:
             sim = [v for d in (s["s_E"], s["s_H"]) for v in d.values()]
+            entry["ties"] = sum(1 for r, v in s["s_E"].items() if v == s["s_H"].get(r))
             vals = list(s["scores"].values())
             entry.update(
                 {
@@ -1304,7 +1324,7 @@ def markdown_phase1(out: dict) -> str:
         f"phase 2 needs, in both declared comparisons, Spearman >= {d['threshold']} and top-{d['k']} hard and easy "
         f"overlaps >= {d['threshold']} (fraction of {d['k']}; chance {d['k']}/560 = {d['k'] / 560:.2f}).",
         "",
-        "| comparison | scorings | Spearman | top-40 hard overlap | top-40 easy overlap | passes |",
+        "| comparison | scorings | Spearman [95% interval] | top-40 hard overlap | top-40 easy overlap | passes |",
         "| --- | --- | ---: | ---: | ---: | --- |",
     ]
     for name, c in {**d["comparisons"], **{f"{k} (shown)": v for k, v in out["shown_not_judged"].items()}}.items():
@@ -1314,6 +1334,8 @@ def markdown_phase1(out: dict) -> str:
             continue
         ok = all(c[m] is not None and c[m] >= d["threshold"] for m in ("spearman", "hard_overlap", "easy_overlap"))
         rho = "n/a" if c["spearman"] is None else f"{c['spearman']:+.2f}"
+        if c.get("spearman_ci"):
+            rho += f" [{c['spearman_ci'][0]:+.2f}, {c['spearman_ci'][1]:+.2f}]"
         lines.append(
             f"| {name} | {pair} | {rho} | {c['hard_overlap']:.2f} ({c['hard_shared']}/{c['k']}) | "
             f"{c['easy_overlap']:.2f} ({c['easy_shared']}/{c['k']}) | "
@@ -1321,11 +1343,44 @@ def markdown_phase1(out: dict) -> str:
         )
     if d["reasons"]:
         lines += ["", "Why it stops: " + "; ".join(d["reasons"]) + "."]
+    judged = [c for c in d["comparisons"].values() if c.get("spearman_ci")]
+    if judged:
+        widest = max(c["spearman_ci"][1] - c["spearman_ci"][0] for c in judged)
+        highest = max(c["spearman_ci"][1] for c in judged)
+        lines += [
+            "",
+            f"What the design could see: over {judged[0]['n']} QA a Spearman is known to within +-{widest / 2:.2f} "
+            f"(95% Fisher-z interval, Bonett-Wright standard error), so a ranking as reliable as the threshold "
+            f"({d['threshold']}) could not have been missed: the highest upper bound of the judged comparisons is "
+            f"{highest:+.2f}. A top-{d['k']} overlap of {d['threshold']} is {d['threshold'] * d['k']:.0f} shared QA "
+            f"where chance shares {d['k'] * d['k'] / judged[0]['n']:.1f}.",
+        ]
+    same_pool = []
+    for c in d["comparisons"].values():
+        x, y = c["scorings"]
+        sx, sy = out["scorings"].get(x, {}), out["scorings"].get(y, {})
+        if (
+            sx.get("pool") is not None
+            and sx.get("pool") == sy.get("pool")
+            and "anchor_rows" in sx
+            and "anchor_rows" in sy
+        ):
+            shared = {k: len(set(sx["anchor_rows"][k]) & set(sy["anchor_rows"][k])) for k in ("easy", "hard")}
+            same_pool.append(
+                f"{x} and {y} (the same anchor pool, other anchor-run seeds) share {shared['easy']} of "
+                f"{sx['anchors']['easy']} / {sy['anchors']['easy']} easy and {shared['hard']} of "
+                f"{sx['anchors']['hard']} / {sy['anchors']['hard']} hard anchors"
+            )
+    if same_pool:
+        lines += [
+            "",
+            "Where it starts: the vote picks few anchors, and other seeds pick others: " + "; ".join(same_pool) + ".",
+        ]
     lines += [
         "",
         "| scoring | pool | seeds | easy / hard anchors (authors) | anchor-run seed agreement (mean Spearman) "
-        "| similarity range | score range (SD) | Spearman with loss before | minutes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | ---: |",
+        "| similarity range | score range (SD) | QA scored 0.5 (s_E = s_H) | Spearman with loss before | minutes |",
+        "| --- | --- | --- | --- | --- | --- | --- | ---: | --- | ---: |",
     ]
     for name, s in out["scorings"].items():
         anchors = (
@@ -1335,14 +1390,15 @@ def markdown_phase1(out: dict) -> str:
         minutes = f"{s['seconds'] / 60:.0f}" if s.get("seconds") else ""
         if "error" in s:
             lines.append(
-                f"| {name} | {s['pool']} | {s['seeds']} | {anchors} | no scores: {s['error']} | | | | {minutes} |"
+                f"| {name} | {s['pool']} | {s['seeds']} | {anchors} | no scores: {s['error']} | | | | | {minutes} |"
             )
             continue
         agree = ", ".join(f"{o} {v:.2f}" for o, v in (s.get("seed_agreement") or {}).items() if v is not None)
         lines.append(
             f"| {name} | {s['pool']} | {s['seeds']} | {anchors} | {agree} | {s['similarity_range'][0]:.3f}-"
             f"{s['similarity_range'][1]:.3f} | {s['score_range'][0]:.3f}-{s['score_range'][1]:.3f} "
-            f"({s['score_sd']:.3f}) | {s.get('spearman_with_loss_before', float('nan')):+.2f} | {minutes} |"
+            f"({s['score_sd']:.3f}) | {s.get('ties', '')} | {s.get('spearman_with_loss_before', float('nan')):+.2f} "
+            f"| {minutes} |"
         )
     lines += ["", "Anchor runs (steps until the pool's mean answer probability fell below 0.1, at most 3 epochs):", ""]
     for name, s in out["scorings"].items():

@@ -303,6 +303,44 @@ def test_v1_reread_from_its_records_and_the_readme_says_what_it_found(v2):
         assert contradicted not in readme
 
 
+def test_spearman_interval_by_hand(v2):
+    """Fisher z with Bonett-Wright's standard error: rho 0.5 over 103 rows -> se sqrt(1.125 / 100)."""
+    lo, hi = v2.spearman_interval(0.5, 103)
+    half = 1.959964 * math.sqrt(1.125 / 100)
+    assert lo == pytest.approx(math.tanh(math.atanh(0.5) - half), abs=1e-6)
+    assert hi == pytest.approx(math.tanh(math.atanh(0.5) + half), abs=1e-6)
+    assert v2.spearman_interval(0.2, 3) == [0.2, 0.2]
+
+
+def test_the_committed_phase1_decides_and_the_readme_says_what_it_found(v2):
+    """The committed records stop the study, and the README's verdict quotes their numbers (a
+    README that disagrees with the records fails here)."""
+    out = v2.report_phase1(v2.RECORDS)
+    d = out["decision"]
+    assert out["complete"] and d["decided"] and d["stop"] is True
+    seeds, pools = d["comparisons"]["seeds"], d["comparisons"]["pools"]
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+
+    def rho(c):
+        return f"{c['spearman']:+.2f} [{c['spearman_ci'][0]:+.2f}, {c['spearman_ci'][1]:+.2f}]"
+
+    quoted = (
+        "**It fired: CUD is not stable at this scale, and the study stopped after phase 1.**",
+        f"Between anchor-run seeds the Spearman was {rho(seeds)} (95%), the top-40 hard and easy sets shared "
+        f"{seeds['hard_shared']}/40 and {seeds['easy_shared']}/40 QA; between anchor pools {rho(pools)}, "
+        f"{pools['hard_shared']}/40 and {pools['easy_shared']}/40 (chance shares {40 * 40 / seeds['n']:.1f})",
+    )
+    for text in quoted:
+        assert text in readme, text
+    a, b = out["scorings"]["A012"], out["scorings"]["A345"]
+    shared = {k: len(set(a["anchor_rows"][k]) & set(b["anchor_rows"][k])) for k in ("easy", "hard")}
+    assert (
+        f"share {shared['easy']} of {a['anchors']['easy']} easy and {shared['hard']} of "
+        f"{a['anchors']['hard']} / {b['anchors']['hard']} hard anchors" in readme
+    )
+    assert "v2 is designed so that it can be" not in readme
+
+
 # ----------------------------------------------------------------------------- phase 2
 
 
