@@ -6,6 +6,7 @@ traces), and the records: the report regenerates from them alone and a rerun bui
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -160,6 +161,29 @@ def test_the_report_regenerates_from_the_records_and_a_rerun_builds_nothing(ran,
     err = capsys.readouterr().err
     assert " start " not in err and "done" in err
     assert not list((root / "fresh2").glob("target-*/run/merged"))
+
+
+def test_a_fresh_machine_rebuilds_the_sweeps_reference_retain_model(ran, tmp_path, capsys):
+    """Records holding the retain evaluations but not the sweeps (a session that ended between
+    them): the traced runs compute their reference truth ratios from the reserved author's retain
+    model, so a fresh machine rebuilds that model (and no other retain model) instead of failing
+    on a missing folder."""
+    records = tmp_path / "records"
+    shutil.copytree(ran["records"], records)
+    removed = [d.name for d in records.iterdir() if d.name.startswith(("sweep-", "point-"))]
+    assert removed, sorted(d.name for d in records.iterdir())
+    for name in removed:
+        shutil.rmtree(records / name)
+    capsys.readouterr()
+    common = ["--records", str(records), "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
+    code = main(["study", str(ran["path"]), *common])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    started = [line.split()[1] for line in err.splitlines() if line.split()[:1] == ["start"]]
+    assert "retain/author17" in started and not any(
+        c.startswith("retain/author1") and c != "retain/author17" for c in started
+    )
+    assert any(c.startswith("sweep/") for c in started) and not any(c.startswith("eval-") for c in started)
 
 
 class FakeExecutor:

@@ -200,7 +200,9 @@ def test_dry_run_lists_the_cells_and_what_waits(tmp_path, capsys):
     lines = out.splitlines()
     rows = {line.split()[0]: line for line in lines[2:-1]}
     assert len(rows) == 29
-    assert rows["operating-point/reglu"].split()[1:4] == ["sweep/reglu/*", "(4),", "eval-full/author14"]
+    assert rows["operating-point/reglu"].split()[1:5] == ["target,", "sweep/reglu/*", "(4),", "eval-full/author14"]
+    # the traced runs need the reserved author's retain model itself (their reference truth ratios)
+    assert rows["sweep/ihl/lr0.001"].split()[1:4] == ["target,", "retain/author14,", "eval-retain/author14"]
     assert "unlearn + evaluate  waits for operating-point/reglu" in rows["reglu/author19/seed0"]
     assert rows["sweep/ihl/lr0.001"].split()[-2:] == ["to", "build"]
     assert lines[-1] == f"29 cells: 0 cached, 29 to build (6 waiting for an operating point) (cache {cache})"

@@ -597,7 +597,9 @@ def cells(study) -> list[dict]:
                         label=f"{method.label}: traced run, {shown}, {sweep.epochs} epochs (author {sweep.author})",
                         author=sweep.author,
                         method=method.name,
-                        deps=(*before_target, ref),
+                        # the reference truth ratios come from the retain model itself (trace.py),
+                        # so a fresh machine rebuilds it even where its evaluation is recorded
+                        deps=(*before_target, f"retain/author{sweep.author}", ref),
                     )
                 )
                 runs.append(cell_id)
@@ -610,7 +612,8 @@ def cells(study) -> list[dict]:
                     f"{sweep.model_utility_evaluations_max} points, the rule)",
                     author=sweep.author,
                     method=method.name,
-                    deps=(*runs, f"eval-full/author{sweep.author}"),
+                    # its Model Utility evaluations load the target under each point's adapter
+                    deps=(*before_target, *runs, f"eval-full/author{sweep.author}"),
                 )
             )
     for seed in study.seeds:
