@@ -419,3 +419,24 @@ def test_randomly_corrupted_records_and_stage_cache(data, study, tmp_path_factor
             assert code == 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_cases_hypothesis_found(tmp_path):
+    """Found by the random test above on a fresh machine: a recorded wall time of 1e300 or
+    10**400 seconds (an infinite mean, an overflow) and a samples row whose doc_id no longer
+    numbers the QA (the bootstrap pairs the parts' QA by it) are damage, not measurements."""
+    from unlearn_plugins.study.report import CorruptEvaluation, _read_samples, _resources
+
+    for seconds in (1e300, 10**400):
+        folder = tmp_path / f"stage{len(str(seconds))}"
+        folder.mkdir()
+        (folder / "resources.json").write_text(json.dumps({"seconds": seconds, "peak_rss_mb": 10.0}))
+        assert _resources([str(folder)])["wall_s"] is None
+    rows = [{"doc_id": i, "prob": 0.5} for i in range(3)]
+    for doc_id, shown in ((10**400, "a 401-digit number"), (1, "1"), (7, "7")):
+        path = tmp_path / "samples.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:2], {"doc_id": doc_id, "prob": 0.5}]))
+        with pytest.raises(CorruptEvaluation, match=f"0..2 once each .expected 2, found {shown}"):
+            _read_samples(path, "samples.jsonl", ["prob"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _read_samples(path, "samples.jsonl", ["prob"]) == rows

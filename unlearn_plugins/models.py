@@ -74,19 +74,27 @@ def native_dtype(choice: str, device: str | None, flag: str = "--dtype") -> str 
     library's default already (None), on a CPU with bf16 matrix units (AVX512-BF16 or AMX),
     where a forward pass is ~4x faster than fp32; elsewhere fp32 (None). ``bf16`` / ``fp32``
     as given. ``flag`` names the option in the error for another value."""
-    import contextlib
-
     if choice not in DTYPE_CHOICES:
         raise ModelError(f"{flag} {choice!r}: choose {', '.join(DTYPE_CHOICES)}")
     if choice != "auto":
         return choice
     if not pick_device(device).startswith("cpu"):
         return None
+    return "bf16" if cpu_bf16_kernels() is not None else None
+
+
+def cpu_bf16_kernels() -> str | None:
+    """The CPU's bf16 matrix units: ``"amx"``, ``"avx512_bf16"`` or None. Two CPUs with different
+    units round bf16 products differently, so bf16 runs agree exactly only on the same kind."""
+    import contextlib
+
     import torch
 
-    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    with contextlib.suppress(Exception):  # private torch probes: absent or failing means "not native"
-        return "bf16" if any(f is not None and f() for f in native) else None
+    for name, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
+        f = getattr(torch.cpu, probe, None)
+        with contextlib.suppress(Exception):  # private torch probes: absent or failing means "not native"
+            if f is not None and f():
+                return name
     return None
 
 

@@ -166,6 +166,15 @@ def _read_samples(path: Path, where: str, checks: Sequence[str]) -> list[dict]:
                     row.get(metric), f"{where}:{lineno}: field {metric!r}", METRIC_RANGES[metric], required=True
                 )
         rows.append(row)
+    if checks:  # lm-eval numbers its documents 0..n-1; the QA of the parts are paired by them
+        ids = sorted(row["doc_id"] for row in rows)
+        if ids != list(range(len(rows))):
+            i = next(i for i, d in enumerate(ids) if i != d)
+            found = ids[i] if abs(ids[i]) < 10**12 else f"a {len(str(abs(ids[i])))}-digit number"
+            raise CorruptEvaluation(
+                f"{where}: field 'doc_id' must number the {len(rows)} rows 0..{len(rows) - 1} once each "
+                f"(expected {i}, found {found})"
+            )
     return rows
 
 
@@ -383,8 +392,8 @@ def _resources(folders: Sequence[str]) -> dict[str, Any]:
     records = [read_json(Path(f) / RESOURCES) for f in folders]
     records = [r if isinstance(r, dict) else {} for r in records]
 
-    def usable(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+    def usable(value: Any) -> bool:  # a year of wall time, a petabyte of memory: damaged, not measured
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
 
     seconds = [r["seconds"] for r in records if usable(r.get("seconds"))]
     peaks = [r["peak_rss_mb"] for r in records if usable(r.get("peak_rss_mb"))]
