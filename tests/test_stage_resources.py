@@ -48,8 +48,10 @@ def test_a_stages_peak_is_its_own(tmp_path):
     big = json.loads((tmp_path / "big" / "resources.json").read_text())
     small = json.loads((tmp_path / "small" / "resources.json").read_text())
     assert big["peak_scope"] == small["peak_scope"] == "stage"
-    assert 600 < big["peak_rss_mb"] < 1500  # the stage's own: not the parent's 1.5 GB
-    assert small["peak_rss_mb"] < big["peak_rss_mb"] - 400  # not the earlier stage's peak
+    # the stage's own: not the parent's 1.5 GB. Not "> 600": on a machine whose kernel reclaims
+    # cold pages proactively (DAMON pageout) a once-touched block peaked at 279 MB
+    assert 150 < big["peak_rss_mb"] < 1500
+    assert small["peak_rss_mb"] < big["peak_rss_mb"] - 100  # not the earlier stage's peak
     # measuring a stage's peak leaves the process's own peak alone: /usr/bin/time -v and a
     # parent's wait4 still see the big stage after the small one
     assert float(done.stdout.split()[-1]) >= big["peak_rss_mb"] - 1
