@@ -132,6 +132,11 @@ def test_the_verdict_block_is_generated_from_study_json_and_a_changed_readme_fai
     assert ar.readme_verdict("no verdict here", "reglu_tofu_v2") is None
     with pytest.raises(ValueError, match="no end marker"):
         ar.readme_verdict(block.rsplit("\n", 1)[0], "reglu_tofu_v2")
+    # an unfinished run's verdict says it is interim, in its first line
+    report["cells"]["reglu/author199/seed0"]["status"] = "pending"
+    interim = ar.verdict_block(report)
+    assert interim.splitlines()[2].startswith("**Interim, not final (69 of 70 test cells finished): The claim holds: ")
+    assert "(10 test authors; 69 of 70 test cells finished.)" in interim
 
 
 def test_the_readme_verdict_of_reglu_tofu_v2_is_its_study_json():

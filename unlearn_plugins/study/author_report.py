@@ -259,7 +259,8 @@ def markdown(report: dict) -> str:
         ]
     analysis = report.get("analysis")
     if analysis and "verdict" in analysis:
-        lines += ["## Verdict", ""] + [f"- {s}" for s in analysis["verdict"]["sentences"]] + [""]
+        title = "## Verdict" if report["complete"] else "## Interim verdict (not final: some test cells have not finished)"
+        lines += [title, ""] + [f"- {s}" for s in analysis["verdict"]["sentences"]] + [""]
     if analysis:
         for family, result in analysis["families"].items():
             title = f"## Comparisons: {family} ({result['metric']}" + (
@@ -363,7 +364,12 @@ def verdict_block(report: dict) -> str | None:
         return None
     name = report["study"]["name"]
     labels = {m["name"]: m["label"] for m in report["methods"]}
-    lines = [VERDICT_START.format(name=name), "", f"**{verdict['sentences'][0]}**", ""]
+    n = len(report["design"]["test_authors"])
+    done = sum(1 for c in report["cells"].values() if c["kind"] == "method" and c["status"] == "done")
+    total = sum(1 for c in report["cells"].values() if c["kind"] == "method")
+    # an unfinished run's verdict is stated as interim, so a README quoting it cannot pass it off as final
+    interim = "" if done == total else f"Interim, not final ({done} of {total} test cells finished): "
+    lines = [VERDICT_START.format(name=name), "", f"**{interim}{verdict['sentences'][0]}**", ""]
     lines += [f"- {s}" for s in verdict["sentences"][1:]]
     for family, result in analysis["families"].items():
         if family == report["study"]["design"]["verdict"]["family"]:
@@ -379,9 +385,6 @@ def verdict_block(report: dict) -> str | None:
                 f"- {family} ({kind}{result['metric']}): {labels.get(row['method'], row['method'])} vs "
                 f"{labels.get(row['rival'], row['rival'])}: {shown}"
             )
-    n = len(report["design"]["test_authors"])
-    done = sum(1 for c in report["cells"].values() if c["kind"] == "method" and c["status"] == "done")
-    total = sum(1 for c in report["cells"].values() if c["kind"] == "method")
     lines += ["", f"({n} test authors; {done} of {total} test cells finished.)", "", VERDICT_END.format(name=name)]
     return "\n".join(lines)
 
