@@ -259,7 +259,9 @@ def markdown(report: dict) -> str:
         ]
     analysis = report.get("analysis")
     if analysis and "verdict" in analysis:
-        title = "## Verdict" if report["complete"] else "## Interim verdict (not final: some test cells have not finished)"
+        title = (
+            "## Verdict" if report["complete"] else "## Interim verdict (not final: some test cells have not finished)"
+        )
         lines += [title, ""] + [f"- {s}" for s in analysis["verdict"]["sentences"]] + [""]
     if analysis:
         for family, result in analysis["families"].items():
