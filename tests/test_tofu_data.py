@@ -4,6 +4,7 @@ mask covers exactly the answer and the end token."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,65 @@ def test_padding_and_pairs(tiny_tokenizer):
     assert batch["retain"]["input_ids"].shape[0] == 3
     with pytest.raises(DataError, match="forget split is empty"):
         ForgetRetainPairs([], exs)
+
+
+def _fake_hub(monkeypatch, *, cached: Path | None, answers: bool):
+    """huggingface_hub's snapshot_download and dataset_info, recording which were called."""
+    import huggingface_hub
+
+    calls = []
+
+    def snapshot_download(repo_id, *, local_files_only=False, **kwargs):
+        calls.append("cache" if local_files_only else "download")
+        if local_files_only:
+            if cached is None:
+                raise FileNotFoundError("not in the hub cache")
+            return str(cached)
+        return str(cached or "/nowhere")
+
+    def dataset_info(self, repo_id, timeout=None, **kwargs):
+        calls.append(f"probe timeout={timeout}")
+        if not answers:
+            raise ConnectionError("hub unreachable")
+
+    monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", dataset_info)
+    return calls
+
+
+def test_no_tofu_folder_and_no_hub_fails_after_one_short_request(monkeypatch):
+    from unlearn_plugins.data.tofu import resolve_tofu_dir
+
+    calls = _fake_hub(monkeypatch, cached=None, answers=False)
+    with pytest.raises(DataError, match=r"could not be fetched \(ConnectionError\); point UNLEARN_TOFU_DIR") as err:
+        resolve_tofu_dir()
+    assert "\n" not in str(err.value)
+    assert calls == ["cache", "probe timeout=5"]  # no download that would retry for minutes
+
+
+def test_no_tofu_folder_with_hub_offline_fails_without_a_request(monkeypatch):
+    from unlearn_plugins.data.tofu import resolve_tofu_dir
+
+    calls = _fake_hub(monkeypatch, cached=None, answers=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match="not in the hub cache and HF_HUB_OFFLINE is set"):
+        resolve_tofu_dir()
+    assert calls == ["cache"]
+
+
+def test_a_tofu_snapshot_in_the_hub_cache_is_used_without_the_hub(monkeypatch, tmp_path):
+    from unlearn_plugins.data.tofu import resolve_tofu_dir
+
+    calls = _fake_hub(monkeypatch, cached=tmp_path, answers=False)
+    assert resolve_tofu_dir() == tmp_path
+    assert calls == ["cache"]
+
+
+def test_a_reachable_hub_downloads_the_tofu_snapshot(monkeypatch, tmp_path):
+    from unlearn_plugins.data.tofu import resolve_tofu_dir
+
+    calls = _fake_hub(monkeypatch, cached=None, answers=True)
+    assert str(resolve_tofu_dir()) == "/nowhere"
+    assert calls == ["cache", "probe timeout=5", "download"]

@@ -48,19 +48,31 @@ def configured_tofu_dir(tofu_dir: str | os.PathLike | None = None) -> Path | Non
 
 
 def resolve_tofu_dir(tofu_dir: str | os.PathLike | None = None) -> Path:
-    """The local TOFU folder: the argument, else UNLEARN_TOFU_DIR, else a hub snapshot."""
+    """The local TOFU folder: the argument, else UNLEARN_TOFU_DIR, else a hub snapshot (the hub
+    cache first; then one short request decides whether the hub answers, where a download would
+    retry for minutes before failing offline)."""
     path = configured_tofu_dir(tofu_dir)
     if path is not None:
         return path
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
 
+    def no_hub(why: str) -> DataError:
+        return DataError(
+            f"no TOFU folder given (--tofu-dir or UNLEARN_TOFU_DIR) and the hub dataset {HUB_ID} {why}; "
+            "point UNLEARN_TOFU_DIR at a local copy"
+        )
+
+    try:
+        return Path(snapshot_download(HUB_ID, repo_type="dataset", allow_patterns=["*.json"], local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the hub cache
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise no_hub("is not in the hub cache and HF_HUB_OFFLINE is set")
+    try:
+        HfApi().dataset_info(HUB_ID, timeout=5)
         return Path(snapshot_download(HUB_ID, repo_type="dataset", allow_patterns=["*.json"]))
-    except Exception as exc:
-        raise DataError(
-            f"no TOFU folder given (--tofu-dir or UNLEARN_TOFU_DIR) and the hub dataset {HUB_ID} "
-            f"could not be fetched ({type(exc).__name__}); point UNLEARN_TOFU_DIR at a local copy"
-        ) from None
+    except Exception as exc:  # noqa: BLE001 - unreachable hub, no permission, interrupted download: one line
+        raise no_hub(f"could not be fetched ({type(exc).__name__})") from None
 
 
 def read_jsonl(path: str | os.PathLike, *, require: Sequence[str] = ("question", "answer")) -> list[QASample]:
