@@ -152,3 +152,9 @@ def test_the_readme_verdict_of_reglu_tofu_v2_is_its_study_json():
     import json
 
     assert quoted == ar.verdict_block(json.loads(path.read_text()))
+
+
+def test_verdict_counts_are_in_the_right_number():
+    """ "1 win, 1 tie, 1 loss", not "1 wins, 1 ties, 1 losses"."""
+    counted = [dr._counted(n, noun) for n, noun in ((1, "win"), (1, "tie"), (1, "loss"), (0, "win"), (2, "loss"))]
+    assert counted == ["1 win", "1 tie", "1 loss", "0 wins", "2 losses"]

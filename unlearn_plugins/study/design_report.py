@@ -132,7 +132,8 @@ def verdict(design: Design, tested: Mapping[str, dict], utilities: Mapping[str, 
         side = "lower" if lower else "higher"
         text = (
             f"{name} vs {rival}: mean {metric} difference {row['difference']:+.3f} "
-            f"({row['wins']} wins, {row['ties']} ties, {row['losses']} losses), permutation p {row['permutation_p']:.4f}, "
+            f"({_counted(row['wins'], 'win')}, {_counted(row['ties'], 'tie')}, {_counted(row['losses'], 'loss')}), "
+            f"permutation p {row['permutation_p']:.4f}, "
             f"Holm p {row['holm_p']:.4f}"
         )
         if row["reject"] and better:
@@ -168,6 +169,11 @@ def analyse(
     if design.verdict is not None:
         out["verdict"] = verdict(design, tested, utilities, labels)
     return out
+
+
+def _counted(n: int, noun: str) -> str:
+    """``1 win``, ``3 losses``: the count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}es" if noun.endswith("s") else f"{n} {noun}s"
 
 
 __all__ = ["analyse", "families", "utility", "verdict", "leader", "ceiling"]
