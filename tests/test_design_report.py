@@ -124,6 +124,8 @@ def test_the_verdict_block_is_generated_from_study_json_and_a_changed_readme_fai
     assert block.splitlines()[2].startswith("**The claim holds: ")
     assert "- control (forget_quality): IHL + RILA vs IHL + random residual (control): difference +0.000" in block
     assert "(10 test authors; 70 of 70 test cells finished.)" in block
+    # a family whose metric is better lower says so (a negative W1 difference is ReGLU ahead)
+    assert "- wasserstein (wasserstein_log, lower is better): " in block
     readme = f"# x\n\nintro\n\n{block}\n\nmore\n"
     assert ar.readme_verdict(readme, "reglu_tofu_v2") == block
     # a README whose verdict says what the numbers do not is caught

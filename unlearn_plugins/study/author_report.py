@@ -377,6 +377,7 @@ def verdict_block(report: dict) -> str | None:
         if family == report["study"]["design"]["verdict"]["family"]:
             continue
         kind = "post hoc, " if result["post_hoc"] else ""
+        direction = ", lower is better" if result.get("lower_is_better") else ""
         for row in result["rows"]:
             shown = (
                 "untested"
@@ -384,7 +385,7 @@ def verdict_block(report: dict) -> str | None:
                 else f"difference {row['difference']:+.3f}, Holm p {row['holm_p']:.4f}"
             )
             lines.append(
-                f"- {family} ({kind}{result['metric']}): {labels.get(row['method'], row['method'])} vs "
+                f"- {family} ({kind}{result['metric']}{direction}): {labels.get(row['method'], row['method'])} vs "
                 f"{labels.get(row['rival'], row['rival'])}: {shown}"
             )
     lines += ["", f"({n} test authors; {done} of {total} test cells finished.)", "", VERDICT_END.format(name=name)]
