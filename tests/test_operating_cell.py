@@ -112,3 +112,24 @@ def test_test_cells_are_keyed_at_the_chosen_point(tmp_path):
     config = cell.stages[0].params["config"]
     assert (config["lr"], config["epochs"]) == (1e-3, 2.0)
     assert isinstance(plan.cells["reglu/author18/seed0"], WaitingCellPlan)  # its own point is not known
+
+
+def test_every_traced_measure_is_kept_and_the_report_fills_in_what_an_older_cell_dropped(tmp_path):
+    """heldout_prob is a measure, not a setting: the points keep it (the trace plot's right
+    panel), the choice and the test cells' keys do not change with it; a cell chosen while it
+    was dropped gets it back from the sweep traces, matched by setting and epoch."""
+    from unlearn_plugins.study.author_report import _with_traced_measures
+
+    run = write_run(tmp_path / "lr1", 1e-4, [0.2, 0.6])
+    trace = tmp_path / "lr1" / "trace" / "trace.jsonl"
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    trace.write_text("".join(json.dumps({**r, "heldout_prob": 0.1 * r["epoch"]}) + "\n" for r in rows))
+    points = oc.sweep_points([run])
+    assert [p["heldout_prob"] for p in points] == [0.1, 0.2]
+    assert oc._point_name(points[1]) == "lr0.0001-epoch2"
+    older = [{k: v for k, v in p.items() if k not in ("heldout_prob", "adapter")} for p in points]
+    older[1]["model_utility_diff"] = -0.01
+    filled = _with_traced_measures(older, points)
+    assert [p["heldout_prob"] for p in filled] == [0.1, 0.2]
+    assert filled[1]["model_utility_diff"] == -0.01 and "adapter" not in filled[0]
+    assert _with_traced_measures(older, []) == older  # no traces at hand: the cell's own points

@@ -206,11 +206,12 @@ def _operating_points(plan: Plan, study, done) -> dict[str, Any]:
             continue
         stage = plan.cells[cell_id].stages[-1]
         result = read_result(stage.folder) if done(cell_id) else None
-        if result is not None:
-            points = result["points"]
-        else:  # not chosen yet: the traces of the sweep runs that have finished
-            runs = [r for r in stage.params["runs"] if (Path(r["folder"]) / "trace").is_dir()]
-            points = sweep_points(runs) if runs else []
+        runs = [r for r in stage.params["runs"] if (Path(r["folder"]) / "trace").is_dir()]
+        traced = sweep_points(runs) if runs else []
+        if result is None:  # not chosen yet: the traces of the sweep runs that have finished
+            points = traced
+        else:
+            points = _with_traced_measures(result["points"], traced)
         out[m.name] = {
             "use": _setting(result["use"]) if result and result.get("use") else None,
             "qualified": result.get("qualified") if result else None,
@@ -218,6 +219,23 @@ def _operating_points(plan: Plan, study, done) -> dict[str, Any]:
             "evaluations": result.get("evaluations", []) if result else [],
             "points": [{k: v for k, v in p.items() if k != "adapter"} for p in points],
         }
+    return out
+
+
+def _with_traced_measures(points: list[dict], traced: list[dict]) -> list[dict]:
+    """A chosen cell's points with the trace measures it did not keep filled in from the sweep
+    traces (cells chosen before ``heldout_prob`` counted as a measure dropped it), matched by
+    setting and epoch; the cell's own values win."""
+    from .operating_point import MEASURES
+
+    def setting(p: dict) -> tuple:
+        return tuple(sorted((k, repr(v)) for k, v in p.items() if k not in MEASURES and k not in ("adapter", "index")))
+
+    by_setting = {setting(t): t for t in traced}
+    out = []
+    for p in points:
+        t = by_setting.get(setting(p), {})
+        out.append({**{k: v for k, v in t.items() if k in MEASURES}, **p})
     return out
 
 
@@ -426,10 +444,17 @@ def plot_trace(name: str, label: str, op: dict, path: Path) -> None:
             ax1.plot(epochs, [max(p["forget_quality"], 1e-12) for p in points], marker=".", label=key)
         if all("heldout_prob" in p for p in points):
             ax2.plot(epochs, [p["heldout_prob"] for p in points], marker=".", label=key)
-    for e in op["evaluations"]:
+    for i, e in enumerate(op["evaluations"]):
         point = op["points"][e["point"]]
         diff = e["model_utility_paired"]["difference"]
-        ax1.annotate(f"MU {diff:+.3f}", (point["epoch"], max(point.get("forget_quality", 1e-12), 1e-12)), fontsize=7)
+        ax1.annotate(  # staggered: evaluated points often share a Forget Quality
+            f"MU {diff:+.3f}",
+            (point["epoch"], max(point.get("forget_quality", 1e-12), 1e-12)),
+            xytext=(4, -10 - 9 * i),
+            textcoords="offset points",
+            fontsize=7,
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"},
+        )
     use = op.get("use")
     if use and "forget_quality" in use:
         ax1.scatter(

@@ -39,7 +39,15 @@ from typing import Any, Mapping, Sequence
 
 #: the keys of a trace point that are measures, not its setting
 MEASURES = frozenset(
-    {"forget_quality", "model_utility_diff", "wasserstein_log", "ks_statistic", "forget_prob", "retain_prob"}
+    {
+        "forget_quality",
+        "model_utility_diff",
+        "wasserstein_log",
+        "ks_statistic",
+        "forget_prob",
+        "heldout_prob",
+        "retain_prob",
+    }
 )
 BANDS = ("below", "both")
 ON_NONE = ("least_utility_loss", "exclude")
