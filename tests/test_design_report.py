@@ -48,6 +48,8 @@ def test_reglu_better_on_every_author_and_near_target_utility_holds():
     # the wasserstein family: lower is better, and ReGLU is the lower
     assert result["families"]["wasserstein"]["lower_is_better"]
     assert all(r["difference"] < 0 and r["reject"] for r in result["families"]["wasserstein"]["rows"])
+    # ... so those are wins: counted on the better side, not on the larger value
+    assert all((r["wins"], r["losses"]) == (10, 0) for r in result["families"]["wasserstein"]["rows"])
     # the leader family is post hoc: ReGLU has the best mean, against the six others
     leader = result["families"]["leader"]
     assert leader["post_hoc"] and [r["method"] for r in leader["rows"]] == ["reglu"] * 6

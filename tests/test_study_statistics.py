@@ -228,6 +228,11 @@ def test_compare_paired_holm_over_the_declared_list():
     assert vs_gd["interval"]["spread"] is True and vs_gd["m"] == 2
     with pytest.raises(st.StatisticsError, match="no values for vila"):
         st.compare_paired(values, [("reglu", "vila")])
+    # a distance (lower is better): the same numbers, wins and losses are the other way round;
+    # the difference and the p-values do not change
+    distance = st.compare_paired(values, [("reglu", "grad_diff")], lower_is_better=True)[0]
+    assert (distance["wins"], distance["ties"], distance["losses"]) == (0, 0, 3)
+    assert distance["difference"] == vs_gd["difference"] and distance["permutation_p"] == vs_gd["permutation_p"]
 
 
 # ----------------------------------------------------------------------------- Model Utility, paired

@@ -60,11 +60,14 @@ def families(design: Design, values: Values, methods: Sequence[str]) -> dict[str
     for comparison in design.comparisons:
         per_method = {m: {a: values[comparison.metric].get(m, {}).get(a) for a in authors} for m in methods}
         pairs = family_pairs(comparison, values, authors, methods)
-        rows = compare_paired(per_method, pairs, alternative=stats["alternative"], alpha=stats["alpha"])
+        lower = comparison.metric in LOWER_IS_BETTER
+        rows = compare_paired(
+            per_method, pairs, alternative=stats["alternative"], alpha=stats["alpha"], lower_is_better=lower
+        )
         out[comparison.family] = {
             "metric": comparison.metric,
             "post_hoc": comparison.post_hoc,
-            "lower_is_better": comparison.metric in LOWER_IS_BETTER,
+            "lower_is_better": lower,
             "rows": rows,
         }
     return out

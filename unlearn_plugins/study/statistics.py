@@ -371,11 +371,14 @@ def compare_paired(
     alternative: str = "two-sided",
     alpha: float = 0.05,
     interval: str = "t",
+    lower_is_better: bool = False,
 ) -> list[dict[str, Any]]:
     """The declared ``comparisons`` ((method, rival) pairs, fixed before the study ran) of
     ``values`` (method -> unit -> value), each over the units both methods have a value for:
     the mean difference method - rival with its paired interval, the exact paired permutation
     p, the Wilcoxon signed-rank p, and the permutation p Holm-corrected over the whole list.
+    Wins are the units where method is the better: its value higher, or lower with
+    ``lower_is_better`` (a distance), so that "8 wins" never means 8 authors where it is worse.
     Units one side lacks are named in ``missing_units``; a comparison with no common unit is
     untested (p None; it still counts in Holm's m)."""
     rows = []
@@ -399,9 +402,9 @@ def compare_paired(
                 smallest_p=perm["smallest_p"],
                 exact=perm["exact"],
                 wilcoxon_p=wilcoxon_signed_rank(a, b, alternative)["pvalue"],
-                wins=sum(x > y for x, y in zip(a, b)),
+                wins=sum((x < y) if lower_is_better else (x > y) for x, y in zip(a, b)),
                 ties=sum(x == y for x, y in zip(a, b)),
-                losses=sum(x < y for x, y in zip(a, b)),
+                losses=sum((x > y) if lower_is_better else (x < y) for x, y in zip(a, b)),
             )
         else:
             row.update(difference=None, interval=None, permutation_p=None, smallest_p=None, wilcoxon_p=None)
