@@ -226,17 +226,10 @@ def _with_traced_measures(points: list[dict], traced: list[dict]) -> list[dict]:
     """A chosen cell's points with the trace measures it did not keep filled in from the sweep
     traces (cells chosen before ``heldout_prob`` counted as a measure dropped it), matched by
     setting and epoch; the cell's own values win."""
-    from .operating_point import MEASURES
+    from .operating_point import MEASURES, point_key
 
-    def setting(p: dict) -> tuple:
-        return tuple(sorted((k, repr(v)) for k, v in p.items() if k not in MEASURES and k not in ("adapter", "index")))
-
-    by_setting = {setting(t): t for t in traced}
-    out = []
-    for p in points:
-        t = by_setting.get(setting(p), {})
-        out.append({**{k: v for k, v in t.items() if k in MEASURES}, **p})
-    return out
+    by_key = {point_key(t): t for t in traced}
+    return [{**{k: v for k, v in by_key.get(point_key(p), {}).items() if k in MEASURES}, **p} for p in points]
 
 
 def _setting(use: dict) -> dict:

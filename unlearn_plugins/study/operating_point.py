@@ -117,6 +117,12 @@ def _number(point: Mapping, key: str, i: int, *, optional: bool = False, low: fl
     return float(value)
 
 
+def point_key(point: Mapping[str, Any]) -> tuple:
+    """A trace point's setting and epoch (every key but its measures, its adapter folder and its
+    position), hashable: what names one point across a sweep's trace and a chosen cell."""
+    return tuple(sorted((k, repr(v)) for k, v in point.items() if k not in MEASURES and k not in ("adapter", "index")))
+
+
 def check_trace(trace: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The trace's points, each checked (lr > 0, epoch >= 1, Forget Quality in [0, 1], the other
     measures finite or None), each with its position ``index``; a setting and epoch twice is
@@ -134,7 +140,7 @@ def check_trace(trace: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             raise OperatingPointError(f"trace point {i}: forget_quality must be <= 1, got {fq!r}")
         for key in ("model_utility_diff", "wasserstein_log"):
             _number(point, key, i, optional=True, low=0 if key == "wasserstein_log" else None)
-        key = tuple(sorted((k, repr(v)) for k, v in point.items() if k not in MEASURES))
+        key = point_key(point)
         if key in seen:
             raise OperatingPointError(f"trace point {i}: the same setting and epoch twice ({dict(key)})")
         seen.add(key)
