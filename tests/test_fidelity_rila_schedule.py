@@ -382,3 +382,47 @@ def test_rila_retain_basis_with_fewer_rows_than_k_never_holds_forget_directions(
     expected = float((q.T @ u_r).pow(2).sum())  # the completion adds nothing: Q lies in the data span
     penalty = float((solution.q.double().T @ pb).pow(2).sum())
     assert penalty == pytest.approx(expected, rel=1e-6)
+
+
+def _rows_with_spectrum(n: int, d: int, eigenvalues, generator):
+    """n rows whose uncentered second moment H^T H / n has the given (at most n) eigenvalues."""
+    u = torch.linalg.qr(torch.randn(n, len(eigenvalues), generator=generator, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, len(eigenvalues), generator=generator, dtype=torch.float64))[0]
+    return (u * (eigenvalues * n).sqrt()) @ v.T
+
+
+@pytest.mark.parametrize("path", ["dense", "factored", "rows"])
+def test_rila_retain_basis_keeps_small_real_retain_directions(path):
+    """With at least k retain rows P_B is the reference's top-k of Cr (reglu-open rila.py: dense
+    float64 eigh of Cr + 1e-4 I), also when Cr's top k eigenvalues span 1e6 as SmolLM2's k_proj
+    outputs do. A float32 Gram and a threshold of max x m x eps32 kept 13-46 of 128 there."""
+    from unlearn_plugins.initializers.rila import _Stats, solve
+
+    g = torch.Generator().manual_seed(7)
+    d_out, k, r, beta, scale = 192, 128, 8, 0.7, 1e4  # pooled sums are large: lambda_1 ~ 1e4
+    n_r, n_f = (150, 32) if path == "rows" else (512, 512)  # the rows path: fewer rows than d_out
+    d = 160 if path == "factored" else d_out  # factored: outputs in the column space of a taller W0
+    tail = min(n_r, d) - k
+    spectrum = scale * torch.cat([torch.logspace(0, -6, k), torch.logspace(-8, -10, tail)]).double()
+    x_r = _rows_with_spectrum(n_r, d, spectrum, g).float()
+    x_f = (torch.randn(n_f, d, generator=g) * scale**0.5).float()
+    if path == "factored":
+        w0 = torch.linalg.qr(torch.randn(d_out, d, generator=g, dtype=torch.float64))[0]
+        h_r, weight = x_r.double() @ w0.T, w0.float()
+    else:
+        h_r, weight = x_r.double(), torch.randn(d_out, 64, generator=g)
+    fs, rs = _Stats(path), _Stats(path)
+    for stats, rows in ((fs, x_f), (rs, x_r)):
+        for start in range(0, len(rows), 8):  # batch by batch, as the forward hooks add them
+            stats.add(rows[start : start + 8])
+    (solution,) = solve([(fs, rs, weight)], beta, [r], [k])
+
+    cr = h_r.T @ h_r / n_r + EPS * torch.eye(d_out, dtype=torch.float64)
+    evals = torch.linalg.eigvalsh(cr).flip(0)
+    assert float(evals[0] / evals[k - 1]) > 0.5e6 and float(evals[k - 1] / evals[k]) > 50  # top-k well defined
+    reference = top(cr, k)
+    pb = solution.retain_basis.double()
+    assert pb.shape == (d_out, k)
+    spanned = float((pb.T @ reference).pow(2).sum()) / k
+    assert spanned >= 0.99, f"P_B spans {spanned:.1%} of the reference's top-{k}"
+    assert solution.retain_kept == k  # every column an eigenvector of Cr, none a completion

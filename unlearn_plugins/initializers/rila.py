@@ -45,7 +45,10 @@ RIDGE = 1e-4
 
 
 class _Stats:
-    """Per module and split: stacked rows (rows path) or a Gram matrix (dense/factored)."""
+    """Per module and split: stacked rows (rows path) or a Gram matrix (dense/factored), the
+    Gram summed in float64: a float32 sum's rounding floor (about 1e-7 x the top eigenvalue)
+    lies inside real retain spectra, which span 1e6 and more, so no threshold on it could tell
+    a small real direction from rounding."""
 
     def __init__(self, path: str):
         self.path = path
@@ -57,7 +60,9 @@ class _Stats:
         self.count += h.shape[0]
         if self.path == "rows":
             self.rows.append(h)
-        elif self.gram is None:
+            return
+        h = h.double()
+        if self.gram is None:
             self.gram = h.T @ h
         else:
             self.gram.addmm_(h.T, h)
@@ -196,11 +201,13 @@ SOLVE_CHUNK_BYTES = 256 * 2**20  # float64 working set of one stacked solve (bou
 
 
 class Solution:
-    """One module's result: Q (d x r) and the eigenvalues of Delta (largest algebraic first), and
-    the retain basis P_B (top-k eigenvectors of Cr, completed by :func:`retain_basis`)."""
+    """One module's result: Q (d x r) and the eigenvalues of Delta (largest algebraic first), the
+    retain basis P_B (top-k eigenvectors of Cr, completed by :func:`retain_basis`) and how many
+    of its columns are eigenvectors of Cr (``retain_kept``; the rest complete it)."""
 
-    def __init__(self, q, values, retain_basis):
+    def __init__(self, q, values, retain_basis, retain_kept: int | None = None):
         self.q, self.values, self.retain_basis = q, values, retain_basis
+        self.retain_kept = retain_basis.shape[1] if retain_kept is None else retain_kept
 
 
 def _group_key(fs: _Stats, rs: _Stats, weight) -> tuple:
@@ -276,23 +283,24 @@ def solve(problems: list, beta: float, r: list, k: list) -> list[Solution]:
     mats = torch.cat([delta, cr])
     evals, evecs = torch.linalg.eigh((mats + mats.mT) / 2)
     shift = 0.0 if basis is None else beta * RIDGE
-    # rows are projected in float64; Gram matrices were summed in float32
-    rounding = torch.finfo(torch.float64 if path == "rows" else torch.float32).eps
+    # rows are projected, and Gram matrices summed, in float64
+    rounding = torch.finfo(torch.float64).eps
     out = []
     for i, weight in enumerate(weights):
         d = weight.shape[0]
         own = None if basis is None else basis[i]
         q, vals = _top(evals[i], evecs[i], own, d, r[i], 0.0)
         j = len(weights) + i
-        retain = retain_basis(evals[j], evecs[j], cf[i], own, d, min(k[i], d), rounding)
-        out.append(Solution(q, vals - shift, retain))
+        retain, kept = retain_basis(evals[j], evecs[j], cf[i], own, d, min(k[i], d), rounding)
+        out.append(Solution(q, vals - shift, retain, kept))
     return out
 
 
 def retain_basis(evals, evecs, cf, basis, d: int, k: int, rounding: float):
-    """P_B, k orthonormal columns: the eigenvectors of Cr whose eigenvalues stand above rounding
-    (largest first), completed where Cr has fewer than k such directions as the reference's
-    degenerate ridge eigenspace completes them, but never with forget directions: first the
+    """(P_B, how many of its columns are eigenvectors of Cr). P_B has k orthonormal columns: the
+    eigenvectors of Cr whose eigenvalues stand above rounding (largest first), completed where Cr
+    has fewer than k such directions as the reference's degenerate ridge eigenspace completes
+    them, but never with forget directions: first the
     directions no data reaches (the orthogonal complement of the forget and retain rows), and
     only if those run out the remaining forget directions, the least used first.
 
@@ -323,8 +331,8 @@ def retain_basis(evals, evecs, cf, basis, d: int, k: int, rounding: float):
             have += parts[-1].shape[1]
         if have < k:
             parts.append(lift(used[:, : k - have]))
-        return torch.cat(parts, 1)[:, :k]
-    return chosen if basis is None else basis @ chosen
+        return torch.cat(parts, 1)[:, :k], chosen.shape[1]
+    return (chosen if basis is None else basis @ chosen), k
 
 
 def _solve_bytes(fs: _Stats, rs: _Stats, weight) -> int:
@@ -456,9 +464,12 @@ class RILAInit:
             peft_model, forget=forget, retain=retain, tokenizer=tokenizer
         )
         ranks = {name: module.r[adapter] for name, module in modules.items()}
-        bases, short = {}, []
+        bases, short, kept = {}, [], {}
         for name, module in modules.items():  # model order, as before
             solution, r = solved.pop(name), ranks[name]
+            kind = kept.setdefault(name.rsplit(".", 1)[-1], [solution.retain_kept, solution.retain_kept, 0])
+            kind[0], kind[1] = min(kind[0], solution.retain_kept), max(kind[1], solution.retain_kept)
+            kind[2] = max(kind[2], solution.retain_basis.shape[1])
             w0 = module.get_base_layer().weight
             n_pos = int((solution.values > 0).sum())
             if n_pos < r:
@@ -485,5 +496,7 @@ class RILAInit:
                 "paths": paths,
                 "samples": samples,
                 "modules_short_of_rank": len(short),
+                # per module kind: [fewest, most] eigenvectors of Cr in P_B, and k (the rest complete it)
+                "retain_basis_kept": kept,
             },
         )
