@@ -112,6 +112,10 @@ def test_noise_ceiling_and_who_is_inside_it(study, readme):
     assert f"{WORDS[len(inside)]} of the seven method means ({', '.join(SHORT[m] for m in inside)}) lie" in readme
     below = means["reglu"] < lo["forget_quality"] and lo["forget_quality"] - means["reglu"] < 0.001
     assert below and f"ReGLU's ({means['reglu']:.4f}) just below its lower end ({lo['forget_quality']:.4f})" in readme
+    values = sum(len(c["seeds"]) for c in ceiling.values())
+    (seeds,) = {len(c["seeds"]) for c in ceiling.values()}
+    assert f"means over 10 authors set beside {values} single values ({len(ceiling)} authors x {seeds} seeds)" in readme
+    assert "do not show that the methods are as close to the retain model as retraining noise allows" in readme
     w1 = [s["wasserstein_log"]["mean"] for s in study["summaries"].values()]
     assert min(w1) > hi["wasserstein_log"]
     assert f"no method reaches the floor (means {min(w1):.3f}-{max(w1):.3f})" in readme
@@ -135,6 +139,14 @@ def test_secondary_and_control(study, readme):
         f"above the random-residual init's on {control['wins']} of 10 authors "
         f"({control['difference']:+.3f}, Holm p {control['holm_p']:.3f})"
     ) in readme
+    ops = study["operating_points"]
+    rila, rand = ops["ihl_rila"]["use"], ops["ihl_random_residual"]["use"]
+    assert (rila["lr"], rila["epoch"]) != (rand["lr"], rand["epoch"])
+    said = (
+        f"IHL + RILA lr {rila['lr']:.0e} for {rila['epoch']} epoch{'s' * (rila['epoch'] != 1)}, "
+        f"the control lr {rand['lr']:.0e} for {rand['epoch']} epochs"
+    )
+    assert said.replace("e-0", "e-") in readme
     ties = row(study, "primary", "reglu", "ihl_rila")["ties"]
     assert f"ReGLU ties IHL + RILA on {ties} of the 10 authors" in readme
 
@@ -145,8 +157,18 @@ def test_operating_points(study, readme):
     fallback = [m for m in ops if not ops[m]["qualified"]]
     assert all("capped at 4 evaluations" in ops[m]["reason"] for m in fallback)
     named = ", ".join(SHORT[m] for m in fallback[:-1]).replace("IHL + random residual", "the control")
-    assert f"{named} and the control ran at the point that lost the least utility" in readme
+    assert f"{named} and the control ran at the evaluated point that lost the least utility" in readme
     assert fallback[-1] == "ihl_random_residual"
+    assert f"for {len(fallback)} of the {len(ops)} methods the cap, not the rule, chose the point" in readme
+    for m, op in ops.items():  # at most 4 evaluations, spent in Forget Quality order
+        evaluated = [op["points"][e["point"]]["forget_quality"] for e in op["evaluations"]]
+        assert len(evaluated) <= 4 and evaluated == sorted(evaluated, reverse=True), m
+        if not op["qualified"]:
+            assert len(evaluated) == 4 < len(op["points"]), m
+    rivals = {len(op["points"]) for m, op in ops.items() if m != "reglu"}
+    assert rivals == {30}
+    assert f"ReGLU chose among {len(ops['reglu']['points'])} trace points" in readme
+    assert "each rival among 30" in readme
     gd, reglu = ops["grad_diff"]["use"], ops["reglu"]["use"]
     assert f"GradDiff (lr {gd['lr']:.0e}, {gd['epoch']} epochs)".replace("e-0", "e-") in readme
     assert (
@@ -161,6 +183,7 @@ def test_operating_points(study, readme):
     ) in readme
     summary, utility = study["summaries"]["reglu"], study["analysis"]["utility"]["reglu"]
     assert f"on the test authors it scored {summary['forget_quality']['mean']:.3f} and {utility['mean']:+.3f}" in readme
+    assert "winner's curse" not in readme  # an interpretation, said as one
 
 
 def test_what_the_design_could_see(study, readme):
