@@ -34,6 +34,10 @@ def prepare_benchmark(study: Study, cache: Path, stages: Stages | None, scratch:
     params = rec.describe()
     key = digest(STUDY_FORMAT, "bench-movielens", movielens.fingerprint(rec), rec.settings().__dict__)
     folder = cache / f"bench-movielens-{key}"
+    if not (folder / DONE).is_file() and (problem := movielens.too_many_users(rec.users, rec.movielens_dir)):
+        from ..errors import UnlearnError
+
+        raise UnlearnError(f"{study.path}: [benchmark] users: {problem}")
     if stages is not None:
         run_stage(
             stages,
