@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 STUDY = """
@@ -205,7 +206,7 @@ def write_records(study_path: Path, records: Path, cache: Path) -> None:
                     for e in (1, 2)
                 )
             )
-    for cell_id, cp in plan.cells.items():  # the operating points, chosen by the rule from the traces
+    for cp in plan.cells.values():  # the operating points, chosen by the rule from the traces
         if cp.cell.kind != "operating_point":
             continue
         stage = cp.stages[-1]
@@ -237,7 +238,10 @@ def write_records(study_path: Path, records: Path, cache: Path) -> None:
                 "points": points,
             },
         )
-    plan = plan_design(study, cache=cache, dry_run=True, records=records)  # the test cells, at their points
+    for cp in plan.cells.values():  # the test cells, keyed at their points once those are in the cache
+        if cp.cell.kind == "operating_point":
+            shutil.copytree(records / Path(cp.stages[-1].folder).name, cp.stages[-1].folder)
+    plan = plan_design(study, cache=cache, dry_run=True)
     for cell_id, cp in plan.cells.items():
         if cp.cell.kind != "method":
             continue

@@ -113,7 +113,7 @@ def test_2_a_finished_author_left_out_is_said_and_exits_1(synthetic, tmp_path, c
     assert code == 1
     assert error_line(err) == (
         "error: 2 finished cell(s) left out of the comparisons: ihl/author15/seed0, reglu/author15/seed0 (the "
-        f"retain or target evaluation of author 15 is missing): no verdict (see {tmp_path / 'out'}/summary.md)"
+        f"retain or target evaluation of author 15 is missing or unreadable): no verdict (see {tmp_path / 'out'}/summary.md)"
     )
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| reglu | ihl | 5 (not 15) |" in summary  # which authors the comparison used
@@ -415,3 +415,129 @@ def test_8_hf_prefix_names_an_option_it_does_not_take(capsys, monkeypatch, tiny_
         "error: --model_args: LlamaForCausalLM.__init__() got an unexpected keyword argument 'nosuchkey': not an "
         "option of hf-prefix (HFLM's options, draft_tokens, allow_other_base, or the model's from_pretrained keywords)"
     )
+
+
+# ----------------------------------------------------------------------------- property test
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+#: what a damaged or hand-edited file holds where a number or an object was: none of them a
+#: plausible value of any field (a plausible one, 0.4 for 0.6, no check can tell from a real one)
+BAD_VALUES = [math.nan, math.inf, -math.inf, -7.5, "0.5", "", [], [0.5], {}, {"value": 0.5}, None, True]
+#: what is damaged: a file of a kind, or a whole record folder deleted
+TARGETS = {
+    "operating point": ("point-*/operating_point.json",),
+    "sweep trace": ("sweep-*/trace/trace.jsonl",),
+    "retain evaluation": ("eval-retain-*/reference.json", "eval-retain-*/*/*.json*"),
+    "test cell": ("eval-ihl-*/*/*.json*", "eval-reglu-*/*/*.json*"),
+}
+FOLDERS = ("point-*", "sweep-*", "eval-retain-*", "eval-ihl-*", "eval-reglu-*")
+
+
+def nodes(value, path=()):
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from nodes(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from nodes(item, (*path, i))
+
+
+def damaged(value, data):
+    """``value`` with one node replaced by a bad value, or one key removed."""
+    paths = [p for p, _ in nodes(value) if p]
+    if not paths:
+        return data.draw(st.sampled_from(BAD_VALUES))
+    path = data.draw(st.sampled_from(paths))
+    parent = value
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, dict) and data.draw(st.booleans()):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(st.sampled_from(BAD_VALUES))
+    return value
+
+
+def damage(path: Path, data) -> None:
+    raw = path.read_bytes()
+    if data.draw(st.sampled_from(["value", "value", "value", "truncate"])) == "truncate":
+        path.write_bytes(raw[: data.draw(st.integers(0, max(len(raw) - 1, 0)))])
+    elif path.suffix == ".jsonl":
+        lines = raw.decode().splitlines()
+        i = data.draw(st.integers(0, len(lines) - 1))
+        lines[i] = json.dumps(damaged(json.loads(lines[i]), data))
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        path.write_text(json.dumps(damaged(json.loads(raw), data)))
+
+
+def same_numbers(report: dict, baseline: dict) -> None:
+    """Every per-author number and operating point in the report is the intact records' (or
+    missing): none comes from a damaged file."""
+    for method, per in report["per_author"].items():
+        for author, numbers in per.items():
+            base = baseline["per_author"][method][author]
+            for key, value in numbers.items():
+                assert value == base[key], (method, author, key)
+    for author, ref in report["references"].items():
+        for name, numbers in ref.items():
+            assert numbers is None or numbers == baseline["references"][author][name], (author, name)
+    for method, op in report["operating_points"].items():
+        base = baseline["operating_points"][method]
+        assert op["use"] in (None, base["use"]), method
+        for point in op["points"]:
+            (same,) = [
+                p for p in base["points"] if all(p.get(k) == point.get(k) for k in ("lr", "rol_weight", "epoch"))
+            ]
+            for key, value in point.items():
+                assert value is None or value == same.get(key), (method, point, key)
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_randomly_damaged_author_records(data, synthetic, tmp_path_factory, capsys):
+    """Damaged operating points, sweep traces, retain evaluations and test cells under
+    `--report-only`: a report whose verdict is stated only from complete data (else "no
+    verdict" and exit 1), or one `error:` line; never a traceback, never a damaged number."""
+    root = tmp_path_factory.mktemp("damaged")
+    try:
+        records, cache = copy_of(synthetic, root)
+        for _ in range(data.draw(st.integers(1, 3))):
+            if data.draw(st.integers(0, 3)) == 0:  # a record folder deleted
+                folders = sorted(p for pattern in FOLDERS for p in records.glob(pattern))
+                shutil.rmtree(data.draw(st.sampled_from(folders)))
+                continue
+            kind = data.draw(st.sampled_from(sorted(TARGETS)))
+            files = sorted(p for pattern in TARGETS[kind] for p in records.glob(pattern) if p.is_file())
+            if files:
+                damage(data.draw(st.sampled_from(files)), data)
+        code, out, err = report_only(capsys, synthetic, records, cache, root / "out")
+        assert "Traceback" not in err, err[-3000:]
+        assert code in (0, 1), err[-3000:]
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert errors == ([err.strip().splitlines()[-1]] if code else []), err[-3000:]
+        if not (root / "out" / "study.json").is_file():
+            assert code == 1
+            return
+        report = json.loads((root / "out" / "study.json").read_text(), parse_constant=pytest.fail)
+        same_numbers(report, json.loads((synthetic["complete"] / "study.json").read_text()))
+        verdict = report["analysis"]["verdict"]
+        complete = all(len(report["per_author"][m]) == 6 for m in ("ihl", "reglu"))
+        if verdict["holds"] is not None:  # stated: from complete data only
+            assert complete and report["lacking"] is None and code == 0, report["lacking"]
+            assert verdict["holds"] is True  # the intact records' verdict
+        else:
+            assert not complete or report["lacking"]
+            assert code == 1 and ("no verdict: " in errors[0] or "left out of the comparisons" in errors[0])
+            assert (root / "out" / "verdict.md").read_text().splitlines()[2].startswith("**No verdict: ")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

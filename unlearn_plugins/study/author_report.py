@@ -62,10 +62,20 @@ RANGES_TEXT = (
 
 def forget_truth_ratios(samples: dict[str, list[dict]]) -> list[float]:
     """The forget truth ratios of an evaluation's samples, in doc order."""
-    rows = sorted(samples.get(TRUTH_RATIO_TASK, []), key=lambda r: r["doc_id"])
+    from .report import checked_number
+
+    rows = samples.get(TRUTH_RATIO_TASK, [])
     if not rows:
         raise CorruptEvaluation(f"no {TRUTH_RATIO_TASK} samples (the forget truth ratios)")
-    return [float(r["truth_ratio"]) for r in rows]
+    for i, row in enumerate(rows):
+        if isinstance(row.get("doc_id"), bool) or not isinstance(row.get("doc_id"), int):
+            raise CorruptEvaluation(f"{TRUTH_RATIO_TASK} samples: row {i}: field 'doc_id' must be an integer")
+    rows = sorted(rows, key=lambda r: r["doc_id"])
+    where = f"{TRUTH_RATIO_TASK} samples: doc"
+    return [
+        checked_number(r.get("truth_ratio"), f"{where} {r['doc_id']}: field 'truth_ratio'", (0.0, None), required=True)
+        for r in rows
+    ]
 
 
 def reference_ratios(eval_retain: str | Path) -> list[float]:
@@ -140,6 +150,8 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             ratios[a] = ref = read(retain_id, lambda folder=folder: reference_ratios(folder))
             if ref is not None:
                 entry["retain"] = read(retain_id, lambda folder=folder, ref=ref: author_numbers(folder, ref, None))
+                if entry["retain"] is None:  # a damaged retain evaluation is no one's reference
+                    ratios[a] = None
         if done(full_id) and a in ratios and ratios[a] is not None:
             folder = plan.cells[full_id].result
             target = read(full_id, lambda folder=folder: mu_rows(read_evaluation(Path(folder))[1]))
@@ -154,7 +166,9 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             continue
         a = cp.cell.author
         if ratios.get(a) is None or a not in targets:
-            cells[cell_id].update(status="failed", error=f"the retain or target evaluation of author {a} is missing")
+            cells[cell_id].update(
+                status="failed", error=f"the retain or target evaluation of author {a} is missing or unreadable"
+            )
             continue
         numbers = read(cell_id, lambda cp=cp, a=a: author_numbers(cp.result, ratios[a], targets[a]))
         if numbers is not None:
@@ -204,7 +218,7 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
         "analysis": analysis,
         "complete": complete,
         "lacking": lacking,
-        "noise_ceiling": _ceiling(plan, design, ratios, done),
+        "noise_ceiling": _ceiling(plan, design, ratios, done, read),
         "operating_points": _operating_points(plan, study, done),
     }
 
@@ -255,7 +269,9 @@ def _any(values: dict) -> bool:
     return any(v is not None for per_metric in values.values() for per in per_metric.values() for v in per.values())
 
 
-def _ceiling(plan: Plan, design: Design, ratios: dict, done) -> dict[str, Any]:
+def _ceiling(plan: Plan, design: Design, ratios: dict, done, read) -> dict[str, Any]:
+    """The noise ceiling of each author with its retain seeds' evaluations (``read``: a cell that
+    cannot be read is failed, and left out)."""
     out: dict[str, Any] = {}
     for a in (design.noise_ceiling or {}).get("authors", ()):
         if ratios.get(a) is None:
@@ -263,9 +279,12 @@ def _ceiling(plan: Plan, design: Design, ratios: dict, done) -> dict[str, Any]:
         seeds = {}
         for s in design.noise_ceiling["seeds"]:
             cell_id = f"ceiling/author{a}/seed{s}"
-            if done(cell_id):
-                _, samples = read_evaluation(Path(plan.cells[cell_id].result))
-                seeds[f"seed{s}"] = forget_truth_ratios(samples)
+            if not done(cell_id):
+                continue
+            folder = Path(plan.cells[cell_id].result)
+            found = read(cell_id, lambda folder=folder: forget_truth_ratios(read_evaluation(folder)[1]))
+            if found is not None and read(cell_id, lambda found=found, a=a: noise_ceiling(ratios[a], {"x": found})):
+                seeds[f"seed{s}"] = found
         if seeds:
             out[str(a)] = noise_ceiling(ratios[a], seeds)
     return out

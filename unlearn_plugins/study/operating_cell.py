@@ -19,6 +19,7 @@ the evaluation is handed in.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -126,11 +127,22 @@ MEASURE_RANGES = {
 }
 
 
+#: the range of each number of a point's paired Model Utility (statistics.mu_paired_bootstrap)
+PAIRED_RANGES = {
+    "difference": (-1.0, 1.0),
+    "low": (-1.0, 1.0),
+    "high": (-1.0, 1.0),
+    "model": (0.0, 1.0),
+    "target": (0.0, 1.0),
+    "width": (0.0, 2.0),
+    "level": (0.0, 1.0),
+    "resamples": (1, 10**9),
+}
+
+
 def _checked_point(point: Any, where: str, grid: list[dict], epochs: int) -> dict:
     """A recorded trace point (or the point a cell uses): a setting of the sweep's grid, an
     epoch it traced, measures in their ranges; else OperatingPointError naming ``where``."""
-    import math
-
     if not isinstance(point, dict):
         raise OperatingPointError(f"{where}: must be a JSON object, got {type(point).__name__}")
     setting = {k: v for k, v in point.items() if k not in MEASURES and k not in ("epoch", "adapter", "index")}
@@ -180,7 +192,7 @@ def check_trace_file(folder: str | Path, epochs: int) -> None:
         seen.add(point["epoch"])
 
 
-def check_result(result: Any, *, grid: list[dict], epochs: int, rule: dict) -> None:
+def check_result(result: Any, *, grid: list[dict], epochs: int, rule: dict, max_evaluations: int) -> None:
     """A recorded ``operating_point.json`` as a restored cell would be used: its points the
     sweep's (``grid``: the settings of its runs; ``epochs``), its Model Utility evaluations
     theirs, and ``use``, ``qualified`` and ``reason`` what the rule chooses from those points
@@ -202,11 +214,28 @@ def check_result(result: Any, *, grid: list[dict], epochs: int, rule: dict) -> N
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(points):
             raise OperatingPointError(f"{where}.point: must be the index of a point (0 to {len(points) - 1})")
         paired = e.get("model_utility_paired")
-        diff = paired.get("difference") if isinstance(paired, dict) else None
+        if not isinstance(paired, dict):
+            raise OperatingPointError(f"{where}.model_utility_paired: must be a JSON object")
+        for key, value in paired.items():
+            lo, hi = PAIRED_RANGES.get(key, (None, None))
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or (lo is not None and not lo <= value <= hi)
+            ):
+                raise OperatingPointError(f"{where}.model_utility_paired.{key}: {value!r} is not a number in its range")
+        diff = paired.get("difference")
         if diff is None or diff != points[index].get("model_utility_diff"):
             raise OperatingPointError(
                 f"{where}.model_utility_paired.difference: {diff!r} is not point {index}'s model_utility_diff "
                 f"({points[index].get('model_utility_diff')!r})"
+            )
+    evaluated = {e["point"] for e in evaluations}
+    for i, point in enumerate(points):
+        if point.get("model_utility_diff") is not None and i not in evaluated:
+            raise OperatingPointError(
+                f"field 'points[{i}]'.model_utility_diff: no Model Utility evaluation of the point"
             )
     try:
         chosen = choose([_for_rule(p) for p in points], Rule(**rule))
@@ -234,7 +263,8 @@ def check_result(result: Any, *, grid: list[dict], epochs: int, rule: dict) -> N
             f"field 'qualified': {result.get('qualified')!r}, the rule says {chosen['qualified']}"
         )
     reason = result.get("reason")
-    if not isinstance(reason, str) or not reason.startswith(chosen["reason"]):
+    capped = f" (capped at {max_evaluations} evaluations)"
+    if reason not in (chosen["reason"], chosen["reason"] + capped):
         raise OperatingPointError(f"field 'reason': {reason!r} is not the rule's ({chosen['reason']!r})")
 
 

@@ -361,6 +361,7 @@ def check_recorded_points(plan: Plan, records: Path) -> None:
                     grid=[r["setting"] for r in stage.params["runs"]],
                     epochs=epochs,
                     rule=stage.params["rule"],
+                    max_evaluations=stage.params["max_evaluations"],
                 )
             except (OSError, UnicodeDecodeError, ValueError) as exc:  # OperatingPointError is a ValueError
                 text = " ".join(str(exc).split())[:600]
