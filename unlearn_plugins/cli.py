@@ -138,6 +138,29 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
 
 
+def _cache_hint(exc: BaseException) -> str:
+    """Where a file error is in the default cache folder (under $HOME, which may be a file or
+    read-only), the hint to put the cache elsewhere; else ""."""
+    import os
+    import re
+    from pathlib import Path
+
+    if os.environ.get("UNLEARN_CACHE_DIR"):
+        return ""
+    from .models import cache_dir
+
+    root = cache_dir()
+    named = [getattr(exc, "filename", None)] + re.findall(r"(/\S+?)(?=[\s:,;)']|$)", str(exc))
+    for name in filter(None, named):
+        path = Path(str(name))
+        if path == root or root in path.parents or path in root.parents:
+            return (
+                f" (the default cache folder {root} cannot be used: set UNLEARN_CACHE_DIR to a folder that can "
+                "be written)"
+            )
+    return ""
+
+
 def _close_progress_bars() -> None:
     """Close the progress bars an error left open (the Trainer's), so the error starts its own
     line and stays the last one (a bar closed at exit would print after it)."""
@@ -190,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         _close_progress_bars()
-        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}{_cache_hint(exc)}", file=sys.stderr)
         return 1
     except Terminated:
         print("terminated", file=sys.stderr)

@@ -302,6 +302,15 @@ class PluginHost:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            unknown = sorted(self.disabled - {e.name for e in self.registry} - {ep.name for ep in eps})
+            if unknown:  # a misspelt name disables nothing: said, as UNLEARN_LOAD_PLUGINS's
+                known = [e.name for e in self.registry] + sorted(ep.name for ep in eps)
+                warnings.warn(
+                    f"UNLEARN_DISABLE_PLUGINS names {', '.join(map(repr, unknown))}: no such plugin "
+                    f"(plugins: {', '.join(known)})",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     # -- loading
     def _fail(self, info: PluginInfo, what: str, detail: str, exc: BaseException | None = None) -> None:
@@ -468,6 +477,20 @@ class PluginHost:
                 continue
             entry = builtin.get(info.name) if info.source == "built-in" else None
             if info.source == "built-in" and (entry is None or entry.kind != kind or name not in entry.components):
+                continue
+            state = f"disabled by {info.disabled_by}" if info.disabled else f"refused ({info.errors[0]})"
+            notes.append(f"plugin {info.name!r} ({info.source}) is {state}")
+        return f"; not loaded: {'; '.join(notes)}" if notes else ""
+
+    def not_loaded(self, kind: str) -> str:
+        """The plugins of ``kind`` that were not loaded (disabled or refused: built-ins of that
+        kind, every third-party one), as :meth:`get` appends them to an unknown name; "" when none."""
+        builtin = {e.name: e for e in self.registry}
+        notes = []
+        for info in [*self.plugins.values(), *self.refused]:
+            if not (info.disabled or info.errors):
+                continue
+            if info.source == "built-in" and (info.name not in builtin or builtin[info.name].kind != kind):
                 continue
             state = f"disabled by {info.disabled_by}" if info.disabled else f"refused ({info.errors[0]})"
             notes.append(f"plugin {info.name!r} ({info.source}) is {state}")

@@ -274,9 +274,15 @@ def check_movielens_args(args) -> None:
             check_int(flag, getattr(args, attr), 1)
     if args.forget_fraction is not None and not (math.isfinite(args.forget_fraction) and 0 < args.forget_fraction < 1):
         raise UnlearnError(f"--forget-fraction {args.forget_fraction}: must be between 0 and 1 (exclusive)")
-    check_movielens_budget(movielens_data(args))
+    data = movielens_data(args)
+    check_movielens_budget(data)
     if args.movielens_dir is not None:
         resolve_movielens_dir(args.movielens_dir)  # a folder that is not there: said before any stage
+    if args.users is not None:  # more than the data has: said before the target is trained
+        from ..study.movielens import too_many_users
+
+        if problem := too_many_users(args.users, data["benchmark"].get("movielens_dir")):
+            raise UnlearnError(f"--users {problem}")
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
 

@@ -211,10 +211,10 @@ def run(args) -> int:
     if args.dry_run and args.report_only:
         raise UnlearnError("--dry-run and --report-only: give one of them")
     if args.dry_run:
-        from ..study.runner import dry_run_table, plan_cells
+        from ..study.runner import dry_run_plan, dry_run_table
 
         records = Path(args.records).expanduser() if args.records else None
-        print(dry_run_table(plan_cells(study, cache=cache, device=args.device, dry_run=True), records))
+        print(dry_run_table(dry_run_plan(study, cache=cache, device=args.device, records=records), records))
         return 0
     out = args.out or f"study-{study.name}"
     if study.movielens is not None:
@@ -238,7 +238,7 @@ def run(args) -> int:
                 file=sys.stderr,
             )
             return 1
-        return 0
+        return _incomplete(study, outcome, out)
     from ..study.runner import run_study
 
     outcome = run_study(
@@ -260,5 +260,24 @@ def run(args) -> int:
             f"{', '.join(outcome.failed[:5])}{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md)",
             file=sys.stderr,
         )
+        return 1
+    return _incomplete(study, outcome, out)
+
+
+def _incomplete(study, outcome, out: str) -> int:
+    """An author-unit report that left finished cells out, or whose declared comparisons lack
+    data, says so in one `error:` line and exits 1: its verdict (if any) is not stated."""
+    if outcome.left_out:
+        cells = list(outcome.left_out)
+        print(
+            f"error: {len(cells)} finished cell(s) left out of the comparisons: {', '.join(cells[:5])}"
+            f"{', ...' if len(cells) > 5 else ''} ({outcome.left_out[cells[0]]})"
+            f"{': no verdict' if study.design.verdict else ''} (see {out}/summary.md)",
+            file=sys.stderr,
+        )
+        return 1
+    if outcome.lacking:
+        what = "no verdict" if study.design.verdict else "incomplete"
+        print(f"error: {what}: {outcome.lacking} (see {out}/summary.md)", file=sys.stderr)
         return 1
     return 0

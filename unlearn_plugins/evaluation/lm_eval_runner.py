@@ -68,11 +68,13 @@ def task_manager_for(names: Sequence[str], metadata: dict[str, Any] | None = Non
         for n in unknown:
             close = difflib.get_close_matches(n, manager.all_tasks, n=4, cutoff=0.6)
             hints.append(f"{n}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        from ..host import get_host
+
         raise UnlearnError(
             f"unknown lm-eval task(s): {'; '.join(hints)}. TOFU: tofu_forget01 (tag: all forget01 and Model "
             "Utility tasks), tofu_forget01_nogen (without generation), tofu_forget01_truth_ratio, ...; "
             "offline: mmlu_local, wmdp_local. `lm_eval ls tasks --include_path $(unlearn eval --print-tasks-dir)` "
-            "lists all"
+            f"lists all{get_host().not_loaded(LM_EVAL_TASK_DIR)}"
         )
     return manager
 

@@ -86,6 +86,58 @@ def plan(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> _Plan:
     return _Plan(groups, where)
 
 
+def check_options(options: dict[str, Any]) -> None:
+    """The user's options of ``--model hf-prefix`` (``--model_args`` with ``--batch_size`` and
+    ``--device``) that HFLM would take without a word or fail on with a traceback: one
+    :class:`..errors.UnlearnError` line each, before any model is loaded. ``peft`` (a LoRA
+    adapter) must have been trained on ``pretrained``'s weights (as ``unlearn eval --adapter``),
+    unless ``allow_other_base=True``."""
+    from pathlib import Path
+
+    from ..errors import UnlearnError
+    from ..models import WEIGHT_FILE, ModelError, check_adapter
+
+    batch = options.get("batch_size", 1)
+    text = str(batch).strip()
+    if not (
+        (text.isdigit() and int(text) >= 1)
+        or text == "auto"
+        or (text.startswith("auto:") and text[5:].isdigit() and int(text[5:]) >= 1)
+    ) or isinstance(batch, bool):
+        raise UnlearnError(f"--batch_size {batch}: must be an integer >= 1, 'auto' or 'auto:N' (N >= 1)")
+    dtype = options.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise UnlearnError(f"--model_args dtype={dtype}: not a torch dtype; give auto, float32, bfloat16 or float16")
+    device = options.get("device")
+    if isinstance(device, str) and device.startswith("cuda") and not torch.cuda.is_available():
+        raise UnlearnError(f"--device {device}: this machine has no CUDA device (give --device cpu)")
+    pretrained = options.get("pretrained")
+    if isinstance(pretrained, str):
+        folder = Path(pretrained).expanduser()
+        if folder.is_file():
+            raise UnlearnError(f"--model_args pretrained={pretrained}: a file, not a model folder")
+        if folder.is_dir():
+            named = [p.name for p in folder.iterdir()]
+            weights = any(WEIGHT_FILE.match(n) or n.endswith(".index.json") or n.endswith(".gguf") for n in named)
+            if "config.json" not in named or not (weights or options.get("gguf_file")):
+                missing = "config.json" if "config.json" not in named else "model weights (model.safetensors, ...)"
+                raise UnlearnError(f"--model_args pretrained={pretrained}: no {missing} in the folder")
+        elif pretrained.startswith((".", "/", "~")) or pretrained.count("/") > 1:
+            raise UnlearnError(f"--model_args pretrained={pretrained}: no such folder")
+    peft = options.get("peft")
+    if isinstance(peft, str) and isinstance(pretrained, str):
+        allow = str(options.get("allow_other_base", False)).lower() in ("true", "1", "yes")
+        try:
+            check_adapter(peft, spec=pretrained, where=str(Path(pretrained).expanduser()), allow_other_base=allow)
+        except ModelError as exc:
+            raise UnlearnError(
+                str(exc)
+                .replace("--adapter ", "--model_args peft=")
+                .replace("pass --allow-other-base", "add allow_other_base=True to --model_args")
+                .replace("--model ", "pretrained=")
+            ) from None
+
+
 @register_model(MODEL_NAME)
 class PrefixSharedLM(HFLM):
     """HFLM with prompt-shared log-likelihood scoring and compacting greedy generation (module doc)."""
@@ -97,8 +149,20 @@ class PrefixSharedLM(HFLM):
     #: ``--model_args draft_tokens=4`` (lm-eval) or ``PrefixSharedLM.draft_tokens = 4`` turns it on.
     draft_tokens = 0
 
-    def __init__(self, *args, draft_tokens: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, draft_tokens: int | None = None, allow_other_base: bool = False, **kwargs):
+        from ..errors import UnlearnError
+
+        given = {**({"pretrained": args[0]} if args else {}), **kwargs}
+        check_options({**given, "allow_other_base": allow_other_base})
+        try:
+            super().__init__(*args, **kwargs)
+        except TypeError as exc:  # an option neither HFLM nor the model's from_pretrained takes
+            if "unexpected keyword argument" not in str(exc):
+                raise
+            raise UnlearnError(
+                f"--model_args: {' '.join(str(exc).split())}: not an option of {MODEL_NAME} (HFLM's options, "
+                "draft_tokens, allow_other_base, or the model's from_pretrained keywords)"
+            ) from None
         if draft_tokens is not None:
             self.draft_tokens = int(draft_tokens)
 

@@ -23,7 +23,7 @@ from ..errors import DataError, UnlearnError
 from ..files import atomic_open, write_json
 from . import design_report
 from .cells import Plan
-from .design import LOWER_IS_BETTER, Design
+from .design import LEADER, LOWER_IS_BETTER, Design
 from .operating_cell import read_result
 from .report import CorruptEvaluation, evaluation_metrics, read_evaluation, write_together
 from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
@@ -41,14 +41,41 @@ PER_AUTHOR = (
     ("retain_prob", "retain prob"),
 )
 TRUTH_RATIO_TASK = "tofu_forget_truth_ratio"
+#: the range of each per-author number: an interval over the authors is cut to it (as the
+#: seed-unit report's, :data:`.report.RANGES`); a paired difference of a [0, 1] number to [-1, 1]
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    "forget_quality": (0.0, 1.0),
+    "ks_statistic": (0.0, 1.0),
+    "wasserstein_log": (0.0, None),
+    "model_utility": (0.0, 1.0),
+    "model_utility_diff": (-1.0, 1.0),
+    "forget_prob": (0.0, 1.0),
+    "forget_rougeL": (0.0, 1.0),
+    "retain_prob": (0.0, 1.0),
+}
+#: how the report says it (summary.md)
+RANGES_TEXT = (
+    "cut to the metric's range: Forget Quality, KS statistic, Model Utility, probabilities and ROUGE-L "
+    "to [0, 1], the W1 distance to >= 0, a difference of two [0, 1] numbers to [-1, 1]"
+)
 
 
 def forget_truth_ratios(samples: dict[str, list[dict]]) -> list[float]:
     """The forget truth ratios of an evaluation's samples, in doc order."""
-    rows = sorted(samples.get(TRUTH_RATIO_TASK, []), key=lambda r: r["doc_id"])
+    from .report import checked_number
+
+    rows = samples.get(TRUTH_RATIO_TASK, [])
     if not rows:
         raise CorruptEvaluation(f"no {TRUTH_RATIO_TASK} samples (the forget truth ratios)")
-    return [float(r["truth_ratio"]) for r in rows]
+    for i, row in enumerate(rows):
+        if isinstance(row.get("doc_id"), bool) or not isinstance(row.get("doc_id"), int):
+            raise CorruptEvaluation(f"{TRUTH_RATIO_TASK} samples: row {i}: field 'doc_id' must be an integer")
+    rows = sorted(rows, key=lambda r: r["doc_id"])
+    where = f"{TRUTH_RATIO_TASK} samples: doc"
+    return [
+        checked_number(r.get("truth_ratio"), f"{where} {r['doc_id']}: field 'truth_ratio'", (0.0, None), required=True)
+        for r in rows
+    ]
 
 
 def reference_ratios(eval_retain: str | Path) -> list[float]:
@@ -123,6 +150,8 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             ratios[a] = ref = read(retain_id, lambda folder=folder: reference_ratios(folder))
             if ref is not None:
                 entry["retain"] = read(retain_id, lambda folder=folder, ref=ref: author_numbers(folder, ref, None))
+                if entry["retain"] is None:  # a damaged retain evaluation is no one's reference
+                    ratios[a] = None
         if done(full_id) and a in ratios and ratios[a] is not None:
             folder = plan.cells[full_id].result
             target = read(full_id, lambda folder=folder: mu_rows(read_evaluation(Path(folder))[1]))
@@ -137,7 +166,9 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
             continue
         a = cp.cell.author
         if ratios.get(a) is None or a not in targets:
-            cells[cell_id].update(status="failed", error=f"the retain or target evaluation of author {a} is missing")
+            cells[cell_id].update(
+                status="failed", error=f"the retain or target evaluation of author {a} is missing or unreadable"
+            )
             continue
         numbers = read(cell_id, lambda cp=cp, a=a: author_numbers(cp.result, ratios[a], targets[a]))
         if numbers is not None:
@@ -158,12 +189,27 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
     summaries = {
         m: {
             key: group_summary(
-                [per_author[m][str(a)][key] for a in design.test_authors if str(a) in per_author[m]], method=study.ci
+                [per_author[m][str(a)][key] for a in design.test_authors if str(a) in per_author[m]],
+                method=study.ci,
+                bounds=RANGES[key],
             )
             for key, _ in PER_AUTHOR
         }
         for m in methods
     }
+    if analysis is not None:
+        for family in analysis["families"].values():
+            for row in family["rows"]:
+                row["authors"] = _authors_used(row, design.test_authors)
+    lacking = _lacking(design, analysis, methods, values["forget_quality"], labels)
+    if lacking is not None and design.verdict is not None:
+        analysis = analysis or {"families": {}, "utility": {}}
+        analysis["verdict"] = {
+            "holds": None,
+            "reason": lacking,
+            "failures": [],
+            "sentences": [f"No verdict: {lacking}."],
+        }
     return {
         "cells": cells,
         "references": references,
@@ -171,16 +217,61 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
         "summaries": summaries,
         "analysis": analysis,
         "complete": complete,
-        "noise_ceiling": _ceiling(plan, design, ratios, done),
+        "lacking": lacking,
+        "noise_ceiling": _ceiling(plan, design, ratios, done, read),
         "operating_points": _operating_points(plan, study, done),
     }
+
+
+def _comparison_count(design: Design, methods: list[str]) -> int:
+    """How many comparisons the study declares (the post hoc leader's: one per other method)."""
+    return sum(len(c.pairs) if c.method != LEADER else len(methods) - 1 for c in design.comparisons)
+
+
+def _lacking(design: Design, analysis, methods: list[str], fq: dict, labels: dict) -> str | None:
+    """Why no verdict can be stated ("N of M comparisons lack data: ..."), or None when every
+    declared comparison has every test author on both sides: a verdict needs complete data."""
+    total = _comparison_count(design, methods)
+    authors = list(design.test_authors)
+    rows = [row for family in (analysis or {}).get("families", {}).values() for row in family["rows"]]
+    short = sum(1 for row in rows if len(row.get("units") or ()) < len(authors)) + (total - len(rows))
+    groups: dict[tuple, list[str]] = {}  # the authors without a value -> the methods that lack them
+    for m in methods:
+        gone = tuple(a for a in authors if fq.get(m, {}).get(a) is None)
+        if gone:
+            groups.setdefault(gone, []).append(m)
+    if not short and not groups:
+        return None
+    parts = []
+    for gone, lack in groups.items():
+        who = "no method" if len(lack) == len(methods) else ", ".join(labels.get(m, m) for m in lack)
+        has = "has" if len(lack) == 1 or len(lack) == len(methods) else "have"
+        on = f"any of the {len(authors)} test authors" if len(gone) == len(authors) else f"author(s) {_ids(gone)}"
+        parts.append(f"{who} {has} {'a value' if who == 'no method' else 'no value'} on {on}")
+    return f"{short} of {total} comparisons lack data" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _ids(authors) -> str:
+    return ", ".join(map(str, authors))
+
+
+def _authors_used(row: dict, authors) -> str:
+    """Which test authors a comparison used: "all 10", "9 (not 193)" or "none"."""
+    used = [a for a in authors if a in (row.get("units") or ())]
+    if len(used) == len(authors):
+        return f"all {len(authors)}"
+    if not used:
+        return "none"
+    return f"{len(used)} (not {_ids(a for a in authors if a not in used)})"
 
 
 def _any(values: dict) -> bool:
     return any(v is not None for per_metric in values.values() for per in per_metric.values() for v in per.values())
 
 
-def _ceiling(plan: Plan, design: Design, ratios: dict, done) -> dict[str, Any]:
+def _ceiling(plan: Plan, design: Design, ratios: dict, done, read) -> dict[str, Any]:
+    """The noise ceiling of each author with its retain seeds' evaluations (``read``: a cell that
+    cannot be read is failed, and left out)."""
     out: dict[str, Any] = {}
     for a in (design.noise_ceiling or {}).get("authors", ()):
         if ratios.get(a) is None:
@@ -188,9 +279,12 @@ def _ceiling(plan: Plan, design: Design, ratios: dict, done) -> dict[str, Any]:
         seeds = {}
         for s in design.noise_ceiling["seeds"]:
             cell_id = f"ceiling/author{a}/seed{s}"
-            if done(cell_id):
-                _, samples = read_evaluation(Path(plan.cells[cell_id].result))
-                seeds[f"seed{s}"] = forget_truth_ratios(samples)
+            if not done(cell_id):
+                continue
+            folder = Path(plan.cells[cell_id].result)
+            found = read(cell_id, lambda folder=folder: forget_truth_ratios(read_evaluation(folder)[1]))
+            if found is not None and read(cell_id, lambda found=found, a=a: noise_ceiling(ratios[a], {"x": found})):
+                seeds[f"seed{s}"] = found
         if seeds:
             out[str(a)] = noise_ceiling(ratios[a], seeds)
     return out
@@ -260,20 +354,26 @@ def markdown(report: dict) -> str:
     lines += [
         f"Unit of replication: the forget author ({len(design['test_authors'])} test authors: "
         f"{', '.join(map(str, design['test_authors']))}; author {design['reserved_author']} reserved for the "
-        "operating points). Intervals: 95% Student-t over the authors of the paired differences.",
+        f"operating points). Intervals: 95% Student-t over the authors of the paired differences, {RANGES_TEXT}.",
         "",
     ]
-    if not report["complete"]:
+    if not report["complete"] or report.get("lacking"):
         lines += [
-            "**Incomplete:** some test cells have not finished; the tests below use the authors each pair has.",
+            "**Incomplete:** "
+            + (report.get("lacking") or "some test cells have not finished")
+            + "; the tests below use the authors each pair has (column authors).",
             "",
         ]
     analysis = report.get("analysis")
     if analysis and "verdict" in analysis:
-        title = (
-            "## Verdict" if report["complete"] else "## Interim verdict (not final: some test cells have not finished)"
-        )
-        lines += [title, ""] + [f"- {s}" for s in analysis["verdict"]["sentences"]] + [""]
+        verdict = analysis["verdict"]
+        if verdict.get("holds") is None:
+            title = "## No verdict (a verdict needs every declared comparison on every test author)"
+        elif report["complete"]:
+            title = "## Verdict"
+        else:
+            title = "## Interim verdict (not final: some test cells have not finished)"
+        lines += [title, ""] + [f"- {s}" for s in verdict["sentences"]] + [""]
     if analysis:
         for family, result in analysis["families"].items():
             title = f"## Comparisons: {family} ({result['metric']}" + (
@@ -281,15 +381,16 @@ def markdown(report: dict) -> str:
             )
             lines += [title + (", post hoc" if result["post_hoc"] else "") + ")", ""]
             lines += [
-                "| method | rival | mean difference | 95% interval | wins/ties/losses | permutation p | Holm p | Wilcoxon p |",
-                "|---|---|---:|---|---|---:|---:|---:|",
+                "| method | rival | authors | mean difference | 95% interval | wins/ties/losses | permutation p | "
+                "Holm p | Wilcoxon p |",
+                "|---|---|---|---:|---|---|---:|---:|---:|",
             ]
             for row in result["rows"]:
                 iv = row.get("interval") or {}
                 interval = iv.get("text") or "-"
                 lines.append(
                     f"| {labels.get(row['method'], row['method'])} | {labels.get(row['rival'], row['rival'])} | "
-                    f"{_fmt(row['difference'])} | {interval} | {row.get('wins', '-')}/{row.get('ties', '-')}/"
+                    f"{row.get('authors', '-')} | {_fmt(row['difference'])} | {interval} | {row.get('wins', '-')}/{row.get('ties', '-')}/"
                     f"{row.get('losses', '-')} | {_p(row['permutation_p'])} | {_p(row['holm_p'])} | "
                     f"{_p(row['wilcoxon_p'])} |"
                 )
@@ -381,7 +482,11 @@ def verdict_block(report: dict) -> str | None:
     done = sum(1 for c in report["cells"].values() if c["kind"] == "method" and c["status"] == "done")
     total = sum(1 for c in report["cells"].values() if c["kind"] == "method")
     # an unfinished run's verdict is stated as interim, so a README quoting it cannot pass it off as final
-    interim = "" if done == total else f"Interim, not final ({done} of {total} test cells finished): "
+    interim = (
+        ""
+        if done == total or verdict.get("holds", False) is None
+        else f"Interim, not final ({done} of {total} test cells finished): "
+    )
     lines = [VERDICT_START.format(name=name), "", f"**{interim}{verdict['sentences'][0]}**", ""]
     lines += [f"- {s}" for s in verdict["sentences"][1:]]
     for family, result in analysis["families"].items():
@@ -470,9 +575,9 @@ def plot_trace(name: str, label: str, op: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str]:
-    """study.json, summary.md and trace-<method>.png in ``out``; returns the files and the
-    terminal table (the summary's verdict and per-method lines)."""
+def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> tuple[dict[str, str], str, dict]:
+    """study.json, summary.md and trace-<method>.png in ``out``; returns the files, the
+    terminal table (the summary's verdict and per-method lines) and study.json's content."""
     study = plan.study
     design: Design = study.design
     data = collect(plan, results)
@@ -507,7 +612,7 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
             writers[f"trace-{name}.png"] = lambda path, name=name: plot_trace(
                 name, labels[name], data["operating_points"][name], path
             )
-    return write_together(out, writers), terminal_table(report)
+    return write_together(out, writers), terminal_table(report), report
 
 
 def terminal_table(report: dict) -> str:

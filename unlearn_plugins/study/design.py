@@ -55,6 +55,9 @@ REPORT_EXTRAS = ("ks_statistic", "wasserstein_log", "model_utility_paired")
 METHOD_SWEEP_KEYS = ("rol_weight", "rol_rank")
 CORRECTIONS = ("holm",)
 LEADER = "leader"
+#: the most traced sweep runs a study may declare (each is a full unlearning run; a grid beyond
+#: this is a typing mistake, and building its cells' list alone takes minutes)
+MAX_SWEEP_RUNS = 1000
 #: TOFU's author ids are 0-199; a benchmark of N authors takes the last N (forget10_perturbed)
 TOFU_LAST_AUTHOR = 199
 
@@ -143,6 +146,25 @@ def split_tables(data: dict) -> tuple[dict, dict]:
     return data, extra
 
 
+def refuse_for_movielens(reader, extra: dict) -> None:
+    """A MovieLens study forgets users, not authors: the author-unit keys and tables are refused
+    by name (they were split off the tables before its reader saw them)."""
+    for key in extra.get("benchmark", {}):
+        raise reader.error(
+            "benchmark",
+            key,
+            'is for an author-unit study (source = "tofu" or "generated"); a MovieLens study forgets users',
+        )
+    for name in extra.get("tables", {}):
+        raise _table_error(
+            reader, name, 'is for an author-unit study ([benchmark] unit = "author", source "tofu" or "generated")'
+        )
+    for name, _ in extra.get("method_sweeps", {}).values():
+        raise reader.error(f"methods.{name}", "sweep", 'is for an author-unit study ([benchmark] unit = "author")')
+    if "report" in extra:
+        raise reader.error("evaluation", "report", 'is for an author-unit study ([benchmark] unit = "author")')
+
+
 def benchmark_author_ids(source: str, authors: int) -> range:
     """The author ids of a benchmark of ``authors`` authors: TOFU's (and the generated source's,
     which has 20 authors 0-19) last ``authors``."""
@@ -190,6 +212,20 @@ def read_design(reader, extra: dict, study) -> Design | None:
         raise reader.error(
             "retain", "given", "an author-unit study fine-tunes a retain model per author: give a recipe"
         )
+    if study.cud is not None:
+        raise reader.error(
+            "cud",
+            None,
+            "an author-unit study has no CUD cell (each test author is forgotten whole, alone); remove the table",
+        )
+    for m in study.methods:
+        if m.name == LEADER:
+            raise reader.error(
+                f"methods.{m.name}",
+                "name",
+                f'"{LEADER}" is reserved for the post hoc comparison of the best method ([[comparisons]] method = '
+                f'"{LEADER}"); give the method another name',
+            )
     known = (reserved, *tests) if reserved is not None else tests
 
     noise = None
@@ -368,6 +404,19 @@ def _sweep(reader, t: dict, method_sweeps: dict, study, reserved: int | None) ->
             )
     settings = {}
     by_name = {m.name: m for m in study.methods}
+    runs = 0
+    for m in study.methods:  # counted before any setting's components are built
+        sizes = [
+            len(v) if isinstance(v, list) else 1 for v in (_method_sweeps_of(method_sweeps, m.name) or {}).values()
+        ]
+        runs += len(lrs) * math.prod(sizes)
+    if runs > MAX_SWEEP_RUNS:
+        raise reader.error(
+            "sweep",
+            "lr",
+            f"{len(lrs)} learning rates x the methods' sweep settings make {runs:,} traced runs, each a full "
+            f"unlearning run of {epochs} epoch(s); at most {MAX_SWEEP_RUNS:,}",
+        )
     for name, values in method_sweeps.values():
         settings[name] = _method_sweep(reader, name, values, by_name[name])
     return Sweep(
@@ -379,6 +428,12 @@ def _sweep(reader, t: dict, method_sweeps: dict, study, reserved: int | None) ->
         model_utility_evaluations_max=evaluations,
         settings=settings,
     )
+
+
+def _method_sweeps_of(method_sweeps: dict, name: str) -> dict | None:
+    """A method's ``sweep`` table as written (None without one, or when it is not a table)."""
+    found = next((values for n, values in method_sweeps.values() if n == name), None)
+    return found if isinstance(found, dict) else None
 
 
 def _method_sweep(reader, name: str, values: Any, method) -> list[dict]:

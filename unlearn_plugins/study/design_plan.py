@@ -100,10 +100,19 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
     return out
 
 
-def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
+def plan_design(
+    study: Study,
+    *,
+    cache: Path,
+    device: str | None = None,
+    dry_run: bool = False,
+    stream=None,
+    records: Path | None = None,
+) -> Plan:
     """Every cell of an author-unit study with its stages and their cache folders. A real run
     builds the base model (``tiny-llama``) and the per-author benchmarks here; a dry run writes
-    nothing. Test cells whose operating point is not chosen yet are :class:`WaitingCellPlan`."""
+    nothing. Test cells whose operating point is not chosen yet are :class:`WaitingCellPlan`
+    (``records``: one recorded there is chosen, as a run restoring it would find it)."""
     from ..models import merge_is_exact
 
     stream = stream or sys.stderr
@@ -292,7 +301,7 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
             waits = next((d for d in cell.deps if d.startswith("operating-point/")), None)
             name = f"{method.name}-author{a}-seed{cell.seed}"
             config = {**method.config, "seed": cell.seed}
-            point = chosen_point(plan.cells[waits]) if waits is not None else None
+            point = chosen_point(plan.cells[waits], records) if waits is not None else None
             if point is not None:  # the operating point is known: the cell is keyed at it
                 waits = None
                 config = apply_setting(config, {k: v for k, v in point.items() if k != "epoch"})
@@ -335,13 +344,16 @@ def plan_design(study: Study, *, cache: Path, device: str | None = None, dry_run
     return plan
 
 
-def chosen_point(cp: CellPlan) -> dict | None:
+def chosen_point(cp: CellPlan, records: Path | None = None) -> dict | None:
     """The setting and epoch an operating-point cell chose ({"lr", "epoch", ...}), once it has
-    finished and found a point to use; else None."""
+    finished (or is finished in ``records``) and found a point to use; else None."""
     stage = cp.stages[-1]
+    folder = Path(stage.folder)
     if not stage.done:
-        return None
-    result = read_result(stage.folder)
+        if records is None or not (records / folder.name / DONE).is_file():
+            return None
+        folder = records / folder.name
+    result = read_result(folder)
     use = (result or {}).get("use")
     if not use:
         return None

@@ -23,6 +23,9 @@ from typing import Any, Mapping, Sequence
 from .design import LEADER, LOWER_IS_BETTER, Comparison, Design
 from .statistics import compare_paired, group_summary, noise_ceiling
 
+#: comparison metrics in [0, 1]: a paired difference lies in [-1, 1], and its interval is cut to it
+UNIT_RANGE = frozenset({"forget_quality", "ks_statistic", "model_utility", "forget_prob"})
+
 Values = Mapping[str, Mapping[str, Mapping[int, float | None]]]  # metric -> method -> author -> value
 
 
@@ -64,6 +67,9 @@ def families(design: Design, values: Values, methods: Sequence[str]) -> dict[str
         rows = compare_paired(
             per_method, pairs, alternative=stats["alternative"], alpha=stats["alpha"], lower_is_better=lower
         )
+        if comparison.metric in UNIT_RANGE:
+            for row in rows:
+                row["interval"] = _cut(row.get("interval"))
         out[comparison.family] = {
             "metric": comparison.metric,
             "post_hoc": comparison.post_hoc,
@@ -73,13 +79,23 @@ def families(design: Design, values: Values, methods: Sequence[str]) -> dict[str
     return out
 
 
+def _cut(interval: dict | None) -> dict | None:
+    """A paired difference's interval cut to [-1, 1] (the text too); None and no interval stay."""
+    if not interval or interval.get("low") is None:
+        return interval
+    low, high = max(interval["low"], -1.0), min(interval["high"], 1.0)
+    if (low, high) == (interval["low"], interval["high"]):
+        return interval
+    return {**interval, "low": low, "high": high, "text": f"{interval['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"}
+
+
 def utility(design: Design, mu_diffs: Mapping[str, Mapping[int, float | None]]) -> dict[str, dict[str, Any]]:
     """Per method: its paired Model Utility differences to the target over the test authors,
     their mean and 95% t interval (no interval when they do not spread)."""
     out = {}
     for method, per_author in mu_diffs.items():
         vals = [per_author.get(a) for a in design.test_authors]
-        out[method] = group_summary([v for v in vals if v is not None], method="t")
+        out[method] = group_summary([v for v in vals if v is not None], method="t", bounds=(-1.0, 1.0))
     return out
 
 

@@ -119,6 +119,19 @@ def problems(source: MovieLensSource, *, strata: bool) -> list[tuple[str, str]]:
     return out
 
 
+def too_many_users(users: int, directory: str | None) -> str | None:
+    """What is wrong when ``users`` asks for more users than the MovieLens data in ``directory``
+    has (the benchmark would take them all, and its forget request would not be the one
+    planned), else None. Reads the ratings (a second or so for ML-100K)."""
+    from ..data.movielens import load_movielens
+
+    movielens = load_movielens(directory)
+    have = len(movielens.users)
+    if users > have:
+        return f"{users} users asked, but the MovieLens data in {movielens.folder} has {have}"
+    return None
+
+
 def read(reader, values: dict, *, strata: bool) -> MovieLensSource:
     """``[benchmark]`` of a MovieLens study, checked (``reader``: the study file's reader, whose
     errors name the file, the table and the key)."""

@@ -54,6 +54,10 @@ def plan_movielens_study(
     """Every cell of a MovieLens study with its stages and their cache folders. A real run builds
     the base model (``tiny-llama``) and the benchmark here; a dry run writes nothing."""
     stream = stream or sys.stderr
+    if problem := movielens.too_many_users(study.movielens.users, study.movielens.movielens_dir):
+        from ..errors import UnlearnError
+
+        raise UnlearnError(f"{study.path}: [benchmark] users: {problem}")  # before the base model is made
     stages = None if dry_run else Stages(cache, total=2, stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
         base_path, base_key = base_model(study, stages, cache)

@@ -220,7 +220,7 @@ def read_evaluation(folder: Path, root: Path | None = None) -> tuple[dict, dict[
             json.loads((folder / "summary.json").read_text()), _shown(folder / "summary.json", root), ""
         )
         files = {p.stem: p for p in (folder / "samples").glob("*.jsonl")}
-    checks: dict[str, list[str]] = {}
+    checks: dict[str, list[str]] = {"tofu_forget_truth_ratio": ["truth_ratio"]}  # Forget Quality's, per QA
     for parts in MU_PARTS.values():
         for task, metric in parts:
             checks.setdefault(task, []).append(metric)

@@ -34,21 +34,34 @@ class Outcome:
     results: dict[str, dict]
     files: dict[str, str] = field(default_factory=dict)
     table: str = ""
+    #: an author-unit report's finished cells it could not use ({cell: why}: an author's retain
+    #: or target evaluation missing, say), and why it states no verdict ("N of M comparisons lack data")
+    left_out: dict[str, str] = field(default_factory=dict)
+    lacking: str | None = None
 
     @property
     def failed(self) -> list[str]:
         return [cell for cell, r in self.results.items() if r["status"] != "done"]
 
 
-def plan_cells(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
+def plan_cells(
+    study: Study,
+    *,
+    cache: Path,
+    device: str | None = None,
+    dry_run: bool = False,
+    stream=None,
+    records: Path | None = None,
+) -> Plan:
     """The study's cells and stages: :func:`.cells.plan_study`, for a MovieLens study
-    :func:`.rec_cells.plan_movielens_study`, for an author-unit study :func:`.design_plan.plan_design`."""
-    make = plan_study
+    :func:`.rec_cells.plan_movielens_study`, for an author-unit study :func:`.design_plan.plan_design`
+    (``records``: a dry run keys test cells at the operating points recorded there, as a run
+    restoring them would)."""
     if study.movielens is not None:
-        make = plan_movielens_study
-    elif study.design is not None:
-        make = plan_design
-    return make(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+        return plan_movielens_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+    if study.design is not None:
+        return plan_design(study, cache=cache, device=device, dry_run=dry_run, stream=stream, records=records)
+    return plan_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
 
 
 def log_path(out: Path, cell_id: str) -> Path:
@@ -82,36 +95,65 @@ def check_out(out: Path, study: Study) -> None:
         raise UnlearnError(f"--out {out}: holds the report of {other}; give this one another --out (or remove {out})")
 
 
+def _recorded(cp, records: Path | None) -> bool:
+    """Whether a cell not in the cache has its result in ``records`` (an evaluation, an operating
+    point: restored as finished by a run)."""
+    from .records import WHOLE
+
+    last = cp.stages[-1]
+    return (
+        records is not None
+        and not cp.cached
+        and not isinstance(cp, WaitingCellPlan)
+        and last.build in WHOLE
+        and (records / Path(last.folder).name / DONE).is_file()
+    )
+
+
+def dry_run_plan(study: Study, *, cache: Path, device: str | None, records: Path | None) -> Plan:
+    """The plan a run would make, writing nothing: with ``records`` checked as a run checks them,
+    and an author-unit study's test cells keyed at the operating points recorded there."""
+    plan = plan_cells(study, cache=cache, device=device, dry_run=True)
+    if records is None or study.movielens is not None:
+        return plan
+    check_records(plan, records)
+    waiting = {cid for cid, cp in plan.cells.items() if isinstance(cp, WaitingCellPlan)}
+    if waiting:
+        plan = plan_cells(study, cache=cache, device=device, dry_run=True, records=records)
+        check_records(plan, records, cells=waiting)
+    return plan
+
+
 def dry_run_table(plan: Plan, records: Path | None = None) -> str:
-    """The expanded grid: one line per cell with its stages' cache state (``recorded``: its
-    evaluation is in ``records``, to be restored rather than built)."""
+    """The expanded grid: one line per cell with its stages' cache state, as a run would find it
+    (``recorded``: its result is in ``records``, restored rather than built; ``not needed``: a
+    model that only cached or recorded cells need, which a run does not build)."""
     rows = [("cell", "needs", "stages", "state")]
-    n_cached = n_recorded = n_waiting = 0
+    recorded = {cid for cid, cp in plan.cells.items() if _recorded(cp, records)}
+    skip = _not_needed(plan, recorded)
+    n_cached = n_recorded = n_waiting = n_skipped = 0
     for cp in plan.ordered():
         done = sum(s.done for s in cp.stages)
-        last = cp.stages[-1]
-        recorded = (
-            not cp.cached
-            and records is not None
-            and last.build == "evaluate"
-            and (records / Path(last.folder).name / DONE).is_file()
-        )
         if cp.cached:
             state = "cached"
             n_cached += 1
+        elif cp.cell.id in recorded:
+            state = "recorded"
+            n_recorded += 1
+        elif cp.cell.id in skip:
+            state = "not needed"
+            n_skipped += 1
         elif getattr(cp, "waiting", None):  # its stages' keys need another cell's result
             state = f"waits for {cp.waiting}"
             n_waiting += 1
-        elif recorded:
-            state = "recorded"
-            n_recorded += 1
         else:
             state = "to build" if done == 0 else f"{done}/{len(cp.stages)} cached"
         rows.append((cp.cell.id, _needs(cp.cell.deps), " + ".join(s.build for s in cp.stages), state))
     lines = tables.text_table(rows[0], rows[1:], numbers_right=False).splitlines()
-    recorded = f", {n_recorded} recorded" if records is not None else ""
+    shown = f", {n_recorded} recorded" if records is not None else ""
+    shown += f", {n_skipped} not needed (only cached or recorded cells need them)" if n_skipped else ""
     lines.append(
-        f"{len(plan.cells)} cells: {n_cached} cached{recorded}, {len(plan.cells) - n_cached - n_recorded} "
+        f"{len(plan.cells)} cells: {n_cached} cached{shown}, {len(plan.cells) - n_cached - n_recorded - n_skipped} "
         f"to build{f' ({n_waiting} waiting for an operating point)' if n_waiting else ''} (cache {plan.cache})"
     )
     return "\n".join(lines)
@@ -130,10 +172,11 @@ def _needs(deps, width: int = 80) -> str:
     return ", ".join(shown) or "-"
 
 
-def _not_needed(plan: Plan) -> set[str]:
+def _not_needed(plan: Plan, recorded: set[str] = frozenset()) -> set[str]:
     """Target, retain and traced sweep cells not built whose every dependent cell is finished
-    (its evaluation or operating point restored from records) or itself not needed: their
-    models would be built for nothing (the target of a study whose sweeps are recorded, say)."""
+    (its evaluation or operating point restored from records, or in ``recorded``: to be) or
+    itself not needed: their models would be built for nothing (the target of a study whose
+    sweeps are recorded, say)."""
     dependents: dict[str, list[str]] = {}
     for cp in plan.ordered():
         for dep in cp.cell.deps:
@@ -144,7 +187,7 @@ def _not_needed(plan: Plan) -> set[str]:
             cp.cell.kind in ("target", "retain", "sweep")
             and not cp.cached
             and dependents.get(cp.cell.id)
-            and all(plan.cells[d].cached or d in skip for d in dependents[cp.cell.id])
+            and all(plan.cells[d].cached or d in skip or d in recorded for d in dependents[cp.cell.id])
         ):
             skip.add(cp.cell.id)
     return skip
@@ -270,16 +313,62 @@ def _evaluation_stages(plan: Plan):
                 yield cp, stage
 
 
-def check_records(plan: Plan, records: Path) -> None:
+def check_records(plan: Plan, records: Path, cells: set[str] | None = None) -> None:
     """A recorded evaluation that cannot be read is an error naming it (it is never restored
-    and averaged away): the user removes it, and the cell is rebuilt."""
+    and averaged away): the user removes it, and the cell is rebuilt. ``cells``: only theirs."""
     for cp, stage in _evaluation_stages(plan):
+        if cells is not None and cp.cell.id not in cells:
+            continue
         record = records / Path(stage.folder).name
         if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build)):
             raise UnlearnError(
                 f"--records {records}: the recorded evaluation of {cp.cell.id}, {record}, is unreadable "
                 f"({problem}); remove that folder to rebuild the cell"
             )
+    if plan.study.design is not None and plan.study.design.sweep is not None and cells is None:
+        check_recorded_points(plan, records)
+
+
+def check_recorded_points(plan: Plan, records: Path) -> None:
+    """An author-unit study's recorded operating points and sweep traces are checked as its
+    evaluations are, before any is restored: a point outside the sweep's grid, a number out of its
+    range or a choice the rule does not make from the recorded points is an error naming the file
+    and the field (restored, it would key the method's test cells at a point never chosen)."""
+    import json
+
+    from .operating_cell import RESULT_FILE, check_result, check_trace_file
+    from .operating_point import OperatingPointError
+
+    epochs = plan.study.design.sweep.epochs
+    for cp in plan.cells.values():
+        stage = cp.stages[-1]
+        record = records / Path(stage.folder).name
+        if stage.build == "sweep" and (record / "trace" / "trace.jsonl").is_file():
+            path = record / "trace" / "trace.jsonl"
+            try:
+                check_trace_file(record, epochs)
+            except (OSError, UnicodeDecodeError, OperatingPointError) as exc:
+                raise UnlearnError(
+                    f"--records {records}: the recorded trace of {cp.cell.id}, {path}: {exc}; remove that folder "
+                    "to rebuild the cell"
+                ) from None
+        elif stage.build == "operating_point" and (record / DONE).is_file():
+            path = record / RESULT_FILE
+            try:
+                result = json.loads(path.read_text(encoding="utf-8"))
+                check_result(
+                    result,
+                    grid=[r["setting"] for r in stage.params["runs"]],
+                    epochs=epochs,
+                    rule=stage.params["rule"],
+                    max_evaluations=stage.params["max_evaluations"],
+                )
+            except (OSError, UnicodeDecodeError, ValueError) as exc:  # OperatingPointError is a ValueError
+                text = " ".join(str(exc).split())[:600]
+                raise UnlearnError(
+                    f"--records {records}: the recorded operating point of {cp.cell.id}, {path}: {text}; remove that "
+                    "folder to choose it again"
+                ) from None
 
 
 def drop_unreadable(plan: Plan, stream) -> list[str]:
@@ -414,14 +503,13 @@ def run_study(
         stream=stream,
         records=records,
     )
-    files, table = _write_report(
+    return _write_report(
         out,
         plan,
         results,
         {"executor": executor, "workers": workers, "wall_time_s": round(time.perf_counter() - started, 1)},
         stream,
     )
-    return Outcome(plan, results, files, table)
 
 
 def report_study(
@@ -461,21 +549,27 @@ def report_study(
             }
         else:
             results[cp.cell.id] = {"status": "done", "source": "cached", "sources": ["cached"] * len(cp.stages)}
-    files, table = _write_report(out, plan, results, {"report_only": True}, stream)
-    return Outcome(plan, results, files, table)
+    return _write_report(out, plan, results, {"report_only": True}, stream)
 
 
-def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> tuple[dict, str]:
+def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> Outcome:
     """The report, under the lock of ``out`` (a concurrent run of the same study writing the
     same folder is waited for: its report is replaced by this one, which has the same cells)."""
     from . import author_report, report
 
-    write = author_report.write_report if plan.study.design is not None else report.write_report
     deadline = time.monotonic() + 600
     while True:
         try:
             with folder_lock(out, f"--out {out}"):
-                return write(out, plan, results, run)
+                if plan.study.design is None:
+                    return Outcome(plan, results, *report.write_report(out, plan, results, run))
+                files, table, written = author_report.write_report(out, plan, results, run)
+                left_out = {
+                    cid: cell.get("error") or "not usable"
+                    for cid, cell in written["cells"].items()
+                    if cell["status"] == "failed" and results.get(cid, {}).get("status") == "done"
+                }
+                return Outcome(plan, results, files, table, left_out, written.get("lacking"))
         except LockHeld:
             if time.monotonic() > deadline:
                 raise

@@ -502,6 +502,7 @@ class _Reader:
         bench = self.table(data, "benchmark", required=True)
         source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
         if source == "movielens":
+            author_design.refuse_for_movielens(self, design_data)
             return self.movielens_study(
                 data,
                 bench,
@@ -515,7 +516,9 @@ class _Reader:
             )
         if "sharded" in data:
             raise StudyError(f"{self.path}: [sharded]: a sharded recommender needs [benchmark] source = 'movielens'")
-        self.keys("benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors"))
+        self.keys(
+            "benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors", *author_design.BENCHMARK_KEYS)
+        )
         tofu_dir = self.get("benchmark", bench, "tofu_dir", "str")
         if tofu_dir is not None:
             if source == "generated":
@@ -533,7 +536,9 @@ class _Reader:
             "benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1, scalar_ok=True
         )
 
-        target, retain, retain_given = self.models(data, forget_sizes)
+        target, retain, retain_given = self.models(
+            data, forget_sizes, author_unit="unit" in design_data.get("benchmark", {})
+        )
         budget = self.budget(data)
         methods = self.methods(data, budget, max_length, one_budget)
         evaluation = self.evaluation(data)
@@ -663,7 +668,7 @@ class _Reader:
             self.checked_config(f"{table}.finetune", FinetuneConfig, [(f"[{table}.finetune]", finetune)])
         return Recipe(finetune=finetune, seed=seed, threads=threads)
 
-    def models(self, data: dict, forget_sizes) -> tuple[Recipe, Recipe, dict]:
+    def models(self, data: dict, forget_sizes, author_unit: bool = False) -> tuple[Recipe, Recipe, dict]:
         target_t = self.table(data, "target", required=True)
         retain_t = self.table(data, "retain")
         if "given" in target_t:
@@ -698,8 +703,12 @@ class _Reader:
             raise self.error(
                 "retain",
                 None,
-                "the target is given, so the retain models need a recipe (finetune, "
-                'seed) or given folders (given = {"1" = "..."})',
+                "the target is given, so the retain models need a recipe ([retain.finetune], seed)"
+                + (
+                    ": an author-unit study fine-tunes a retain model per author"
+                    if author_unit
+                    else ' or given folders (given = {"1" = "..."})'
+                ),
             )
         base = None if target.given is not None else target
         return target, self.recipe("retain", retain_t, base), retain_given
@@ -820,8 +829,8 @@ class _Reader:
 
     def cud(self, data: dict, movielens: bool = False) -> Cud | None:
         """[cud]: the scorer's options (checked by building it), the anchor runs' budget."""
-        from ..host import create
-        from ..interfaces import DIFFICULTY_SCORER
+        from ..host import create, get_component
+        from ..interfaces import DIFFICULTY_SCORER, UNLEARNING_OBJECTIVE
         from ..training.config import UnlearnConfig
 
         if "cud" not in data:
@@ -848,6 +857,11 @@ class _Reader:
             create(DIFFICULTY_SCORER, "cud", **scorer)
         except UnlearnError as exc:
             raise self.error("cud.scorer", None, _one_line(exc)) from None
+        for name in scorer.get("objectives") or ():  # the anchor runs' objectives, run after the target
+            try:
+                get_component(UNLEARNING_OBJECTIVE, name)
+            except UnlearnError as exc:
+                raise self.error("cud.scorer", "objectives", _one_line(exc)) from None
         unlearn_t = self.get("cud", values, "unlearn", "table", {})
         unlearn = self.training_options("cud.unlearn", unlearn_t, UnlearnConfig, SCHEDULE_FIELDS)
         self.checked_config("cud.unlearn", UnlearnConfig, [("[cud.unlearn]", unlearn)])
