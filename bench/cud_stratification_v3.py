@@ -44,6 +44,12 @@ and both top-40 overlaps are at least 0.5; a scoring whose vote leaves no easy o
 stops the study too. Stopping again with faithful anchor runs would say that the instability is
 CUD's at this scale (one 135M model, 80-QA pools); passing would say it was v2's anchor runs.
 
+**Cost** (``design`` prints the estimate): on this project's 2-core AVX2 machine a GradDiff step
+of the paper's recipe (32 pool and 32 retain QA, all weights, fp32) took about 6 CPU-minutes, so
+the 45 anchor runs (360 steps a scoring) come to about 130 CPU-hours, the EAP-IG matrices to about
+2 more, and v2's bf16 target cannot be rebuilt there in useful time (a bf16 matmul is ~50x slower
+than fp32 on that CPU): phase 1 needs a machine with bf16 units or a GPU.
+
 **Order.** The diagnostics on v2's matrices (``bench/cud_diagnostics.py``) first; if they show
 that anchor count decides the agreement (the loss-chosen control's pools Spearman rises by 0.2 or
 more from k = 10 to k = 25), v3 is declared again with larger pools before it runs (this
@@ -95,7 +101,13 @@ DESIGN: dict[str, Any] = {
 MEASURED = {
     "eap_ig_cpu_s_per_qa": 11.4,
     "eap_ig_source": "8 TOFU QA, inputs mode, 5 steps, fp32, 2 threads: 91.4 CPU-s (25.6 s wall a QA under load)",
+    "grad_diff_step_cpu_s": 360.0,
+    "grad_diff_source": "SmolLM2-135M, the paper's GradDiff recipe, 80 pool QA, 2 steps of 32 + 32 QA, fp32, 2 threads: "
+    "884 CPU-s with the probability checks and the reload (2 x 879 s wall under load), about 360 CPU-s a step",
 }
+#: the other objectives' step cost relative to GradDiff's (not measured: the same forward and
+#: backward passes; NPO, RMU and UNDIAL add a forward pass of the frozen reference model, about a third)
+ASSUMED_STEP_RATIO = {"grad_diff": 1.0, "npo": 4 / 3, "simnpo": 1.0, "rmu": 4 / 3, "undial": 4 / 3}
 
 
 def steps_per_run(pool: int, epochs: float, batch: int = 4, accum: int = 8) -> int:
@@ -151,11 +163,15 @@ def detectable(n: int = 560, k: int = 40, threshold: float = 0.5) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("command", choices=("design",))
-    p.add_argument("--step-cpu-s", type=json.loads, default=None, help='{"grad_diff": s, ...}: measured step costs')
+    p.add_argument("--step-cpu-s", type=json.loads, default=None, help='{"grad_diff": s, ...}: other step costs')
     args = p.parse_args(argv)
-    out: dict[str, Any] = {"design": DESIGN, "authors": v2.author_pools(), "detectable": detectable()}
-    if args.step_cpu_s:
-        out["estimate"] = estimate(args.step_cpu_s)
+    steps = args.step_cpu_s or {o: MEASURED["grad_diff_step_cpu_s"] * r for o, r in ASSUMED_STEP_RATIO.items()}
+    out: dict[str, Any] = {
+        "design": DESIGN,
+        "authors": v2.author_pools(),
+        "detectable": detectable(),
+        "estimate": estimate(steps),
+    }
     print(json.dumps(out, indent=1))
     return 0
 
