@@ -66,6 +66,7 @@ def main(argv=None) -> int:
             k=args.k,
             model_spec=args.target,
             unlearn_options=options,
+            anchor_recipe="none",  # the recorded runs' own settings (ANCHOR_UNLEARN)
             stop_prob=0.1,
             check_steps=2,
             steps=5,

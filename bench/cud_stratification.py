@@ -381,6 +381,7 @@ class Study:
                 run = {**c.cud_anchor_unlearn, "retain": retain, "max_length": c.max_length, "save_steps": 0}
                 obj = CUDScorer(anchor_data=[self.samples[i] for i in self.anchor], objectives=options.pop("objectives"),
                                 seeds=options.pop("seeds"), model_spec=target, unlearn_options=run,
+                                anchor_recipe="none",  # v1's own anchor runs (LoRA, cud_anchor_unlearn)
                                 max_length=c.max_length, progress=True, **options)
             elif scorer == "mrd":
                 from unlearn_plugins.scorers.mrd import MRDScorer

@@ -20,12 +20,12 @@ unlearned, never in a retain loss; what unlearning destroys is measured on them)
 runs of phase 2 retain anchor pools A and B (authors not in the query pool); CUD's anchor runs
 retain the query pool (as the paper's runs retain everything else the model knows).
 
-**Phase 1, reliability** (this file runs it). The query pool is scored three times with CUD as
-the paper defines it, the scorer's defaults: binary circuit masks (cosine of 0/1 edge masks),
+**Phase 1, reliability** (this file runs it). The query pool is scored three times with the
+paper's CUD scoring, the scorer's defaults then: binary circuit masks (cosine of 0/1 edge masks),
 anchors voted by the five methods (GradDiff, NPO, SimNPO, RMU, UNDIAL x 3 seeds; kept by 2 of 3
 seeds, then 3 of 5 methods), k = pool/8 = 10, greedy 75-edge circuits, EAP-IG inputs mode with 5
-steps. Anchor runs as v1 (LoRA r 16, lr 1e-3, batch 2, at most 3 epochs, stopped when the pool's
-mean answer probability falls below 0.1, checked every 2 steps):
+steps. Anchor runs as v1, not the paper's (LoRA r 16, lr 1e-3, batch 2, at most 3 epochs, stopped
+when the pool's mean answer probability falls below 0.1, checked every 2 steps):
 
 - ``A012``: anchor pool A, anchor-run seeds 0, 1, 2 (the primary scoring, used by phase 2);
 - ``A345``: anchor pool A, seeds 3, 4, 5 (same pool, other seeds);
@@ -417,7 +417,7 @@ class StudyConfig:
     )
     target_threads: int = 2
     fingerprint_tolerance: float = 1e-3
-    # CUD as the paper defines it: everything not given here is the scorer's default
+    # the paper's CUD scoring: everything not given here is the scorer's default (of v2's time)
     # (vector=binary, similarity=cosine, five-method vote, k = pool / 8, greedy circuits)
     cud: dict = field(default_factory=lambda: dict(steps=5, n_edges=75, stop_prob=0.1, check_steps=2, max_rows=20))
     anchor_unlearn: dict = field(
@@ -1305,6 +1305,8 @@ def _sd(values: Sequence[float]) -> float:
 
 def markdown_phase1(out: dict) -> str:
     d = out["decision"]
+    c = StudyConfig()
+    run = c.anchor_unlearn
     if d["decided"]:
         verdict = (
             "**Stop rule fired: CUD is not stable at this scale; the study stops after phase 1.**"
@@ -1318,8 +1320,11 @@ def markdown_phase1(out: dict) -> str:
         "",
         verdict,
         "",
-        "CUD as the paper defines it (binary circuit masks, anchors voted by GradDiff, NPO, SimNPO, RMU and UNDIAL "
-        "x 3 seeds) scored the 560-QA query pool three times: anchor pool A with anchor-run seeds 0-2 (A012) and "
+        "CUD with the paper's scoring (binary circuit masks, anchors voted by GradDiff, NPO, SimNPO, RMU and UNDIAL "
+        f"x 3 seeds) but not its anchor runs (ours: LoRA r {run['lora_r']}, lr {run['lr']:g}, batch "
+        f"{run['batch_size']}, at most {run['epochs']:g} epochs, stopped once the pool's mean answer probability "
+        f"fell below {c.cud['stop_prob']}; the paper's code trains all weights for the whole budget, with each "
+        "method's own settings) scored the 560-QA query pool three times: anchor pool A with anchor-run seeds 0-2 (A012) and "
         "3-5 (A345), and the disjoint anchor pool B with seeds 0-2 (B012). Stop rule (declared before running): "
         f"phase 2 needs, in both declared comparisons, Spearman >= {d['threshold']} and top-{d['k']} hard and easy "
         f"overlaps >= {d['threshold']} (fraction of {d['k']}; chance {d['k']}/560 = {d['k'] / 560:.2f}).",

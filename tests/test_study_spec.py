@@ -358,7 +358,7 @@ BAD = [
     (
         "cud anchor runs' option",
         TINY + '\n[cud]\n[cud.unlearn]\nobjective = "npo"\n',
-        "[cud.unlearn] objective: unknown key; known keys: " + ", ".join(SCHEDULE_FIELDS),
+        "[cud.unlearn] objective: unknown key; known keys: " + ", ".join((*SCHEDULE_FIELDS, "full_finetune")),
     ),
     ("cud strata", TINY + "\n[cud]\nstrata = 0\n", "[cud] strata: must be >= 1, got 0"),
     (

@@ -32,19 +32,27 @@ def anchor_split(retain: Path, size: int) -> tuple[str, str]:
     return f"{retain}[0:{min(size, half)}]", f"{retain}[{half}:]"
 
 
+def split_unlearn(unlearn: dict) -> tuple[dict, dict]:
+    """[cud.unlearn] as (the options of every anchor run, {objective: its own options})."""
+    shared = {k: v for k, v in unlearn.items() if not isinstance(v, dict)}
+    return shared, {k: v for k, v in unlearn.items() if isinstance(v, dict)}
+
+
 def scorer(p: dict):
     """The stage's CUD scorer (``p``: the stage's parameters)."""
     from ..scorers.cud import CUDScorer
 
     options = dict(p["scorer"])
     pool, anchor_retain = anchor_split(Path(p["bench"]) / "retain.json", p["anchor_pool"])
-    unlearn = {**p["unlearn"], "retain": anchor_retain, "max_length": p["max_length"], "save_steps": 0}
+    shared, by_objective = split_unlearn(p["unlearn"])
+    unlearn = {**shared, "retain": anchor_retain, "max_length": p["max_length"], "save_steps": 0}
     return CUDScorer(
         anchor_data=pool,
         objectives=options.pop("objectives"),
         seeds=options.pop("seeds"),
         model_spec=p["model"],
         unlearn_options=unlearn,
+        unlearn_by_objective=by_objective or None,
         max_length=p["max_length"],
         progress=True,
         **options,
@@ -87,8 +95,9 @@ def build_cud_users(tmp: Path, p: dict) -> None:
 
     bench = p["bench"]
     options = dict(p["scorer"])
+    shared, by_objective = split_unlearn(p["unlearn"])
     unlearn = {
-        **p["unlearn"],
+        **shared,
         "retain": str(part_path(bench, "anchor_retain")),
         "max_length": p["max_length"],
         "save_steps": 0,
@@ -99,6 +108,7 @@ def build_cud_users(tmp: Path, p: dict) -> None:
         seeds=options.pop("seeds"),
         model_spec=p["model"],
         unlearn_options=unlearn,
+        unlearn_by_objective=by_objective or None,
         max_length=p["max_length"],
         answer_tokens=1,  # the Yes/No token
         progress=True,
@@ -138,4 +148,4 @@ def strata(folder: Path) -> tuple[list[int], list[int]]:
     )
 
 
-__all__ = ["anchor_split", "scorer", "build_cud", "build_cud_users", "strata"]
+__all__ = ["anchor_split", "split_unlearn", "scorer", "build_cud", "build_cud_users", "strata"]

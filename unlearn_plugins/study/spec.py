@@ -110,6 +110,8 @@ STUDY_CONTROLLED = (
     "overwrite",
     "authors",
 )
+#: what [cud.unlearn] may set (a table per objective may add objective_options)
+CUD_RUN_FIELDS = (*SCHEDULE_FIELDS, "full_finetune")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: options of the cud scorer that a study's [cud] stage sets itself (the anchor pool and the
 #: anchor runs' options are [cud]'s; the model is the target)
@@ -121,6 +123,7 @@ CUD_STUDY_SET = (
     "runner",
     "model_spec",
     "unlearn_options",
+    "unlearn_by_objective",
     "max_length",
     "cache",
     "cache_dir",
@@ -186,7 +189,7 @@ class Cud:
     the first ``anchor_pool`` retain QA, never on a scored sample."""
 
     scorer: dict  # the cud scorer's options ([cud.scorer])
-    unlearn: dict  # the anchor runs' training options ([cud.unlearn])
+    unlearn: dict  # the anchor runs' training options ([cud.unlearn]; a table per objective: its own)
     anchor_pool: int = 10
     strata: int = 5
 
@@ -831,6 +834,7 @@ class _Reader:
         """[cud]: the scorer's options (checked by building it), the anchor runs' budget."""
         from ..host import create, get_component
         from ..interfaces import DIFFICULTY_SCORER, UNLEARNING_OBJECTIVE
+        from ..scorers.cud import anchor_run_options
         from ..training.config import UnlearnConfig
 
         if "cud" not in data:
@@ -854,7 +858,7 @@ class _Reader:
                     "cud.scorer", key, "is set by the study (anchor_pool, [cud.unlearn], the target); remove it"
                 )
         try:
-            create(DIFFICULTY_SCORER, "cud", **scorer)
+            built = create(DIFFICULTY_SCORER, "cud", **scorer)
         except UnlearnError as exc:
             raise self.error("cud.scorer", None, _one_line(exc)) from None
         for name in scorer.get("objectives") or ():  # the anchor runs' objectives, run after the target
@@ -862,9 +866,38 @@ class _Reader:
                 get_component(UNLEARNING_OBJECTIVE, name)
             except UnlearnError as exc:
                 raise self.error("cud.scorer", "objectives", _one_line(exc)) from None
-        unlearn_t = self.get("cud", values, "unlearn", "table", {})
-        unlearn = self.training_options("cud.unlearn", unlearn_t, UnlearnConfig, SCHEDULE_FIELDS)
-        self.checked_config("cud.unlearn", UnlearnConfig, [("[cud.unlearn]", unlearn)])
+        # the defaults that changed when anchor runs became the paper's: named, so that a stage
+        # scored under the old ones keeps its own cache key
+        scorer.setdefault("anchor_recipe", built.anchor_recipe)
+        scorer.setdefault("stop_prob", built.stop_prob)
+        unlearn_t = dict(self.get("cud", values, "unlearn", "table", {}))
+        by_objective = {o: unlearn_t.pop(o) for o in list(unlearn_t) if isinstance(unlearn_t[o], dict)}
+        unlearn = self.training_options("cud.unlearn", unlearn_t, UnlearnConfig, CUD_RUN_FIELDS)
+        self.checked_config("cud.unlearn", UnlearnConfig, [("[cud.unlearn]", dict(unlearn))])
+        for o, table in by_objective.items():
+            if o not in built.objectives:
+                raise self.error(
+                    "cud.unlearn",
+                    o,
+                    f"a table of one objective's anchor-run options names one of [cud.scorer] objectives "
+                    f"({', '.join(built.objectives)})",
+                )
+            unlearn[o] = self.training_options(
+                f"cud.unlearn.{o}", table, UnlearnConfig, (*CUD_RUN_FIELDS, "objective_options")
+            )
+        for o in built.objectives:  # each objective's runs: the recipe < [cud.unlearn] < [cud.unlearn.o]
+            table = f"cud.unlearn.{o}" if o in by_objective else "cud.unlearn"
+            options = anchor_run_options(
+                o,
+                recipe=built.anchor_recipe,
+                shared={k: v for k, v in unlearn.items() if not isinstance(v, dict)},
+                by_objective={o: unlearn.get(o, {})},
+            )
+            self.checked_config(table, UnlearnConfig, [(f"[{table}]", {**options, "objective": o})])
+            try:
+                create(UNLEARNING_OBJECTIVE, o, **options.get("objective_options", {}))
+            except UnlearnError as exc:
+                raise self.error(table, "objective_options", _one_line(exc)) from None
         return Cud(scorer=scorer, unlearn=unlearn, anchor_pool=anchor_pool, strata=strata)
 
     def evaluation(self, data: dict, required: tuple[str, ...] = REQUIRED_TASKS) -> Evaluation:

@@ -6,9 +6,10 @@
    ``anchor_data=self`` chooses anchors among the scored samples (circular: ``unlearn
    stratify`` then drops them).
 2. Anchors: unlearning runs on the pool (objectives x seeds, default the paper's five methods,
-   GradDiff, NPO, SimNPO, RMU and UNDIAL, x 3 seeds), each stopped
-   at the first check where the pool's mean answer probability falls below ``stop_prob``;
-   per run, easy = the k highest post-unlearning losses (or loss increases), hard = the k
+   GradDiff, NPO, SimNPO, RMU and UNDIAL, x 3 seeds), each with the CUD code's settings of its
+   objective (``anchor_recipe=paper``: full-parameter, its lr, epochs and loss weights,
+   :data:`~.anchor_runs.PAPER_ANCHOR_RUNS`) under ``unlearn_options`` and
+   ``unlearn_by_objective``, for the whole budget (``stop_prob``: stop early, a deviation); per run, easy = the k highest post-unlearning losses (or loss increases), hard = the k
    lowest; a sample is an objective's anchor when at least half its seeds (2 of 3) chose it,
    a common anchor when at least half the objectives did (3 of the paper's 5; with two
    objectives that is 1, the union); samples in both sets are dropped.
@@ -36,7 +37,15 @@ Modules: :mod:`.anchors` (the pool and the vote), :mod:`.anchor_runs` (the unlea
 :mod:`.cache` (fingerprints and the disk cache), :mod:`.scorer` (:class:`CUDScorer`).
 """
 
-from .anchor_runs import AnchorRunner, TrainerAnchorRunner, forget_prob_watch
+from .anchor_runs import (
+    ANCHOR_RECIPES,
+    PAPER_ANCHOR_RUNS,
+    PAPER_ANCHOR_SCHEDULE,
+    AnchorRunner,
+    TrainerAnchorRunner,
+    anchor_run_options,
+    forget_prob_watch,
+)
 from .anchors import (
     ANCHOR_BY,
     IN_SAMPLE,
@@ -61,6 +70,10 @@ __all__ = [
     "AnchorVote",
     "TrainerAnchorRunner",
     "ANCHOR_BY",
+    "ANCHOR_RECIPES",
+    "PAPER_ANCHOR_RUNS",
+    "PAPER_ANCHOR_SCHEDULE",
+    "anchor_run_options",
     "IN_SAMPLE",
     "TOFU_ANCHOR_POOLS",
     "default_anchor_pool",

@@ -1,8 +1,9 @@
 """CUD's anchor runs: unlearn the anchor pool with each (objective, seed) and return every
 sample's answer loss after unlearning. :class:`AnchorRunner` is the interface; the default,
-:class:`TrainerAnchorRunner`, calls :func:`unlearn_plugins.training.run.run_unlearning` and
-stops each run at the first check where the pool's mean answer probability falls below
-``stop_prob`` (:func:`forget_prob_watch`)."""
+:class:`TrainerAnchorRunner`, calls :func:`unlearn_plugins.training.run.run_unlearning` for the
+whole budget, as the paper's runs do (optionally stopped at the first check where the pool's
+mean answer probability falls below ``stop_prob``, :func:`forget_prob_watch`: a deviation).
+:data:`PAPER_ANCHOR_RUNS` holds each objective's settings in the CUD code."""
 
 from __future__ import annotations
 
@@ -15,6 +16,61 @@ from typing import Any, Protocol, Sequence
 
 from ...errors import UnlearnError
 from ...interfaces import QASample
+
+#: The CUD code's anchor runs (chengjiali/Explain-Sample-Unlearnability,
+#: ``open-unlearning/scripts/compute_sample_difficulty.sh`` and ``tofu_unlearn.sh``): the per-sample
+#: losses come from open-unlearning's full-parameter TOFU forget10 checkpoints named there
+#: (``..._GradDiff_lr1e-05_alpha5_epoch10``, ``..._NPO_lr1e-05_beta0.5_alpha1_epoch10``,
+#: ``..._SimNPO_lr5e-05_b3.5_a1_d1_g0.25_ep5``, ``..._RMU_lr2e-05_layer10_scoeff100_epoch5``,
+#: ``..._UNDIAL_lr0.0001_beta10_alpha2_epoch10``), trained for their whole budget.
+PAPER_ANCHOR_RUNS: dict[str, dict[str, Any]] = {
+    "grad_diff": {"lr": 1e-5, "epochs": 10.0, "objective_options": {"alpha": 5.0}},
+    "npo": {"lr": 1e-5, "epochs": 10.0, "objective_options": {"beta": 0.5, "alpha": 1.0}},
+    "simnpo": {
+        "lr": 5e-5,
+        "epochs": 5.0,
+        "objective_options": {"beta": 3.5, "alpha": 1.0, "delta": 1.0, "gamma": 0.25},
+    },
+    "rmu": {"lr": 2e-5, "epochs": 5.0, "objective_options": {"layer": 10, "steering_coeff": 100.0}},
+    "undial": {"lr": 1e-4, "epochs": 10.0, "objective_options": {"beta": 10.0, "alpha": 2.0}},
+}
+#: the schedule of those runs (``tofu_unlearn.sh``: batch 4 x 8; open-unlearning's TOFU unlearning
+#: experiment: one warmup epoch, weight decay 0.01, transformers' default linear decay), all weights
+PAPER_ANCHOR_SCHEDULE: dict[str, Any] = {
+    "full_finetune": True,
+    "batch_size": 4,
+    "grad_accum": 8,
+    "weight_decay": 0.01,
+    "lr_scheduler": "linear",
+    "warmup_epochs": 1.0,
+}
+#: ``anchor_recipe``: ``paper`` (the settings above under the caller's options) or ``none``
+ANCHOR_RECIPES = ("paper", "none")
+
+
+def anchor_run_options(
+    objective: str,
+    *,
+    recipe: str = "paper",
+    shared: dict | None = None,
+    by_objective: dict | None = None,
+    base: dict | None = None,
+) -> dict[str, Any]:
+    """The UnlearnConfig options of ``objective``'s anchor runs, lowest precedence first: ``base``
+    (e.g. the pool's tofu_dir), the recipe's settings (the paper's five objectives only), the
+    ``shared`` options of every run, ``by_objective[objective]``. ``objective_options`` merge key by key."""
+    layers = [dict(base or {})]
+    if recipe == "paper" and objective in PAPER_ANCHOR_RUNS:
+        layers.append({**PAPER_ANCHOR_SCHEDULE, **PAPER_ANCHOR_RUNS[objective]})
+    layers += [dict(shared or {}), dict((by_objective or {}).get(objective) or {})]
+    out: dict[str, Any] = {}
+    objective_options: dict[str, Any] = {}
+    for layer in layers:
+        objective_options.update(layer.pop("objective_options", None) or {})
+        out.update(layer)
+    if objective_options:
+        out["objective_options"] = objective_options
+    return out
 
 
 class AnchorRunner(Protocol):
@@ -37,14 +93,15 @@ def forget_prob_watch(
     encoded: Sequence[dict],
     pad_token_id: int,
     *,
-    every: int,
+    every: int | None,
     stop_prob: float | None,
     batch_size: int = 8,
     trace: bool = False,
 ):
-    """A Trainer callback: before training and every ``every`` optimizer steps, the mean answer
-    probability of ``encoded`` under the model being trained; stops training at the first check
-    below ``stop_prob`` (None: never). ``checks`` lists (step, forget_prob[, per-sample losses])."""
+    """A Trainer callback: before training and every ``every`` optimizer steps (None: before
+    training only), the mean answer probability of ``encoded`` under the model being trained;
+    stops training at the first check below ``stop_prob`` (None: never). ``checks`` lists (step,
+    forget_prob[, per-sample losses])."""
     from transformers import TrainerCallback
 
     from ...likelihood import mean_answer_nlls_in_training
@@ -66,7 +123,7 @@ def forget_prob_watch(
             self.check(args, state, model)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if self.stopped_at is None and state.global_step % every == 0:
+            if every and self.stopped_at is None and state.global_step % every == 0:
                 prob = self.check(args, state, model)
                 if stop_prob is not None and prob < stop_prob:
                     self.stopped_at = state.global_step
@@ -77,14 +134,16 @@ def forget_prob_watch(
 
 
 class TrainerAnchorRunner:
-    """Anchor runs with :func:`unlearn_plugins.training.run.run_unlearning` (LoRA by default).
+    """Anchor runs with :func:`unlearn_plugins.training.run.run_unlearning`.
 
     ``model_spec``: what to unlearn (default: the scored model's ``name_or_path``);
-    ``options``: UnlearnConfig fields (lr, epochs, max_steps, retain, lora_r, ...): the most a
-    run may do; ``stop_prob``: stop at the first check where the mean answer probability of
-    the unlearned samples is below it (None: run the whole budget); ``check_steps``: optimizer
-    steps between checks (default: about 4 per epoch); ``trace``: keep every check's
-    per-sample losses in ``last_info`` (for budget studies).
+    ``options``: UnlearnConfig fields (lr, epochs, max_steps, retain, lora_r, full_finetune,
+    objective_options, ...): the run's budget; ``stop_prob``: stop at the first check where the
+    mean answer probability of the unlearned samples is below it (None, the default: run the
+    whole budget, as the paper does); ``check_steps``: optimizer steps between checks (default:
+    about 4 per epoch); ``trace``: check that often also without a stop and keep every check's
+    per-sample losses in ``last_info`` (for budget studies). Every run measures the pool's probability
+    before training too (``forget_prob_before``: did the objective move its pool?).
     """
 
     def __init__(
@@ -181,17 +240,16 @@ class TrainerAnchorRunner:
                 **self.options,
             )
             encoded = encode_samples(tokenizer, samples, max_length=config.max_length)
-            watch = None
-            if self.stop_prob is not None or self.trace:
-                watch = forget_prob_watch(
-                    encoded,
-                    tokenizer.pad_token_id,
-                    every=self.check_every(len(samples), config),
-                    stop_prob=self.stop_prob,
-                    batch_size=self.batch_size,
-                    trace=self.trace,
-                )
-            result = run_unlearning(config, callbacks=[watch] if watch else [])
+            checking = self.stop_prob is not None or self.trace
+            watch = forget_prob_watch(
+                encoded,
+                tokenizer.pad_token_id,
+                every=self.check_every(len(samples), config) if checking else None,
+                stop_prob=self.stop_prob,
+                batch_size=self.batch_size,
+                trace=self.trace,
+            )
+            result = run_unlearning(config, callbacks=[watch])
             # the trained model is gone: hand its memory back before loading the unlearned one
             # (an anchor run alone peaked at 2.84 GB without this, 2.43 GB with it)
             release_memory()
@@ -206,9 +264,10 @@ class TrainerAnchorRunner:
         losses = [s / max(n, 1) for s, n in stats]
         self.last_info = {
             "steps": result.record.get("steps"),
-            "stopped_at_step": watch.stopped_at if watch else None,
+            "stopped_at_step": watch.stopped_at,
+            "forget_prob_before": watch.checks[0]["forget_prob"] if watch.checks else None,
             "forget_prob": _mean_prob(losses),
-            "checks": watch.checks if watch else [],
+            "checks": watch.checks if checking else [],
         }
         return losses
 

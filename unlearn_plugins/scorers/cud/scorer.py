@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from ...data.tofu import IGNORE_INDEX
 from ...errors import UnlearnError
 from ...interfaces import QASample
-from .anchor_runs import AnchorRunner, TrainerAnchorRunner
+from .anchor_runs import ANCHOR_RECIPES, AnchorRunner, TrainerAnchorRunner, anchor_run_options
 from .anchors import (
     ANCHOR_BY,
     IN_SAMPLE,
@@ -31,6 +31,8 @@ from .cache import CUDCache, anchor_run_key, default_cache_dir, matrix_key, mode
 #: the CUD paper's anchor vote (``find_easy_hard_samples.py``): five unlearning methods, a sample
 #: kept when 3 of them choose it (the default min_objectives, ceil(5 / 2))
 PAPER_OBJECTIVES = ("grad_diff", "npo", "simnpo", "rmu", "undial")
+#: UnlearnConfig fields each anchor run sets itself (not options of the scorer)
+RUN_SET = ("out", "model", "forget", "objective", "seed", "device")
 
 
 def first_answer_tokens(encoded: list[dict], n: int | None) -> list[dict]:
@@ -71,13 +73,15 @@ class CUDScorer:
         min_objectives: int | None = None,
         per_objective: bool = False,
         anchor_by: str = "loss",
-        stop_prob: float | None = 0.1,
+        anchor_recipe: str = "paper",
+        stop_prob: float | None = None,
         check_steps: int | None = None,
         anchors: dict | None = None,
         anchor_losses: Sequence[Sequence[float]] | None = None,
         runner: AnchorRunner | None = None,
         model_spec: str | None = None,
         unlearn_options: dict | None = None,
+        unlearn_by_objective: dict | None = None,
         similarity: str = "cosine",
         vector: str = "binary",
         circuit: str = "greedy",
@@ -105,6 +109,7 @@ class CUDScorer:
             ("metric", metric, METRICS),
             ("circuit", circuit, ("greedy", "topn", "threshold")),
             ("anchor_by", anchor_by, ANCHOR_BY),
+            ("anchor_recipe", anchor_recipe, ANCHOR_RECIPES),
         ):
             if value not in allowed:
                 raise UnlearnError(f"scorer cud: option {name}={value!r}; choose one of {', '.join(allowed)}")
@@ -134,7 +139,9 @@ class CUDScorer:
         self.anchors = anchors
         self.anchor_losses = [list(r) for r in anchor_losses] if anchor_losses is not None else None
         self.runner = runner
-        self.model_spec, self.unlearn_options = model_spec, dict(unlearn_options or {})
+        self.model_spec, self.unlearn_options = model_spec, _options("unlearn_options", unlearn_options)
+        self.anchor_recipe = anchor_recipe
+        self.unlearn_by_objective = _by_objective(unlearn_by_objective, self.objectives)
         if runner is None:  # check stop_prob / check_steps now, not after the model load
             TrainerAnchorRunner(
                 model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps
@@ -207,11 +214,45 @@ class CUDScorer:
                 f"it needs at least 4, disjoint from the scored ones"
             )
 
-    def _runner_for(self, pool: AnchorPool) -> AnchorRunner:
+    def run_options(self, objective: str, pool: AnchorPool | None = None) -> dict:
+        """The UnlearnConfig options of ``objective``'s anchor runs (default runner): the pool's,
+        the recipe's (``anchor_recipe=paper``: the CUD code's settings of the five objectives),
+        ``unlearn_options``, ``unlearn_by_objective[objective]``, in rising precedence."""
+        return anchor_run_options(
+            objective,
+            recipe=self.anchor_recipe,
+            shared=self.unlearn_options,
+            by_objective=self.unlearn_by_objective,
+            base=pool.run_options if pool is not None else None,
+        )
+
+    def _runner_for(self, pool: AnchorPool, objective: str | None = None) -> AnchorRunner:
+        """The runner of ``objective``'s anchor runs (default: the first objective's)."""
         if self.runner is not None:
             return self.runner
-        options = {**pool.run_options, **self.unlearn_options}
+        options = self.run_options(objective or self.objectives[0], pool)
         return TrainerAnchorRunner(self.model_spec, options, stop_prob=self.stop_prob, check_steps=self.check_steps)
+
+    def deviations(self) -> list[str]:
+        """How these anchor runs differ from the paper's (recorded in the metadata)."""
+        out = []
+        if self.anchors is not None or self.anchor_losses is not None:
+            return out
+        if self.stop_prob is not None:
+            out.append(
+                f"anchor runs stop at the first check where the pool's mean answer probability is below "
+                f"{self.stop_prob} (the paper's runs train their whole budget)"
+            )
+        if self.runner is None:
+            if self.anchor_recipe != "paper":
+                out.append(f"anchor_recipe={self.anchor_recipe}: not the paper's per-objective anchor-run settings")
+            for o in self.objectives:
+                options = self.run_options(o)
+                if options.get("max_steps") or float(options.get("epochs", 5.0)) % 1:
+                    out.append(f"{o}: a budget of partial epochs: pool samples are not all seen equally often")
+        else:
+            out.append(f"anchor runs by {type(self.runner).__name__} (its own settings)")
+        return out
 
     @staticmethod
     def _check_retain(pool: AnchorPool, runner) -> None:
@@ -242,10 +283,13 @@ class CUDScorer:
         self, pool: AnchorPool, *, model, tokenizer, model_fp: str, runner=None, only: Sequence[int] | None = None
     ) -> list[list[float]]:
         """Per (objective, seed) run, the pool's per-sample post-unlearning losses (cached).
+        ``runner``: one runner for every objective (default: each objective's own).
         ``only``: positions in :meth:`anchor_runs` to do (a process's share under a launcher)."""
-        runner = runner or self._runner_for(pool)
+        runners = {o: runner or self._runner_for(pool, o) for o in self.objectives}
         return [
-            self._anchor_run(pool, objective, seed, runner, model=model, tokenizer=tokenizer, model_fp=model_fp)
+            self._anchor_run(
+                pool, objective, seed, runners[objective], model=model, tokenizer=tokenizer, model_fp=model_fp
+            )
             for j, (objective, seed) in enumerate(self.anchor_runs())
             if only is None or j in only
         ]
@@ -302,7 +346,7 @@ class CUDScorer:
         if self.anchors is not None:
             groups = {"all": (sorted(set(self.anchors["easy"])), sorted(set(self.anchors["hard"])))}
         else:
-            runner = self._runner_for(pool)
+            runner = self._runner_for(pool)  # (the losses before unlearning, for anchor_by=increase)
             if self.anchor_losses is not None:
                 runs = self.anchor_losses
                 if len(runs) != len(self.anchor_runs()):
@@ -311,8 +355,11 @@ class CUDScorer:
                         f"{len(self.anchor_runs())} (objective-major order)"
                     )
             else:
-                self._check_retain(pool, runner)
-                runs = self.anchor_loss_runs(pool, model=model, tokenizer=tokenizer, model_fp=model_fp, runner=runner)
+                for objective in self.objectives:
+                    self._check_retain(pool, self._runner_for(pool, objective))
+                if self.progress and self.stop_prob is not None:
+                    print(f"cud: deviation from the paper: {self.deviations()[0]}", file=sys.stderr, flush=True)
+                runs = self.anchor_loss_runs(pool, model=model, tokenizer=tokenizer, model_fp=model_fp)
             values = runs
             if self.anchor_by == "increase":
                 before = self._reference_losses(pool, runner, model=model, tokenizer=tokenizer)
@@ -453,9 +500,9 @@ class CUDScorer:
             flush=True,
         )
         if mine:
-            runner = self._runner_for(pool)
-            self._check_retain(pool, runner)
-            self.anchor_loss_runs(pool, model=model, tokenizer=tokenizer, model_fp=model_fp, runner=runner, only=mine)
+            for objective in {runs[j][0] for j in mine}:
+                self._check_retain(pool, self._runner_for(pool, objective))
+            self.anchor_loss_runs(pool, model=model, tokenizer=tokenizer, model_fp=model_fp, only=mine)
         if shard:
             self.score_matrices(samples, model=model, tokenizer=tokenizer, model_fp=model_fp, only=shard)
         if group.is_main:
@@ -575,12 +622,18 @@ class CUDScorer:
                 "seeds": self.seeds,
                 "per_objective": self.per_objective,
                 "anchor_by": self.anchor_by,
+                "anchor_recipe": self.anchor_recipe,
                 "k": self._k if vote else None,
                 "min_votes": vote.min_votes if vote else None,
                 "min_objectives": vote.min_objectives if vote else None,
                 "stop_prob": self.stop_prob,
                 "check_steps": self.check_steps,
+                # the first objective's runner; anchor_run_options: every objective's options
                 "runner": getattr(runner, "describe", lambda: {"runner": type(runner).__name__})(),
+                "anchor_run_options": {o: self.run_options(o, pool) for o in self.objectives}
+                if self.runner is None
+                else None,
+                "deviations": self.deviations(),
                 "fixed_anchors": self.anchors is not None,
                 "given_losses": self.anchor_losses is not None,
                 "similarity": self.similarity,
@@ -623,3 +676,41 @@ class CUDScorer:
                 [a, b, spearman(means[a], means[b])] for i, a in enumerate(names) for b in names[i + 1 :]
             ]
         return meta
+
+
+def _options(name: str, value) -> dict:
+    """An options table of UnlearnConfig fields (``unlearn_options`` or one objective's)."""
+    import dataclasses
+
+    from ...training.config import UnlearnConfig
+
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UnlearnError(f"scorer cud: option {name} must be a table of training options, got {value!r}")
+    known = {f.name for f in dataclasses.fields(UnlearnConfig)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise UnlearnError(f"scorer cud: option {name}: unknown training option(s) {', '.join(unknown)}")
+    taken = sorted(set(value) & set(RUN_SET))
+    if taken:
+        raise UnlearnError(f"scorer cud: option {name}: {', '.join(taken)} set by each anchor run itself; remove it")
+    return dict(value)
+
+
+def _by_objective(value, objectives: Sequence[str]) -> dict[str, dict]:
+    """``unlearn_by_objective``: {objective: training options}, each objective one of ``objectives``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UnlearnError(
+            f'scorer cud: option unlearn_by_objective must be a table per objective, e.g. {{"npo": {{"lr": 1e-5}}}}, '
+            f"got {value!r}"
+        )
+    other = sorted(set(value) - set(objectives))
+    if other:
+        raise UnlearnError(
+            f"scorer cud: option unlearn_by_objective names {', '.join(other)}, not among the objectives "
+            f"({', '.join(objectives)})"
+        )
+    return {o: _options(f"unlearn_by_objective.{o}", v) for o, v in value.items()}
