@@ -102,3 +102,35 @@ def test_prefix_shared_evaluation_equals_hflm_in_fp32_on_cuda(tiny_model_dir, to
     old = _evaluate(tiny_model_dir, tofu_dir, "hf", device="cuda", dtype="float32")
     new = _evaluate(tiny_model_dir, tofu_dir, "prefix", device="cuda", dtype="float32")
     _assert_same(old, new)
+
+
+def test_fsdp_on_two_gpus_matches_one_process(tiny_model_dir, tofu_dir, tmp_path):
+    """The shipped FSDP configuration (examples/accelerate/fsdp.yaml), fp32, on two GPUs: the run
+    says it was sharded, and its loss and adapter are one process's with the same global batch.
+    (On CPU processes accelerate does not shard: it runs DDP, MULTI_CPU, whatever the file says.)"""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs for FSDP; this machine has {torch.cuda.device_count()}")
+    from test_trainer import adapter_weights, free_port, max_diff
+
+    from unlearn_plugins.cli import main
+
+    flags = ["--max-steps", "4", "--mixed-precision", "no", "--dtype", "float32"]
+    two = tmp_path / "two"
+    args = run_args(tiny_model_dir, tofu_dir, two, *flags)
+    args[args.index("--grad-accum") + 1] = "1"
+    args.remove("--device")
+    args.remove("cuda")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    launch += [str(ROOT / "examples" / "accelerate" / "fsdp.yaml"), "--num_processes", "2", "--mixed_precision", "no"]
+    launch += ["--main_process_port", str(free_port()), "-m", "unlearn_plugins.cli", *args]
+    proc = subprocess.run(launch, env=cuda_env(CUDA_VISIBLE_DEVICES="0,1"), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((two / "run.json").read_text())
+    assert record["num_processes"] == 2 and record["distributed"] == "FSDP"
+    one = tmp_path / "one"
+    assert main(run_args(tiny_model_dir, tofu_dir, one, *flags)) == 0
+    single = json.loads((one / "run.json").read_text())
+    assert record["final_loss"] == pytest.approx(single["final_loss"], rel=1e-4)
+    assert max_diff(adapter_weights(two), adapter_weights(one)) <= 1e-4

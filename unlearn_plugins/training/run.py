@@ -444,6 +444,8 @@ def _train_locked(
         "weight_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "mixed_precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         "num_processes": args.world_size,
+        # how the processes share the model: NO, MULTI_CPU / MULTI_GPU (DDP), FSDP, DEEPSPEED
+        "distributed": trainer.accelerator.distributed_type.name,
         "samples": {name: len(items) for name, items in samples.items()},
         "parameters": {"trainable": trainable, "total": total},
         "objective": repr(objective),
