@@ -183,8 +183,11 @@ def test_a_stage_records_the_physical_gpu_it_ran_on(tmp_path, monkeypatch):
     uuid = "8f2c1a9e-0000-4000-8000-000000000003"
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuid))
     (tmp_path / "gpu").mkdir()
-    build(tmp_path / "gpu")
+    measured(lambda tmp: None, {"cell": "c", "device_type": "cuda", "dtype": "bfloat16"})(tmp_path / "gpu")
     assert json.loads((tmp_path / "gpu" / "resources.json").read_text())["gpu"] == f"GPU-{uuid}"
+    (tmp_path / "cpu-on-a-gpu-machine").mkdir()  # --device cpu: no GPU named
+    build(tmp_path / "cpu-on-a-gpu-machine")
+    assert json.loads((tmp_path / "cpu-on-a-gpu-machine" / "resources.json").read_text())["gpu"] is None
 
 
 # ----------------------------------------------------------------------------- bf16 only where native
@@ -275,3 +278,14 @@ def test_records_from_another_device_are_refused_unless_asked_for(tmp_path, caps
     # on the CPU the same record is this run's own: restored, nothing refused
     plain = plan_restored(study, cache=tmp_path / "cache2", device="cpu", stream=None, records=records)
     assert plain.cells[cell.cell.id].stages[-1].done
+
+
+def test_without_torchs_uuid_the_gpu_is_named_through_the_mask(monkeypatch):
+    import torch
+
+    from unlearn_plugins.process import gpu_identity
+
+    fake_gpus(monkeypatch, 2, "GPU-aaa,GPU-bbb")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: object())  # an older torch: no uuid
+    assert gpu_identity() == "GPU-bbb" and gpu_identity(0) == "GPU-aaa" and gpu_identity("cpu") is None

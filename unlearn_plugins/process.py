@@ -177,12 +177,30 @@ def gpu_identity(device=None) -> str | None:
                 return None
             index = torch.cuda.current_device() if dev.index is None else dev.index
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        count = torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable CUDA: no GPU to name
         return None
+    if uuid is None:  # an older torch: the mask's entry, or NVML's name of that physical GPU
+        uuid = _nvml_uuid(gpu_for(index, count))
     if uuid is None:
         return None
     text = str(uuid)
     return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def _nvml_uuid(entry: str) -> str | None:
+    """A ``CUDA_VISIBLE_DEVICES`` entry's UUID: itself if it is one, else NVML's (nvidia-ml-py,
+    where installed) for that physical index; None otherwise."""
+    if entry.startswith("GPU-"):
+        return entry
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+    except Exception:  # noqa: BLE001 - no NVML, or an entry it does not know
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 __all__ = [

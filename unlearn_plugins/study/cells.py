@@ -813,7 +813,7 @@ def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None
             "threads": torch.get_num_threads(),
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "gpu": gpu_identity() if cuda else None,
+            "gpu": gpu_identity() if cuda and info.get("device_type", "cuda") == "cuda" else None,
             **info,
         }
         if cuda:
