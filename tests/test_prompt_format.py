@@ -155,3 +155,17 @@ def test_run_json_records_the_rendered_format(tiny_model_dir, tofu_dir, tmp_path
     assert record["prompt_format"]["date_string"] == "3 Mar 2024"
     assert record["prompt_format"]["rendered"] == "Question: {question}\nAnswer: "
     assert record["config"]["prompt_format"] == "tofu-phi-1.5"
+
+
+def test_an_evaluation_says_its_format(tiny_model_dir, tofu_dir):
+    from unlearn_plugins.evaluation.lm_eval_runner import evaluate_model
+
+    def run():
+        return evaluate_model(str(tiny_model_dir), ["tofu_forget01_prob"], limit=2, tofu_dir=str(tofu_dir))
+
+    assert "prompt_format" not in run().summary  # the default: as every evaluation before
+    with prompts.using(prompts.resolve("tofu-phi-1.5")):
+        evaluation = run()
+    assert evaluation.summary["prompt_format"]["name"] == "tofu-phi-1.5"
+    prompt = evaluation.samples["tofu_forget01_prob"][0]["doc"]["prompt"]
+    assert prompt.startswith("Question: ") and prompt.endswith("\nAnswer: ")
