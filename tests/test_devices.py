@@ -289,3 +289,13 @@ def test_without_torchs_uuid_the_gpu_is_named_through_the_mask(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: object())  # an older torch: no uuid
     assert gpu_identity() == "GPU-bbb" and gpu_identity(0) == "GPU-aaa" and gpu_identity("cpu") is None
+
+
+def test_the_demo_puts_one_worker_on_each_gpu_by_default(monkeypatch):
+    from unlearn_plugins.commands.demo import default_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    fake_gpus(monkeypatch, 1, None)
+    assert default_workers() == 1 and default_workers("cpu") == 2  # one GPU: one worker on it
+    fake_gpus(monkeypatch, 0, None)
+    assert default_workers() == 2
