@@ -21,6 +21,36 @@ def pytest_configure(config):
             os.environ[name] = "1"
 
 
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests skip, saying why, where no CUDA device is usable."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+    for item in gpu_items:
+        item.add_marker(reason)
+
+
+@pytest.fixture(autouse=True)
+def _device_is_chosen(request, monkeypatch):
+    """Every test runs on the CPU unless it is marked ``gpu``: on a CUDA machine the defaults
+    (device, dtype, mixed precision) would otherwise turn to CUDA and bf16 and the fp32
+    exactness tests would compare bf16 numbers. The processes a test starts inherit the empty
+    CUDA_VISIBLE_DEVICES."""
+    if request.node.get_closest_marker("gpu"):
+        yield
+        return
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_cache(tmp_path_factory):
     """A cache folder for the whole run (UNLEARN_CACHE_DIR set by CI is kept, so the

@@ -230,7 +230,7 @@ BAD = [
     (
         "unknown key",
         _variant("seeds = [0, 1]", "seeds = [0, 1]\nseed = 3"),
-        "[study] seed: unknown key; known keys: name, description, seeds, ci, one_budget",
+        "[study] seed: unknown key; known keys: name, description, seeds, ci, one_budget, workers_per_gpu",
     ),
     ("repeated seed", _variant("seeds = [0, 1]", "seeds = [0, 0]"), "[study] seeds: 0 is listed twice"),
     (

@@ -76,7 +76,7 @@ def max_diff(a, b):
 
 def child_env():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the child runs on the CPU, as the test does
     return env
 
 
@@ -365,7 +365,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
     failing = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[rank", "error:")))[-4000:]
     assert proc.returncode == 0, failing + "\n---\n" + proc.stderr[-3000:]
     record = json.loads((two / "run.json").read_text())
-    assert record["num_processes"] == 2
+    assert record["num_processes"] == 2 and record["distributed"] == "MULTI_CPU"
 
     one = tmp_path / "one"
     args = tiny_args(tiny_model_dir, tofu_dir, one, *flags)

@@ -202,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with _sigterm_raises(), _one_line_warnings(), verbosity(args.verbosity):
+        from .commands.common import prompt_format
+        from .data import prompts
+
+        with _sigterm_raises(), _one_line_warnings(), verbosity(args.verbosity), prompts.using(prompt_format(args)):
             log.debug(
                 "unlearn %s: %s",
                 args.command,

@@ -122,9 +122,23 @@ def pick_dtype(device: str, dtype: str | None = None):
             }[dtype]
         except KeyError:
             raise ModelError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16") from None
-    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+    if device.startswith("cuda") and cuda_bf16_native():
         return torch.bfloat16
     return torch.float32
+
+
+def cuda_bf16_native() -> bool:
+    """Whether this machine's GPU computes bf16 in hardware (compute capability 8.0 and up:
+    A100, H100, RTX 30xx...). ``torch.cuda.is_bf16_supported()`` also says yes where bf16 is
+    emulated (V100, T4), several times slower than fp32 there: those get fp32."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.3 has no including_emulation: its answer is the hardware's
+        return bool(torch.cuda.is_bf16_supported()) and torch.cuda.get_device_capability()[0] >= 8
 
 
 def _gguf_path(alias: str) -> Path:

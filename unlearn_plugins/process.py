@@ -1,6 +1,7 @@
 """The state of the process a stage runs in: its memory (the resident set now, a stage's
 sampled peak, handing freed memory back to the system) and which libraries' log lines reach
-its output. Shared by the study's cells and workers and the CUD scorer's anchor runs; torch-free."""
+its output, and the GPU it is given. Shared by the study's cells and workers and the CUD scorer's
+anchor runs; torch is imported only where a GPU is asked about."""
 
 from __future__ import annotations
 
@@ -117,4 +118,98 @@ def quiet_libraries():
             lg.setLevel(level)
 
 
-__all__ = ["resident_mb", "PeakSampler", "release_memory", "quiet_libraries"]
+# ----------------------------------------------------------------------------- GPUs
+
+
+def visible_gpus(count: int, environ: dict | None = None) -> list[str]:
+    """The GPUs this process may hand to its workers, as ``CUDA_VISIBLE_DEVICES`` entries name
+    them (indices or UUIDs): the inherited mask's entries, in its order, or ``0..count-1``
+    when no mask is set. ``count``: the CUDA devices this process sees (torch's count, which
+    already honours the mask). A child given ``CUDA_VISIBLE_DEVICES=str(k)`` under the mask
+    ``2,3`` would run on physical GPU k, not on the k-th of ours."""
+    environ = os.environ if environ is None else environ
+    mask = environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return [str(i) for i in range(count)]
+    entries = [x.strip() for x in mask.split(",") if x.strip()]
+    return entries[:count] if count else entries
+
+
+def gpu_for(index: int, count: int, environ: dict | None = None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that gives a child this process's CUDA device
+    ``index`` mod ``count`` (a worker's slot, or the device a process runs on): the one rule
+    for the study's workers and the CUD scorer's anchor-run children."""
+    gpus = visible_gpus(count, environ)
+    if not gpus:
+        raise ValueError(f"no visible GPU to place process {index} on (CUDA_VISIBLE_DEVICES hides them all)")
+    return gpus[index % len(gpus)]
+
+
+def check_gpu_share(workers: int, gpus: int, per_gpu: int, where: str = "--workers") -> None:
+    """More workers than GPUs is refused unless each GPU is to be shared by ``per_gpu`` workers
+    (a study's ``[study] workers_per_gpu``): two training runs on one card silently halve each
+    other's memory and speed."""
+    from .errors import UnlearnError
+
+    if gpus and workers > gpus * per_gpu:
+        share = -(-workers // gpus)
+        raise UnlearnError(
+            f"{where} {workers}: this machine shows {gpus} GPU(s) with {per_gpu} worker(s) each; "
+            f"give at most {gpus * per_gpu} workers, or set [study] workers_per_gpu = {share} "
+            f"in the study file to let {share} workers share a GPU"
+        )
+
+
+def gpu_identity(device=None) -> str | None:
+    """The physical GPU a CUDA device is (its UUID, the same on every process whatever the
+    mask), or None on CPU and where no CUDA device is used. ``device``: a torch device or
+    index (default: the current CUDA device)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        if device is None or isinstance(device, int):
+            index = torch.cuda.current_device() if device is None else device
+        else:
+            dev = torch.device(device)
+            if dev.type != "cuda":
+                return None
+            index = torch.cuda.current_device() if dev.index is None else dev.index
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        count = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA: no GPU to name
+        return None
+    if uuid is None:  # an older torch: the mask's entry, or NVML's name of that physical GPU
+        uuid = _nvml_uuid(gpu_for(index, count))
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def _nvml_uuid(entry: str) -> str | None:
+    """A ``CUDA_VISIBLE_DEVICES`` entry's UUID: itself if it is one, else NVML's (nvidia-ml-py,
+    where installed) for that physical index; None otherwise."""
+    if entry.startswith("GPU-"):
+        return entry
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+    except Exception:  # noqa: BLE001 - no NVML, or an entry it does not know
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+__all__ = [
+    "resident_mb",
+    "PeakSampler",
+    "release_memory",
+    "quiet_libraries",
+    "visible_gpus",
+    "gpu_for",
+    "check_gpu_share",
+    "gpu_identity",
+]

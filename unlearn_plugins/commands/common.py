@@ -48,6 +48,34 @@ def add_model_options(parser: argparse.ArgumentParser, *, default: str | None = 
         help="float32, bfloat16 or float16 (default: fp32 on CPU, bf16 on CUDA)",
     )
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+    add_prompt_options(parser)
+
+
+def add_prompt_options(parser: argparse.ArgumentParser, default=None) -> None:
+    """--prompt-format and --date-string (applied to the whole command by the CLI: :func:`prompt_format`)."""
+    parser.add_argument(
+        "--prompt-format",
+        default=default,
+        metavar="NAME|FILE",
+        help="prompt format: tokenizer (default: the model's chat template), tofu-llama3, tofu-llama2-chat, "
+        "tofu-phi-1.5 (open-unlearning's TOFU formats), or a Jinja chat template file",
+    )
+    parser.add_argument(
+        "--date-string",
+        default=default,
+        help="the date chat templates render (default: '26 Jul 2024', or the format's; never today's)",
+    )
+
+
+def prompt_format(args):
+    """The prompt format a command's --prompt-format / --date-string / --system-prompt ask for
+    (None: neither flag given, the one in force stays)."""
+    from ..data import prompts
+
+    name, date = getattr(args, "prompt_format", None), getattr(args, "date_string", None)
+    if name is None and date is None:
+        return None
+    return prompts.resolve(name, date_string=date)
 
 
 def add_data_options(parser: argparse.ArgumentParser, *, default: str | None = "tofu:forget01") -> None:

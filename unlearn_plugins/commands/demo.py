@@ -360,13 +360,19 @@ def _raise_failed(plan, results: dict) -> None:
         raise UnlearnError(f"{plan.cells[cell].cell.label}: {result.get('error')}{log}")
 
 
-def default_workers() -> int:
+def default_workers(device: str | None = None) -> int:
     """Two workers where there are two cores or more, else one; more only when asked
-    (``--workers``): each worker holds a model of its own in memory."""
+    (``--workers``): each worker holds a model of its own in memory. Cells on CUDA: at most one
+    worker per GPU (two workers are not put on one card)."""
     import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(2, cores))
+    workers = max(1, min(2, cores))
+    if device != "cpu":
+        from ..study.executors import gpu_count
+
+        workers = min(workers, gpu_count() or workers)
+    return workers
 
 
 def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
@@ -428,7 +434,7 @@ def run_tofu(args) -> int:
     from ..process import quiet_libraries
     from ..study.runner import run_plan
 
-    workers = args.workers if args.workers is not None else default_workers()
+    workers = args.workers if args.workers is not None else default_workers(args.device)
     out = Path(args.out or "unlearn-demo")
     train_dtype = native_dtype(args.train_dtype or "auto", args.device, "--train-dtype")
     eval_dtype = native_dtype(args.eval_dtype or "auto", args.device, "--eval-dtype")

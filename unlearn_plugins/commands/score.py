@@ -157,6 +157,12 @@ def _settings_key(args, options: dict, samples, model) -> str:
         "model": weights_fingerprint(where) or where,
         "dtype": str(next(model.parameters()).dtype),
     }
+    from ..data import prompts
+
+    if part := prompts.key_part(prompts.active()):  # only when not the default: earlier partial files resume
+        settings["prompt_format"] = part
+    if (device := next(model.parameters()).device.type) != "cpu":
+        settings["device"] = device
     if args.adapter:  # only when given, so partial files of runs without one stay resumable
         from ..files import file_sha256
         from ..models import ADAPTER_WEIGHTS

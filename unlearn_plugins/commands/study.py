@@ -91,6 +91,12 @@ def add_parser(sub) -> None:
         help="keep each finished cell's results (no models) in DIR, small enough for a repository, "
         "and restore them first: a study resumes on another machine without rebuilding them",
     )
+    p.add_argument(
+        "--records-any-device",
+        action="store_true",
+        help="reuse --records made on another device type or precision (CPU fp32 records on a GPU run, "
+        "say) as this run's; without it they are refused",
+    )
     p.set_defaults(func=run)
 
 
@@ -217,6 +223,12 @@ def run(args) -> int:
         print(dry_run_table(dry_run_plan(study, cache=cache, device=args.device, records=records), records))
         return 0
     out = args.out or f"study-{study.name}"
+    if not args.report_only and args.executor != "inline" and not args.scheduler and args.device != "cpu":
+        from ..process import check_gpu_share, visible_gpus
+        from ..study.executors import gpu_count
+
+        # before any work: the executor itself is made once a cell is ready to run
+        check_gpu_share(args.workers, len(visible_gpus(gpu_count())), study.workers_per_gpu)
     if study.movielens is not None:
         return _run_movielens(study, args, out, cache)
     if args.report_only:
@@ -228,6 +240,7 @@ def run(args) -> int:
             cache=cache,
             device=args.device,
             records=Path(args.records).expanduser() if args.records else None,
+            records_any_device=args.records_any_device,
         )
         print(outcome.table)
         print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
@@ -251,6 +264,7 @@ def run(args) -> int:
         device=args.device,
         threads=args.threads,
         records=Path(args.records).expanduser() if args.records else None,
+        records_any_device=args.records_any_device,
     )
     print(outcome.table)
     print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..options import parse_options
-from .common import add_show_config_option
+from .common import add_prompt_options, add_show_config_option
 
 #: a flag's default: not given (only flags actually given override the config file)
 S = argparse.SUPPRESS
@@ -46,6 +46,7 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-remote-code", action="store_true", default=S)
     g.add_argument("--max-length", type=int, default=S, help="max tokens per example (default: 512)")
     g.add_argument("--system-prompt", default=S, help="system prompt for the chat template")
+    add_prompt_options(g, default=S)
     g = p.add_argument_group("LoRA")
     g.add_argument(
         "--full-finetune", action="store_true", default=S, help="train all weights instead of a LoRA adapter"

@@ -246,18 +246,40 @@ def author_slice(authors: Iterable[int]) -> list[int]:
 
 
 def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
+    """Whether a chat template renders the prompt (the format in force's, or the tokenizer's):
+    the template then places BOS itself."""
+    from . import prompts
+
+    return prompts.active().template is not None or bool(getattr(tokenizer, "chat_template", None))
 
 
 def prompt_text(tokenizer, question: str, system_prompt: str | None = None) -> str:
-    """The prompt up to where the answer starts: the model's chat template with the
-    question as user turn and the generation prompt; a plain Q/A format without a template."""
+    """The prompt up to where the answer starts: the prompt format in force
+    (:func:`.prompts.active`: the model's chat template by default, or a named or file template)
+    with the question as user turn and the generation prompt, rendered with the format's fixed
+    ``date_string``; a plain Q/A format without a template. ``system_prompt``: the system turn
+    (default: the format's)."""
+    from . import prompts
+
+    fmt = prompts.active()
+    system_prompt = system_prompt if system_prompt is not None else fmt.system_prompt
     if has_chat_template(tokenizer):
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": question}
         ]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        extra = {"chat_template": fmt.template} if fmt.template is not None else {}
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, date_string=fmt.date_string, **extra
+        )
     return f"Question: {question}\nAnswer: "
+
+
+def prompt_record(tokenizer) -> dict:
+    """What run.json records of the prompt format in force: its definition and the prompt it
+    renders for a placeholder question with this tokenizer."""
+    from . import prompts
+
+    return {**prompts.active().definition(), "rendered": prompt_text(tokenizer, "{question}")}
 
 
 def end_token_id(tokenizer) -> int:

@@ -773,6 +773,7 @@ def evaluate_model(
     """
     lm_class = lm_class_for(scoring)
 
+    from ..data import prompts
     from ..models import load_model, pick_device, pick_dtype, resolve_model
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -825,6 +826,7 @@ def evaluate_model(
         "max_gen_toks": max_gen_toks,
         "scoring": scoring,
         **({"adapter_merged": True} if adapter and merge_adapter else {}),
+        **({"prompt_format": fmt.definition()} if not (fmt := prompts.active()).is_default else {}),
     }
     model_args = {"pretrained": model, **({"peft": adapter} if adapter else {}), **({"dtype": dtype} if dtype else {})}
     if use_cache:

@@ -16,6 +16,7 @@ wall time and peak memory (``resources.json``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import os
@@ -28,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..data import prompts
 from ..errors import UnlearnError
 from ..files import LockHeld, write_json
 from ..models import merge_is_exact
-from ..process import PeakSampler, quiet_libraries, release_memory
+from ..process import PeakSampler, gpu_identity, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
 from .spec import TINY_MODEL, Cell, Study, expand
 
@@ -47,6 +49,8 @@ MIA_REFERENCE = "mia_reference.json"
 WAIT_POLL_S = 1.0
 #: the stage kinds that evaluate a model (a cell whose last one is finished is done)
 EVALUATIONS = ("evaluate", "rec_evaluate")
+#: the device type and default dtype every study was run with before they were keyed
+CPU_FP32 = ("cpu", "float32")
 
 
 def default_cache() -> Path:
@@ -93,6 +97,8 @@ class Plan:
     benches: dict[int, dict]  # forget size -> the benchmark's description (+ folder)
     cells: dict[str, CellPlan] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # "target", "retain/forgetK" -> model folder
+    #: (device type, default dtype) its stages are keyed for (:func:`stage_identity`)
+    identity: tuple = CPU_FP32
 
     def ordered(self) -> list[CellPlan]:
         return list(self.cells.values())
@@ -101,9 +107,51 @@ class Plan:
 # ----------------------------------------------------------------------------- planning
 
 
-def base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, str]:
-    """(model folder or id, key of its weights) of the study's base model. ``tiny-llama`` is
-    built into the cache (``stages`` None, a dry run: not built, its key only)."""
+_PLANNED_AS: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("planned_as", default=None)
+
+
+def stage_identity(device: str | None) -> tuple[str, str]:
+    """(device type, dtype models load in there by default): what a stage's numbers depend on
+    besides its settings (a dtype a study sets is in its stages' settings already)."""
+    if (forced := _PLANNED_AS.get()) is not None:
+        return forced
+    import torch
+
+    from ..models import pick_device, pick_dtype
+
+    chosen = pick_device(device)
+    return torch.device(chosen).type, str(pick_dtype(chosen)).removeprefix("torch.")
+
+
+@contextlib.contextmanager
+def planned_as(identity: tuple[str, str]):
+    """Plan as if on another device and precision (the keys of records made there)."""
+    token = _PLANNED_AS.set(tuple(identity))
+    try:
+        yield
+    finally:
+        _PLANNED_AS.reset(token)
+
+
+def run_setting_key(key: str, study: Study, device: str | None) -> str:
+    """A model's key with what every stage built from it depends on besides the weights: the
+    device type and default dtype, and the prompt format; each only where it is not what every
+    study used before they were keyed (CPU, fp32, the default format), so those keys and the
+    committed records stay valid."""
+    identity = stage_identity(device)
+    extra = (() if identity == CPU_FP32 else ("device", *identity)) + prompts.key_part(study.prompt_format)
+    return digest(key, *extra) if extra else key
+
+
+def base_model(study: Study, stages: Stages | None, cache: Path, device: str | None = None) -> tuple[str, str]:
+    """(model folder or id, key of its weights and run setting: :func:`run_setting_key`) of the
+    study's base model. ``tiny-llama`` is built into the cache (``stages`` None, a dry run: not
+    built, its key only)."""
+    path, key = _base_model(study, stages, cache)
+    return path, run_setting_key(key, study, device)
+
+
+def _base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, str]:
     from ..errors import ModelError
     from ..models import resolve_model, weights_fingerprint
 
@@ -273,7 +321,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=1 + len(study.forget_sizes), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
-        base_path, base_key = base_model(study, stages, cache)
+        base_path, base_key = base_model(study, stages, cache, device)
         benches = prepare_benchmarks(study, cache, stages, Path(scratch))
         if dry_run:  # the scratch folder goes away: keep only what the keys need
             for bench in benches.values():
@@ -334,10 +382,10 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             plan.models[cell.id] = plan.cells[cell.id].model
     if study.target.given is not None:
         plan.models["target"] = study.target.given
-        model_keys["target"] = _given_key(study.target.given)
+        model_keys["target"] = _given_key(study.target.given, study, device)
     for k, given in study.retain_given.items():
         plan.models[f"retain/forget{k}"] = given
-        model_keys[f"retain/forget{k}"] = _given_key(given)
+        model_keys[f"retain/forget{k}"] = _given_key(given, study, device)
 
     # CUD scores of each forget set on the target ([cud])
     for cell in expand(study):
@@ -488,10 +536,11 @@ def _file(bench: dict, name: str) -> str | None:
     return str(Path(bench["folder"]) / f"{name}.json") if bench["folder"] else None
 
 
-def _given_key(model: str) -> str:
+def _given_key(model: str, study: Study, device: str | None) -> str:
     from ..models import resolve_model, weights_fingerprint
 
-    return digest(STUDY_FORMAT, "weights", weights_fingerprint(resolve_model(model)) or model)
+    key = digest(STUDY_FORMAT, "weights", weights_fingerprint(resolve_model(model)) or model)
+    return run_setting_key(key, study, device)
 
 
 # ----------------------------------------------------------------------------- builders
@@ -745,7 +794,8 @@ def builder(name: str) -> Callable[[Path, dict], None]:
 
 def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None]:
     """``build`` that also writes resources.json: wall time and peak memory (RSS, and CUDA's
-    allocator peak where a GPU was used) of the stage."""
+    allocator peak where a GPU was used) of the stage, and where it ran (``info``: the device
+    type and dtype it was keyed for; ``gpu``: the physical GPU's UUID, None on CPU)."""
 
     def run(tmp: Path) -> None:
         import torch
@@ -763,6 +813,7 @@ def measured(build: Callable[[Path], None], info: dict) -> Callable[[Path], None
             "threads": torch.get_num_threads(),
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            "gpu": gpu_identity() if cuda and info.get("device_type", "cuda") == "cuda" else None,
             **info,
         }
         if cuda:
@@ -779,6 +830,10 @@ class CellTask:
     plan: CellPlan
     cache: str
     log: str
+    #: (device type, dtype) the plan keyed the stages for: recorded in resources.json
+    identity: tuple = CPU_FP32
+    #: the study's prompt format (data/prompts.py definition; None: the default), in force while it builds
+    prompt_format: dict | None = None
 
 
 def _emit_nothing(*event: Any) -> None:
@@ -848,7 +903,7 @@ def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> d
     started = time.perf_counter()
     sources: list[str] = []
     error = None
-    with output_to(Path(task.log)) as log, quiet_libraries():
+    with output_to(Path(task.log)) as log, quiet_libraries(), prompts.using(task.prompt_format):
         print(
             f"== {plan.cell.label} ({cell_id}), pid {os.getpid()}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
             file=log,
@@ -858,7 +913,8 @@ def execute_cell(task: CellTask, emit: Callable[..., None] = _emit_nothing) -> d
             stages = Stages(Path(task.cache), total=len(plan.stages), stream=log)
             for i, stage in enumerate(plan.stages):
                 emit("stage", cell_id, i, len(plan.stages), stage.label)
-                build = measured(lambda tmp, stage=stage: builder(stage.build)(tmp, stage.params), {"cell": cell_id})
+                where = {"cell": cell_id, "device_type": task.identity[0], "dtype": task.identity[1]}
+                build = measured(lambda tmp, stage=stage: builder(stage.build)(tmp, stage.params), where)
                 sources.append(
                     run_stage(
                         stages, stage.label, Path(stage.folder), build, on_wait=lambda msg: emit("wait", cell_id, msg)
@@ -909,4 +965,7 @@ __all__ = [
     "cell_source",
     "STUDY_FORMAT",
     "EVALUATIONS",
+    "CPU_FP32",
+    "stage_identity",
+    "planned_as",
 ]

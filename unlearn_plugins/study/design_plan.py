@@ -119,7 +119,7 @@ def plan_design(
     design: Design = study.design
     stages = None if dry_run else Stages(cache, total=1 + len(design.authors), stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
-        base_path, base_key = base_model(study, stages, cache)
+        base_path, base_key = base_model(study, stages, cache, device)
         benches = author_benchmarks(study, cache, stages, Path(scratch))
     plan = Plan(study, cache, device, benches)
     settings = evaluation_settings(study, device)
@@ -173,7 +173,7 @@ def plan_design(
         plan.models["target"] = study.target.given
         from .cells import _given_key
 
-        model_keys["target"] = _given_key(study.target.given)
+        model_keys["target"] = _given_key(study.target.given, study, device)
     merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
     runs: dict[str, list[str]] = {}
     for cell in expand(study):

@@ -8,7 +8,10 @@ n, label)``, ``("wait", cell, message)`` and ``("done", cell, result)``.
 Local workers are single processes started with ``spawn`` (no inherited torch or OpenMP
 state), each pinned to its share of the cores (``torch.set_num_threads`` and the OpenMP/MKL
 thread variables): on 2 cores two single-threaded workers do more cells per hour than one
-two-threaded one (bench/study_throughput.py). With GPUs, worker k sees GPU k mod N only. A
+two-threaded one (bench/study_throughput.py). With GPUs, worker k sees only the (k mod N)-th of
+the GPUs this process sees (:func:`..process.gpu_for`: the inherited ``CUDA_VISIBLE_DEVICES``
+entries, or all GPUs without one), and more workers than GPUs is refused unless the study lets
+``workers_per_gpu`` workers share one. A
 worker that dies (killed, out of memory) fails the cell it was running, and a new worker
 takes its place; the others go on. A worker whose resident memory, once a cell is done and
 its freed memory handed back, has grown more than ``UNLEARN_WORKER_GROWTH_MB`` (default 256)
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnlearnError
-from ..process import resident_mb
+from ..process import check_gpu_share, resident_mb, visible_gpus
 from ..stages import remove_own_temporaries
 from .cells import CellTask, execute_cell
 
@@ -58,7 +61,7 @@ def growth_limit_mb() -> float | None:
     return limit if limit > 0 else None
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     try:
         import torch
 
@@ -67,13 +70,13 @@ def _gpu_count() -> int:
         return 0
 
 
-def _pin(threads: int, gpu: int | None) -> None:
+def _pin(threads: int, gpu: str | None) -> None:
     """This process's thread count (before torch starts its pools) and visible GPU."""
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
 
     torch.set_num_threads(threads)
@@ -82,7 +85,7 @@ def _pin(threads: int, gpu: int | None) -> None:
 # ----------------------------------------------------------------------------- local
 
 
-def _local_worker(slot: int, inbox, outbox, threads: int, gpu: int | None, growth_mb: float | None = None) -> None:
+def _local_worker(slot: int, inbox, outbox, threads: int, gpu: str | None, growth_mb: float | None = None) -> None:
     """A local worker: cells from ``inbox`` until None, events to ``outbox``; it retires (its
     last "done" says so) once its memory has grown ``growth_mb`` above its first cell's."""
     # Ctrl-C (or the runner's SIGINT) interrupts the cell, whose stage removes its temporary
@@ -159,27 +162,30 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, workers: int, threads: int | None = None):
+    def __init__(self, workers: int, threads: int | None = None, *, per_gpu: int = 1, use_gpus: bool = True):
         import multiprocessing
 
         _quiet_resource_tracker()
         self.workers = workers
         self.threads = threads or threads_per_worker(workers)
-        self.gpus = _gpu_count()
+        #: the GPUs the workers are spread over, as CUDA_VISIBLE_DEVICES entries ([]: CPU workers)
+        self.gpu_names = visible_gpus(gpu_count()) if use_gpus else []
+        self.gpus = len(self.gpu_names)
+        check_gpu_share(workers, self.gpus, per_gpu)
         self.ctx = multiprocessing.get_context("spawn")
         self.growth_mb = growth_limit_mb()
         self.outbox = None
         self.slots: dict[int, dict[str, Any]] = {}
 
     def describe(self) -> str:
-        gpus = f", GPU k mod {self.gpus}" if self.gpus else ""
+        gpus = f", worker k on GPU {','.join(self.gpu_names)}[k mod {self.gpus}]" if self.gpus else ""
         return f"local: {self.workers} worker process(es), {self.threads} thread(s) each{gpus}"
 
     def _spawn(self, slot: int) -> None:
         if self.outbox is None:
             self.outbox = self.ctx.Queue()
         inbox = self.ctx.Queue()
-        gpu = slot % self.gpus if self.gpus else None
+        gpu = self.gpu_names[slot % self.gpus] if self.gpus else None
         proc = self.ctx.Process(
             target=_local_worker,
             args=(slot, inbox, self.outbox, self.threads, gpu, self.growth_mb),
@@ -316,13 +322,14 @@ class InlineExecutor:
 # ----------------------------------------------------------------------------- dask
 
 
-def _dask_cell(task: CellTask, events: str, threads: int, gpus: int) -> dict:
-    """A cell as a Dask task: pinned like a local worker, events through a Dask queue."""
+def _dask_cell(task: CellTask, events: str, threads: int, gpus: list[str]) -> dict:
+    """A cell as a Dask task: pinned like a local worker (a LocalCluster's worker k to the
+    (k mod N)-th of the GPUs the study sees), events through a Dask queue."""
     from distributed import Queue, get_worker
 
     worker = get_worker()
     index = worker.name if isinstance(worker.name, int) else 0
-    _pin(threads, index % gpus if gpus and "CUDA_VISIBLE_DEVICES" not in os.environ else None)
+    _pin(threads, gpus[index % len(gpus)] if gpus else None)
     channel = Queue(events)
     where = f"dask worker {worker.address}"
 
@@ -343,13 +350,26 @@ class DaskExecutor:
 
     name = "dask"
 
-    def __init__(self, workers: int, address: str | None = None, threads: int | None = None):
+    def __init__(
+        self,
+        workers: int,
+        address: str | None = None,
+        threads: int | None = None,
+        *,
+        per_gpu: int = 1,
+        use_gpus: bool = True,
+    ):
         try:
             from distributed import Client, LocalCluster, Queue
         except ImportError:
             raise UnlearnError("--executor dask needs Dask: pip install 'unlearn-plugins[dask]'") from None
         self.threads = threads or (1 if address else threads_per_worker(workers))
-        self.gpus = 0 if address else _gpu_count()
+        # a scheduler's workers are placed where they were started (one GPU each: dask-cuda's
+        # workers, or CUDA_VISIBLE_DEVICES per `dask worker`); a LocalCluster's are pinned here
+        self.gpu_names = visible_gpus(gpu_count()) if use_gpus and not address else []
+        self.gpus = len(self.gpu_names)
+        if not address:
+            check_gpu_share(workers, self.gpus, per_gpu)
         self.cluster = None
         if address:
             try:
@@ -392,7 +412,7 @@ class DaskExecutor:
             task,
             self.channel_name,
             self.threads,
-            self.gpus,
+            self.gpu_names,
             key=f"cell-{cell}-{uuid.uuid4().hex[:8]}",
             pure=False,
             resources={"GPU": 1} if self.use_gpu else None,
@@ -450,13 +470,23 @@ def check_scheduler(address: str) -> None:
         ) from None
 
 
-def make_executor(kind: str, workers: int, *, scheduler: str | None = None, threads: int | None = None):
+def make_executor(
+    kind: str,
+    workers: int,
+    *,
+    scheduler: str | None = None,
+    threads: int | None = None,
+    per_gpu: int = 1,
+    use_gpus: bool = True,
+):
+    """``per_gpu``: workers that may share one GPU (the study's ``workers_per_gpu``);
+    ``use_gpus``: False when the cells run on the CPU (``--device cpu``): no GPU is handed out."""
     if kind == "local":
         if scheduler:
             raise UnlearnError("--scheduler is an address of a Dask scheduler: use it with --executor dask")
-        return LocalExecutor(workers, threads)
+        return LocalExecutor(workers, threads, per_gpu=per_gpu, use_gpus=use_gpus)
     if kind == "dask":
-        return DaskExecutor(workers, scheduler, threads)
+        return DaskExecutor(workers, scheduler, threads, per_gpu=per_gpu, use_gpus=use_gpus)
     if kind == "inline":  # one cell after the other in this process (workers and threads: its own)
         return InlineExecutor()
     raise UnlearnError(f"--executor {kind!r}: choose {' or '.join(EXECUTORS)}")

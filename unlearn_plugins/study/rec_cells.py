@@ -60,7 +60,7 @@ def plan_movielens_study(
         raise UnlearnError(f"{study.path}: [benchmark] users: {problem}")  # before the base model is made
     stages = None if dry_run else Stages(cache, total=2, stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
-        base_path, base_key = base_model(study, stages, cache)
+        base_path, base_key = base_model(study, stages, cache, device)
         bench = prepare_benchmark(study, cache, stages, Path(scratch))
         if dry_run:  # the scratch folder goes away: keep only what the keys need
             bench["folder"] = None

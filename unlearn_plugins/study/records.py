@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from ..stages import DONE
-from .cells import RESOURCES, CellPlan, Plan
+from .cells import CPU_FP32, RESOURCES, CellPlan, Plan
 
 #: what an evaluation stage keeps besides its slimmed samples
 KEPT_SUFFIXES = (".json",)
@@ -159,15 +159,33 @@ def _hollow(record: Path, tmp: Path) -> None:
         shutil.copy2(record / TRACE, tmp / TRACE)
 
 
-def restore(plan: Plan, records: Path) -> list[str]:
+def identities(records: Path) -> set[tuple[str, str]]:
+    """The (device type, dtype) the records in ``records`` were made with, as their
+    resources.json says; one that does not say was made on CPU in fp32 (every record made
+    before they were recorded was)."""
+    found = set()
+    for path in records.glob(f"*/{RESOURCES}"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            found.add((str(data.get("device_type", CPU_FP32[0])), str(data.get("dtype", CPU_FP32[1]))))
+    return found
+
+
+def restore(plan: Plan, records: Path, other: dict[str, str] | None = None) -> list[str]:
     """Put the recorded stages of the plan's cells into the cache where they are missing;
-    returns the folder names restored."""
+    returns the folder names restored. ``other``: {stage folder: record name} of records
+    made under other keys to restore in their place (another device, ``--records-any-device``)."""
     restored = []
     if not records.is_dir():
         return restored
+    other = other or {}
     for cp in plan.cells.values():
         for stage in cp.stages:
-            folder, record = Path(stage.folder), records / Path(stage.folder).name
+            folder = Path(stage.folder)
+            record = records / other.get(stage.folder, folder.name)
             if not record.is_dir() or (folder / DONE).is_file():
                 continue
             if stage.build in WHOLE:
@@ -183,4 +201,4 @@ def restore(plan: Plan, records: Path) -> list[str]:
     return restored
 
 
-__all__ = ["save", "restore", "recorded_name"]
+__all__ = ["save", "restore", "recorded_name", "identities"]

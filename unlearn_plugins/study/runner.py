@@ -18,7 +18,7 @@ from .. import tables
 from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE, unreadable
-from .cells import EVALUATIONS, CellTask, Plan, cell_source, plan_study
+from .cells import EVALUATIONS, CellTask, Plan, cell_source, plan_study, planned_as, stage_identity
 from .design_plan import WaitingCellPlan, plan_design
 from .progress import Progress
 from .rec_cells import plan_movielens_study
@@ -58,10 +58,13 @@ def plan_cells(
     (``records``: a dry run keys test cells at the operating points recorded there, as a run
     restoring them would)."""
     if study.movielens is not None:
-        return plan_movielens_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
-    if study.design is not None:
-        return plan_design(study, cache=cache, device=device, dry_run=dry_run, stream=stream, records=records)
-    return plan_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+        plan = plan_movielens_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+    elif study.design is not None:
+        plan = plan_design(study, cache=cache, device=device, dry_run=dry_run, stream=stream, records=records)
+    else:
+        plan = plan_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+    plan.identity = stage_identity(device)
+    return plan
 
 
 def log_path(out: Path, cell_id: str) -> Path:
@@ -254,7 +257,15 @@ def run_cells(
             for cp in ready[: executor.free() if executor else 0]:
                 pending.remove(cp)
                 running.add(cp.cell.id)
-                executor.submit(CellTask(cp, str(plan.cache), str(log_path(out, cp.cell.id))))
+                executor.submit(
+                    CellTask(
+                        cp,
+                        str(plan.cache),
+                        str(log_path(out, cp.cell.id)),
+                        identity=plan.identity,
+                        prompt_format=plan.study.prompt_format,
+                    )
+                )
             if not running:
                 continue
             for event in executor.events(0.5):
@@ -313,13 +324,17 @@ def _evaluation_stages(plan: Plan):
                 yield cp, stage
 
 
-def check_records(plan: Plan, records: Path, cells: set[str] | None = None) -> None:
+def check_records(
+    plan: Plan, records: Path, cells: set[str] | None = None, other: dict[str, str] | None = None
+) -> None:
     """A recorded evaluation that cannot be read is an error naming it (it is never restored
-    and averaged away): the user removes it, and the cell is rebuilt. ``cells``: only theirs."""
+    and averaged away): the user removes it, and the cell is rebuilt. ``cells``: only theirs;
+    ``other``: the records of another device to be restored (:func:`foreign_records`)."""
+    other = other or {}
     for cp, stage in _evaluation_stages(plan):
         if cells is not None and cp.cell.id not in cells:
             continue
-        record = records / Path(stage.folder).name
+        record = records / other.get(stage.folder, Path(stage.folder).name)
         if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build)):
             raise UnlearnError(
                 f"--records {records}: the recorded evaluation of {cp.cell.id}, {record}, is unreadable "
@@ -400,10 +415,51 @@ def record_cell(cp, records: Path, stream) -> None:
         print(f"warning: --records {records}: could not record {cp.cell.id}: {exc}", file=stream, flush=True)
 
 
+def foreign_records(plan: Plan, records: Path, *, device: str | None, any_device: bool) -> dict[str, str]:
+    """Records made on another device type or precision that would answer for this plan's
+    stages ({this plan's stage folder: the record's folder name}). They are keyed apart, so a
+    GPU run never takes a CPU number for its own; found, they are refused with one line
+    unless ``any_device`` (``--records-any-device``) asks to reuse them."""
+    import io
+
+    from . import records as ledger
+
+    found: dict[str, str] = {}
+    for other in sorted(ledger.identities(records) - {tuple(plan.identity)}):
+        with planned_as(other):
+            shadow = plan_cells(plan.study, cache=plan.cache, device=device, stream=io.StringIO())
+        n = 0
+        for cell_id, cp in plan.cells.items():
+            twin = shadow.cells.get(cell_id)
+            if twin is None or len(twin.stages) != len(cp.stages):
+                continue
+            for stage, theirs in zip(cp.stages, twin.stages):
+                name = Path(theirs.folder).name
+                if stage.done or (records / Path(stage.folder).name).is_dir() or not (records / name).is_dir():
+                    continue
+                found[stage.folder] = name
+                n += 1
+        if n and not any_device:
+            raise UnlearnError(
+                f"--records {records}: {n} recorded stage(s) were made on {other[0]} in {other[1]}, this run is "
+                f"on {plan.identity[0]} in {plan.identity[1]}; pass --records-any-device to reuse their numbers "
+                f"as this run's, or leave out --records to build them here"
+            )
+    return found
+
+
 def plan_restored(
-    study: Study, *, cache: Path, device: str | None, stream, records: Path | None, quiet: bool = False
+    study: Study,
+    *,
+    cache: Path,
+    device: str | None,
+    stream,
+    records: Path | None,
+    quiet: bool = False,
+    records_any_device: bool = False,
 ) -> Plan:
-    """:func:`plan_cells` with ``records`` restored into the cache; planned again while a
+    """:func:`plan_cells` with ``records`` restored into the cache (those of another device or
+    precision only with ``records_any_device``: :func:`foreign_records`); planned again while a
     restored operating point keys test cells that were waiting for it."""
     from . import records as ledger
 
@@ -411,8 +467,9 @@ def plan_restored(
         plan = plan_cells(study, cache=cache, device=device, stream=stream)
         if records is None:
             return plan
-        check_records(plan, records)
-        restored = ledger.restore(plan, records)
+        foreign = foreign_records(plan, records, device=device, any_device=records_any_device)
+        check_records(plan, records, other=foreign)
+        restored = ledger.restore(plan, records, foreign)
         if restored and not quiet:
             print(f"restored {len(restored)} stage(s) from --records {records}", file=stream, flush=True)
         waiting = [cp for cp in plan.cells.values() if isinstance(cp, WaitingCellPlan)]
@@ -432,6 +489,7 @@ def run_plan(
     threads: int | None = None,
     stream=None,
     records: str | Path | None = None,
+    records_any_device: bool = False,
 ) -> tuple[Plan, dict[str, dict]]:
     """Plan the study's cells and build them (in ``workers`` processes, or on Dask), each cell's
     log in ``out``/logs; returns the plan and each cell's result. ``records``: a folder of
@@ -447,13 +505,27 @@ def run_plan(
     waited: set[str] = set()
     try:
         while True:  # one pass; an author-unit study plans again once operating points are chosen
-            plan = plan_restored(study, cache=cache, device=device, stream=stream, records=records)
+            plan = plan_restored(
+                study,
+                cache=cache,
+                device=device,
+                stream=stream,
+                records=records,
+                records_any_device=records_any_device,
+            )
             drop_unreadable(plan, stream)
             if progress is None:
                 progress = Progress(len(plan.cells), stream=stream)
             passed = run_cells(
                 plan,
-                lambda: make_executor(executor, workers, scheduler=scheduler, threads=threads),
+                lambda plan=plan: make_executor(
+                    executor,
+                    workers,
+                    scheduler=scheduler,
+                    threads=threads,
+                    per_gpu=study.workers_per_gpu,
+                    use_gpus=plan.identity[0] == "cuda",
+                ),
                 Path(out),
                 stream=stream,
                 records=records,
@@ -483,6 +555,7 @@ def run_study(
     threads: int | None = None,
     stream=None,
     records: str | Path | None = None,
+    records_any_device: bool = False,
 ) -> Outcome:
     """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``.
     ``records``: a folder of finished cells' results (:mod:`unlearn_plugins.study.records`),
@@ -502,6 +575,7 @@ def run_study(
         threads=threads,
         stream=stream,
         records=records,
+        records_any_device=records_any_device,
     )
     return _write_report(
         out,
@@ -520,6 +594,7 @@ def report_study(
     device: str | None = None,
     stream=None,
     records: str | Path | None = None,
+    records_any_device: bool = False,
 ) -> Outcome:
     """The report of the cells finished so far (cached, or restored from ``records``), building
     no cell: a long study's table while it runs, or of a study stopped before its end."""
@@ -528,7 +603,13 @@ def report_study(
     out = Path(out)
     check_out(out, study)
     plan = plan_restored(
-        study, cache=cache, device=device, stream=stream, records=Path(records) if records else None, quiet=True
+        study,
+        cache=cache,
+        device=device,
+        stream=stream,
+        records=Path(records) if records else None,
+        quiet=True,
+        records_any_device=records_any_device,
     )
     results = {}
     # an author-unit study's report lists what did not finish: a model only recorded cells

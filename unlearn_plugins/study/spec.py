@@ -199,7 +199,16 @@ class Cud:
 
 #: fields added to the study format after its first version: left out of a study's digest and
 #: of its report while they have these values, so the studies before them keep theirs
-LATER_FIELDS: dict[str, Any] = {"cud": None, "one_budget": True, "movielens": None, "sharded": None, "design": None}
+LATER_FIELDS: dict[str, Any] = {
+    "cud": None,
+    "one_budget": True,
+    "movielens": None,
+    "sharded": None,
+    "design": None,
+    "prompt_format": None,
+}
+#: how a study is run, not what it measures: never part of its digest
+RUN_FIELDS = ("workers_per_gpu",)
 
 
 @dataclass(frozen=True)
@@ -231,6 +240,12 @@ class Study:
     sharded: Sharded | None = None
     #: an author-unit study's tables ([benchmark] unit = "author": :class:`.design.Design`)
     design: Any = None
+    #: [model] prompt_format / date_string: the prompt format's definition (data/prompts.py;
+    #: None: the default, the tokenizer's template with the fixed date)
+    prompt_format: dict | None = None
+    #: [study] workers_per_gpu: how many workers may share one GPU (more workers than GPUs
+    #: are refused otherwise)
+    workers_per_gpu: int = 1
 
     def method(self, name: str) -> Method:
         return next(m for m in self.methods if m.name == name)
@@ -249,7 +264,9 @@ class Study:
         fields = dataclasses.asdict(self)
         if fields["evaluation"].get("scoring") == "hf":
             del fields["evaluation"]["scoring"]
-        return {k: v for k, v in fields.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        return {
+            k: v for k, v in fields.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k]) and k not in RUN_FIELDS
+        }
 
 
 @dataclass(frozen=True)
@@ -481,7 +498,7 @@ class _Reader:
                     f"({', '.join(f'[{t}]' for t in TABLES)})"
                 )
         head = self.table(data, "study", required=True)
-        self.keys("study", head, ("name", "description", "seeds", "ci", "one_budget"))
+        self.keys("study", head, ("name", "description", "seeds", "ci", "one_budget", "workers_per_gpu"))
         name = self.get("study", head, "name", "str", self.path.stem)
         if not NAME_RE.match(name):
             raise self.error("study", "name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
@@ -493,14 +510,17 @@ class _Reader:
         one_budget = head.get("one_budget", True)
         if not isinstance(one_budget, bool):
             raise self.error("study", "one_budget", f"must be true or false, got {_show(one_budget)}")
+        workers_per_gpu = self.get("study", head, "workers_per_gpu", "int", 1, minimum=1)
 
         model_t = self.table(data, "model", required=True)
-        self.keys("model", model_t, ("base", "max_length"))
+        self.keys("model", model_t, ("base", "max_length", "prompt_format", "date_string"))
         model = self.get("model", model_t, "base", "str", required=True)
         model = self.model_path(model)
         from ..data.tofu import MIN_MAX_LENGTH
 
         max_length = self.get("model", model_t, "max_length", "int", 512, minimum=MIN_MAX_LENGTH)
+        prompt_format = self.prompt_format(model_t)
+        run_fields = {"prompt_format": prompt_format, "workers_per_gpu": workers_per_gpu}
 
         bench = self.table(data, "benchmark", required=True)
         source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
@@ -516,6 +536,7 @@ class _Reader:
                 one_budget=one_budget,
                 model=model,
                 max_length=max_length,
+                **run_fields,
             )
         if "sharded" in data:
             raise StudyError(f"{self.path}: [sharded]: a sharded recommender needs [benchmark] source = 'movielens'")
@@ -566,6 +587,7 @@ class _Reader:
             ci=ci,
             cud=cud,
             one_budget=one_budget,
+            **run_fields,
         )
         design = author_design.read_design(self, design_data, study)
         return study if design is None else dataclasses.replace(study, design=design)
@@ -612,6 +634,23 @@ class _Reader:
             sharded=sharded,
             **head,
         )
+
+    def prompt_format(self, model_t: dict) -> dict | None:
+        """[model] prompt_format (a name or a Jinja file beside the study file) and date_string:
+        the format's definition, or None for the default."""
+        from ..data import prompts
+
+        name = self.get("model", model_t, "prompt_format", "str")
+        date = self.get("model", model_t, "date_string", "str")
+        if name is None and date is None:
+            return None
+        if name is not None and name not in prompts.FORMATS:
+            name = str(self.relative(name))
+        try:
+            fmt = prompts.resolve(name, date_string=date, where="[model] prompt_format")
+        except UnlearnError as exc:
+            raise StudyError(f"{self.path}: {exc}") from None
+        return None if fmt.is_default else fmt.definition()
 
     def relative(self, value: str) -> Path:
         """A path written in the study file, relative to the file's folder."""

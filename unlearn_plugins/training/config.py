@@ -31,6 +31,8 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 WARMUP_OPTIONS = ("warmup_steps", "warmup_ratio", "warmup_epochs")
 NO_WARMUP_SCHEDULERS = ("constant", "reduce_lr_on_plateau", "greedy")
+#: options added after configs were first keyed: left out of ``to_dict`` while unset
+LATER_OPTIONS = ("prompt_format", "date_string")
 
 
 def scheduler_names() -> list[str]:
@@ -111,6 +113,10 @@ class TrainingConfig:
     trust_remote_code: bool = False
     max_length: int = 512
     system_prompt: str | None = None
+    #: a named prompt format or a Jinja file (data/prompts.py; None: the one in force, by
+    #: default the tokenizer's template) and the date its template is rendered with
+    prompt_format: str | None = None
+    date_string: str | None = None
     # LoRA (ignored with full_finetune)
     full_finetune: bool = False
     lora_r: int = 32
@@ -158,7 +164,25 @@ class TrainingConfig:
     )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Its fields; the prompt options only when set (the configs, and the study keys made of
+        them, written before those options existed stay as they were)."""
+        out = dataclasses.asdict(self)
+        for name in LATER_OPTIONS:
+            if out[name] is None:
+                del out[name]
+        return out
+
+    def prompt(self):
+        """The prompt format this run renders with: its own options over the one in force."""
+        from ..data import prompts
+
+        if self.prompt_format is None:
+            fmt = prompts.active()
+            if self.date_string is None:
+                return fmt
+            checked = prompts.resolve(date_string=self.date_string, where="option 'date_string'")
+            return dataclasses.replace(fmt, date_string=checked.date_string)
+        return prompts.resolve(self.prompt_format, date_string=self.date_string, where="option 'prompt_format'")
 
     def validate(self) -> None:
         """Check ranges that argparse/TOML types cannot express."""
@@ -171,6 +195,7 @@ class TrainingConfig:
             return math.isfinite(getattr(self, name))
 
         need(bool(self.out), "out", "an output folder (--out)")
+        self.prompt()  # a format that does not exist or does not render is refused here
         if Path(self.out).exists() and not Path(self.out).is_dir():
             raise ConfigError(f"option 'out': {self.out} is an existing file, not a folder")
         need(self.max_length >= MIN_MAX_LENGTH, "max_length", f">= {MIN_MAX_LENGTH}")

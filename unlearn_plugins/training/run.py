@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..data import prompts
 from ..errors import DataError, UnlearnError
 from ..files import folder_lock, write_json
 from .config import ConfigError, FinetuneConfig, TrainingConfig, UnlearnConfig
@@ -69,6 +70,7 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
     import torch
     from transformers import TrainingArguments
 
+    from ..models import cuda_bf16_native
     from .config import warmup_settings
 
     device = (config.device or "").lower()
@@ -83,7 +85,7 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
     cuda = not use_cpu and torch.cuda.is_available()
     precision = config.mixed_precision
     if precision == "auto":
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "no"
+        precision = "bf16" if cuda and cuda_bf16_native() else "no"
     if precision != "no" and not cuda:
         raise ConfigError(f"mixed_precision {precision!r} needs a CUDA device")
     if config.save_steps == 0:
@@ -235,6 +237,8 @@ def _train(
     with ExitStack() as stack:
         if args.process_index == 0:
             stack.enter_context(folder_lock(config.out, f"--out {config.out}"))
+        # every prompt of the run (data, objective views, initializers, callbacks) in one format
+        stack.enter_context(prompts.using(config.prompt()))
         return _train_locked(
             config,
             args,
@@ -327,7 +331,7 @@ def _train_locked(
 ) -> RunResult:
     from transformers import set_seed
 
-    from ..data.tofu import PaddingCollator, encode_samples
+    from ..data.tofu import PaddingCollator, encode_samples, prompt_record
     from . import lora
     from .trainer import WRITE_ERRORS, CheckpointWriteError, NonFiniteLossError, UnlearningTrainer, write_reason
 
@@ -440,6 +444,8 @@ def _train_locked(
         "weight_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "mixed_precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         "num_processes": args.world_size,
+        # how the processes share the model: NO, MULTI_CPU / MULTI_GPU (DDP), FSDP, DEEPSPEED
+        "distributed": trainer.accelerator.distributed_type.name,
         "samples": {name: len(items) for name, items in samples.items()},
         "parameters": {"trainable": trainable, "total": total},
         "objective": repr(objective),
@@ -449,6 +455,7 @@ def _train_locked(
         "resumed_from": str(resume_from) if resume_from else None,
         "reference_model": reference_record(reference),
         "base_model": base,  # checked when the adapter is loaded (models.check_adapter)
+        "prompt_format": prompt_record(tokenizer),
     }
     try:
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

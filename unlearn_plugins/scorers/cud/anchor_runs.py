@@ -276,7 +276,6 @@ class TrainerAnchorRunner:
         under ``accelerate launch`` each process does its own anchor runs, and an in-process
         Trainer would join the launcher's group (DDP across unrelated runs). ``gpu``: this
         process's CUDA index, made the child's only visible GPU."""
-        import os
         import subprocess
 
         from ...files import write_json
@@ -284,8 +283,11 @@ class TrainerAnchorRunner:
 
         env = single_process_env()
         if gpu is not None:
-            visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-            env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
+            import torch
+
+            from ...process import gpu_for
+
+            env["CUDA_VISIBLE_DEVICES"] = gpu_for(gpu, torch.cuda.device_count())
         with tempfile.TemporaryDirectory(prefix="cud-anchor-job-") as tmp:
             job, out = Path(tmp) / "job.json", Path(tmp) / "losses.json"
             write_json(

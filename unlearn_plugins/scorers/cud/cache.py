@@ -34,6 +34,9 @@ def model_fingerprint(model) -> str:
             head = flat[:16].double().cpu().tolist()
             stats = [float(flat.double().sum()), float(flat.double().pow(2).sum())]
             h.update(json.dumps([name, list(p.shape), str(p.dtype), stats, head]).encode())
+    device = next(model.parameters()).device.type
+    if device != "cpu":  # another device rounds otherwise (CPU keys stay as they were)
+        h.update(device.encode())
     return h.hexdigest()[:24]
 
 
@@ -49,12 +52,21 @@ def samples_fingerprint(samples: Sequence[QASample]) -> str:
 
 def anchor_run_key(model_fp: str, pool_fp: str, objective: str, seed: int, runner: dict) -> str:
     """Key of one anchor run: the weights, the pool's samples, the run and the runner's settings."""
-    return json_digest(("anchor-run", model_fp, pool_fp, objective, seed, runner), length=KEY_LENGTH)
+    return json_digest(("anchor-run", model_fp, pool_fp, objective, seed, runner, *_prompt_part()), length=KEY_LENGTH)
 
 
 def matrix_key(model_fp: str, sample: QASample, settings: dict) -> str:
     """Key of one sample's EAP-IG matrix: the weights, the sample and the EAP-IG settings."""
-    return json_digest(("eap-ig", model_fp, sample.question, sample.answer, settings), length=KEY_LENGTH)
+    return json_digest(
+        ("eap-ig", model_fp, sample.question, sample.answer, settings, *_prompt_part()), length=KEY_LENGTH
+    )
+
+
+def _prompt_part() -> tuple:
+    """The prompt format in force, when it is not the default (data/prompts.py)."""
+    from ...data import prompts
+
+    return prompts.key_part(prompts.active())
 
 
 def default_cache_dir() -> Path:
