@@ -170,6 +170,7 @@ def model_shape(spec: str, *, trust_remote_code: bool = False) -> Shape:
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
         except (ValueError, KeyError) as exc:
             raise UnlearnError(f"--model {spec}: not a causal LM transformers can build: {exc}") from None
+    model.tie_weights()  # (inside init_empty_weights the embeddings stay two parameters)
     params = sum(p.numel() for p in model.parameters())
     blocks = None
     for _, module in model.named_modules():

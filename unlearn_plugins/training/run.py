@@ -119,14 +119,25 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
         dataloader_pin_memory=cuda,
         remove_unused_columns=False,
         ddp_find_unused_parameters=unused_parameters,
-        gradient_checkpointing=config.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        **_checkpointing(config.gradient_checkpointing),
         **save,
     )
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     for name, value in warmup_settings(config, train_size, args.world_size, fields).items():
         setattr(args, name, value)  # after construction: warmup_epochs needs the process count
     return args
+
+
+def _checkpointing(on: bool) -> dict[str, Any]:
+    """TrainingArguments' activation (gradient) checkpointing, non-reentrant (no input gradients
+    needed for LoRA), by the names the installed transformers has (5.x renamed them)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {key: on, f"{key}_kwargs": {"use_reentrant": False} if on else None}
 
 
 def _weight_dtype(config: TrainingConfig, device):
