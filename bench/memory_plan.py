@@ -279,6 +279,116 @@ def estimate(stage: str, shape, spec: dict, seen: dict):
     raise ValueError(stage)
 
 
+def _data_lengths(model: str, spec: str, max_length: int) -> tuple[int, float]:
+    """(longest encoded example, answer tokens per token) of a data file or split."""
+    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.models import load_tokenizer
+
+    rows = encode_samples(load_tokenizer(model), load_split(spec, None), max_length=max_length)
+    tokens = sum(len(r["input_ids"]) for r in rows) or 1
+    answers = sum(sum(1 for x in r["labels"][1:] if x != -100) for r in rows)
+    return max(len(r["input_ids"]) for r in rows), answers / tokens
+
+
+def demo_stages(cache: Path, study: str = "demo") -> list[dict]:
+    """Each finished stage of an `unlearn demo` cache (UNLEARN_CACHE_DIR/demo): its recorded peak
+    (resources.json, the whole process's resident set, runtime included) beside the plan's
+    estimate for the stage's options, read from its run.json and the demo's study file."""
+    import warnings
+
+    from unlearn_plugins import memory_plan as mp
+    from unlearn_plugins.study.spec import load_study
+
+    warnings.simplefilter("ignore")
+    spec = load_study(study)
+    max_length = spec.max_length
+    rows = []
+    for folder in sorted(p for p in cache.iterdir() if (p / "resources.json").is_file()):
+        record = json.loads((folder / "resources.json").read_text())
+        kind = folder.name.split("-")[0]
+        runs = sorted(folder.rglob("run.json"))
+        config = json.loads(runs[0].read_text())["config"] if runs else None
+        stages = []
+        if kind == "target" and config:
+            shape = mp.model_shape(config["model"])
+            length, fraction = _data_lengths(config["model"], config["data"], config["max_length"])
+            stages.append(
+                mp.training_stage(
+                    shape,
+                    batch_size=config["batch_size"],
+                    rows_per_example=1,
+                    length=length,
+                    answer_fraction=fraction,
+                    lora_r=config["lora_r"],
+                    name="finetune",
+                )
+            )
+        elif kind == "run" and config:
+            shape = mp.model_shape(config["model"])
+            length, fraction = _data_lengths(config["model"], config["forget"], config["max_length"])
+            if config.get("retain"):
+                length = max(length, _data_lengths(config["model"], config["retain"], config["max_length"])[0])
+            stages.append(
+                mp.training_stage(
+                    shape,
+                    batch_size=config["batch_size"],
+                    rows_per_example=2 if config.get("retain") else 1,
+                    length=length,
+                    answer_fraction=fraction,
+                    lora_r=config["lora_r"],
+                    reference=config["objective"] in ("npo", "simnpo", "dpo", "undial")
+                    or config.get("retain_loss") == "kl",
+                )
+            )
+            if config.get("initializer") in ("fila", "vila"):
+                stages.append(mp.fila_stage(shape, lora_r=config["lora_r"], length=length))
+            stages.append(mp.inference_stage(shape, batch_size=spec.evaluation.batch_size, length=max_length))
+        elif kind == "eval":
+            from unlearn_plugins.models import resolve_model
+
+            shape = mp.model_shape(resolve_model(spec.model))
+            stages.append(mp.inference_stage(shape, batch_size=spec.evaluation.batch_size, length=max_length))
+        elif kind == "cud":
+            from unlearn_plugins.models import resolve_model
+
+            shape = mp.model_shape(resolve_model(spec.model))
+            options = spec.cud.unlearn
+            stages.append(
+                mp.training_stage(
+                    shape,
+                    batch_size=int(options.get("batch_size", 2)),
+                    rows_per_example=2,
+                    length=max_length,
+                    lora_r=int(options.get("lora_r", 16)),
+                    reference=True,
+                )
+            )
+            scorer = spec.cud.scorer
+            stages.append(
+                mp.eap_ig_stage(
+                    shape,
+                    steps=int(scorer.get("steps", 5)),
+                    max_rows=int(scorer.get("max_rows", 20)),
+                    length=max_length,
+                )
+            )
+        if not stages:
+            continue
+        worst = max(stages, key=lambda st: st.total)
+        measured = record["peak_rss_mb"]
+        rows.append(
+            {
+                "demo_stage": folder.name,
+                "plan_stage": worst.name,
+                "estimate_mb": round(worst.total / 2**20, 1),
+                "measured_mb": measured,
+                "ratio": round(worst.total / 2**20 / measured, 3),
+                "within_20pct": 0.8 <= worst.total / 2**20 / measured <= 1.2,
+            }
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -294,7 +404,23 @@ def main(argv=None) -> int:
         action="store_true",
         help="read back the measurements kept in --work by an earlier run with the same options (estimates recomputed)",
     )
+    p.add_argument(
+        "--demo",
+        default=None,
+        metavar="CACHE",
+        help="compare the plan with the stage peaks (resources.json) of a finished `unlearn demo` cache "
+        "(UNLEARN_CACHE_DIR/demo) instead of measuring",
+    )
     args = p.parse_args(argv)
+    if args.demo:
+        sys.path.insert(0, str(ROOT))
+        rows = demo_stages(Path(args.demo))
+        for row in rows:
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+        return 0 if all(r["within_20pct"] for r in rows) else 1
     if args.child:
         print(json.dumps(child(args.child, json.loads(args.spec))))
         return 0

@@ -58,7 +58,7 @@ DTYPE_NAMES = {
 #: resident memory of a stage's process before it loads a model (CPU, MiB): Python, torch,
 #: transformers, peft (training, scoring) and lm-eval, datasets (evaluation); measured on this
 #: project's 2-core machine (bench/memory_plan.py's baseline child and the demo's stages)
-CPU_RUNTIME_MB = {"train": 560, "score": 560, "eval": 900}
+CPU_RUNTIME_MB = {"train": 620, "score": 620, "eval": 620}
 #: what a CUDA process holds beyond torch's allocator (the context and kernels), MiB; an
 #: assumption (never measured here: no GPU)
 CUDA_CONTEXT_MB = 600
@@ -325,9 +325,11 @@ def training_stage(
         kept = tokens * (shape.layers * per_block + head)
     stage.parts["activations"] = kept * act_b
     answer_rows = int(tokens * answer_fraction)
-    # the logits of one forward (batch x length x vocab) while the loss takes its answer rows,
-    # and the fp32 log-softmax of every part's answer rows autograd keeps
-    stage.parts["logits"] = batch_size * length * shape.vocab * act_b + answer_rows * shape.vocab * 4
+    part_answers = int(batch_size * length * answer_fraction)
+    # the fp32 log-softmax of every part's answer rows autograd keeps, and at the start of a
+    # part's backward the gradient of its whole logits (batch x length x vocab, what the answer
+    # rows were picked from) and two answer-sized fp32 gradients
+    stage.parts["logits"] = batch_size * length * shape.vocab * act_b + (answer_rows + 2 * part_answers) * shape.vocab * 4
     stage.parts["runtime"] = _runtime(device, "train")
     return stage
 
