@@ -73,6 +73,31 @@ def test_bf16_model_is_scored_on_an_upcast_copy_and_left_untouched(tiny_model, t
     assert all(v > 0 for v in got)  # sigma = 1e-5 is visible in the upcast copy
 
 
+def test_layer_by_layer_equals_the_whole_copy(tiny_model, tiny_tokenizer):
+    """chunk="layer" (one decoder block in the scoring precision at a time, the default) gives
+    the scores of a whole copy to the bit, in both precisions and for a bf16 model, and leaves
+    the model as it was (weights, dtype, norms, mode)."""
+    examples = encode_samples(tiny_tokenizer, SAMPLES)
+    pad = tiny_tokenizer.pad_token_id
+    bf16 = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    for model in (tiny_model, bf16):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        forwards = {n: type(m).forward for n, m in model.named_modules()}
+        model.train()
+        for precision in ("fp64", "fp32"):
+            whole = mrd_scores(model, examples, pad, perturbations=3, precision=precision, chunk="model", batch_size=2)
+            layer = mrd_scores(model, examples, pad, perturbations=3, precision=precision, chunk="layer", batch_size=2)
+            assert layer == whole, precision
+        assert model.training
+        for n, p in model.named_parameters():
+            assert torch.equal(p, before[n]) and p.dtype == before[n].dtype, n
+        assert all("forward" not in vars(m) for m in model.modules())  # the fp64 norms undone
+        assert {n: type(m).forward for n, m in model.named_modules()} == forwards
+        model.eval()
+    with pytest.raises(UnlearnError, match="chunk"):
+        MRDScorer(chunk="rows")
+
+
 def test_clip_and_registered_scorer(tiny_model, tiny_tokenizer):
     from unlearn_plugins.host import create
     from unlearn_plugins.interfaces import DIFFICULTY_SCORER

@@ -341,16 +341,19 @@ def _load_errors() -> tuple[type[BaseException], ...]:
     return errors
 
 
-def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = False):
+def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = False, device=None):
     """AutoModelForCausalLM.from_pretrained with the weight files checked first and load
-    failures reported as a ModelError naming ``--model``."""
+    failures reported as a ModelError naming ``--model``. ``device`` (not CPU): the weights are
+    loaded straight onto it, tensor by tensor from the memory-mapped files (``device_map``),
+    never as a whole model in host memory first (N processes would hold N copies there)."""
     from transformers import AutoModelForCausalLM
 
     check_weight_files(where, f"--model {spec}")
     check_hub_model(spec, where)
+    placement = {} if device is None or str(device).startswith("cpu") else {"device_map": {"": str(device)}}
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            where, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
+            where, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True, **placement
         )
     except pickle.UnpicklingError as exc:
         files = [p for p in sorted(Path(where).glob("*.bin")) if WEIGHT_FILE.match(p.name)]
@@ -535,7 +538,7 @@ def load_model(
         check_adapter(adapter, spec=spec, where=where, allow_other_base=allow_other_base)
     merging = bool(adapter and merge_adapter)
     load_dtype = torch.float32 if merging else torch_dtype
-    model = from_pretrained(spec, where, dtype=load_dtype, trust_remote_code=trust_remote_code)
+    model = from_pretrained(spec, where, dtype=load_dtype, trust_remote_code=trust_remote_code, device=device)
     if adapter:
         model = load_adapter(model, adapter)
     if merging:

@@ -2,4 +2,4 @@
 sets ``func``; heavy imports happen inside the function so `unlearn --help` stays fast."""
 
 #: modules in the order `unlearn --help` lists them
-COMMANDS = ("demo", "study", "probs", "score", "stratify", "plugins", "run", "finetune", "eval", "attack", "movielens")
+COMMANDS = ("demo", "study", "probs", "score", "stratify", "plugins", "run", "finetune", "eval", "attack", "movielens", "plan")

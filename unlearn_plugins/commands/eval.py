@@ -57,6 +57,9 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_options(p)
+    from .plan import add_dry_run_options
+
+    add_dry_run_options(p)
     p.add_argument(
         "--model-args",
         "--model_args",
@@ -285,6 +288,10 @@ def run(args) -> int:
 
         print(resolve_model(args.model))
         return 0
+    if args.dry_run:
+        from .plan import eval_dry_run
+
+        return eval_dry_run(args)
     missing = [
         flag
         for flag, value in (("--tasks", args.tasks or args.mia or args.robustness), ("--out", args.out))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .common import print_config
-from .training_options import S, add_training_options, int_list, report_run, resolve_config
+from .training_options import S, add_training_options, dry_run, int_list, report_run, resolve_config
 
 EXAMPLE = """examples:
   unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
@@ -43,9 +43,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..training import FinetuneConfig, run_finetune
 
+    if args.dry_run and not hasattr(args, "out"):  # a dry run writes nothing: no --out needed
+        args.out = "(dry run)"
     config = resolve_config(FinetuneConfig, args)
     if args.show_config:
         return print_config(config.to_dict(), "unlearn finetune: the options this run would use")
+    if args.dry_run:
+        return dry_run(config, "`unlearn finetune`")
     result = run_finetune(config)
     if result.record.get("outputs"):
         report_run(result, f"fine-tuned on {result.record['samples']['train']} samples")

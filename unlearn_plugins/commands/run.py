@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .common import print_config
-from .training_options import S, add_training_options, report_run, resolve_config
+from .training_options import S, add_training_options, dry_run, report_run, resolve_config
 
 EXAMPLE = """examples:
   unlearn run --forget tofu:forget01 --retain tofu:retain99 --objective npo --out npo
@@ -85,10 +85,14 @@ def check_overlap(config) -> None:
 def run(args) -> int:
     from ..training import UnlearnConfig, run_unlearning
 
+    if args.dry_run and not hasattr(args, "out"):  # a dry run writes nothing: no --out needed
+        args.out = "(dry run)"
     config = resolve_config(UnlearnConfig, args)
     if args.show_config:
         return print_config(config.to_dict(), "unlearn run: the options this run would use")
     check_overlap(config)
+    if args.dry_run:
+        return dry_run(config, "`unlearn run`")
     result = run_unlearning(config)
     if result.record.get("outputs"):  # the main process
         report_run(result, f"unlearned {result.record['samples']['forget']} forget samples with {config.objective}")

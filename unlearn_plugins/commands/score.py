@@ -45,7 +45,10 @@ def add_parser(sub) -> None:
         help="cud: the anchor pool (tofu:SPLIT, a file, or 'self'), disjoint from --data "
         "(default for TOFU data: tofu:forget10, else tofu:retain90[3200:3600])",
     )
-    p.add_argument("--out", required=True, help="output JSON-lines file (plus OUT.meta.json, what the scorer recorded)")
+    p.add_argument("--out", default=None, help="output JSON-lines file (plus OUT.meta.json, what the scorer recorded)")
+    from .plan import add_dry_run_options
+
+    add_dry_run_options(p)
     p.set_defaults(func=run)
 
 
@@ -62,6 +65,12 @@ def run(args) -> int:
     from ..scoring import ScoreJournal, check_output_file, score_rows, score_sharded
     from ..sharding import launch_group, process_device
 
+    if args.dry_run:
+        from .plan import score_dry_run
+
+        return score_dry_run(args, parse_options(args.option))
+    if not args.out:
+        raise UnlearnError("unlearn score: --out is required")
     check_output_file(args.out)  # before any work: a folder or unwritable path fails now, not after scoring
     # under `accelerate launch` / torchrun: one shard per process, one merged output (main process)
     group = launch_group(cpu=(args.device or "").startswith("cpu"))

@@ -44,6 +44,17 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         help="autocast (default: auto = bf16 on CUDA)",
     )
     g.add_argument("--trust-remote-code", action="store_true", default=S)
+    g.add_argument(
+        "--reference-dtype",
+        default=S,
+        help="full fine-tuning's frozen reference copy (default: bf16 under bf16 mixed precision, else the weights')",
+    )
+    g.add_argument(
+        "--device-memory",
+        default=S,
+        metavar="SIZE",
+        help="memory the run's plan must fit, e.g. 80GB (default: the card's total, or the available RAM on CPU)",
+    )
     g.add_argument("--max-length", type=int, default=S, help="max tokens per example (default: 512)")
     g.add_argument("--system-prompt", default=S, help="system prompt for the chat template")
     add_prompt_options(g, default=S)
@@ -92,7 +103,18 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         help="warmup over E epochs' optimizer steps, counted as the Trainer counts them",
     )
     g.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default: 1.0; 0 = off)")
-    g.add_argument("--optim", default=S, help="transformers optimizer name (default: adamw_torch)")
+    g.add_argument(
+        "--optim",
+        default=S,
+        help="transformers optimizer name (default: adamw_torch; adamw_bnb_8bit, paged_adamw_8bit need "
+        "bitsandbytes; adafactor keeps almost no state)",
+    )
+    g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        default=S,
+        help="recompute each block's activations in the backward pass (less memory, ~30%% more time)",
+    )
     g.add_argument("--seed", type=int, default=S, help="default: 0")
     g = p.add_argument_group("checkpoints")
     g.add_argument(
@@ -109,10 +131,15 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--overwrite", action="store_true", default=S, help="replace a run already in --out")
     add_show_config_option(p, "the merged options (defaults < --preset < the run resumed < --config < flags)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the run's memory plan (each stage's peak on its device) and stop; loads no weights",
+    )
 
 
 #: parsed options that are not config fields
-NOT_CONFIG = ("func", "command", "debug", "verbosity", "show_config", "config", "preset")
+NOT_CONFIG = ("func", "command", "debug", "verbosity", "show_config", "config", "preset", "dry_run")
 _DICT_FLAGS = {
     "objective_option": "objective_options",
     "initializer_option": "initializer_options",
@@ -160,6 +187,15 @@ def resolve_config(config_cls, args: argparse.Namespace):
     return build_config(config_cls, *layers)
 
 
+def dry_run(config, what: str) -> int:
+    """`--dry-run`: the memory plan of the run, an error when it does not fit."""
+    from ..training.run import plan_run
+    from .plan import report
+
+    shape, stages, limit, how = plan_run(config)
+    return report(shape, stages, limit, how, what=what)
+
+
 def report_run(result, what: str) -> None:
     """The one line a finished run prints: steps, time, final loss and where its outputs are."""
     record = result.record
@@ -172,4 +208,13 @@ def report_run(result, what: str) -> None:
     )
 
 
-__all__ = ["S", "csv_list", "int_list", "add_training_options", "resolve_config", "cli_values", "report_run"]
+__all__ = [
+    "S",
+    "csv_list",
+    "int_list",
+    "add_training_options",
+    "resolve_config",
+    "cli_values",
+    "report_run",
+    "dry_run",
+]

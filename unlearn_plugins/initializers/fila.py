@@ -93,27 +93,44 @@ def sample_batches(n_forget: int, n_retain: int, *, batch_size: int, passes: int
 
 def accumulate(model, examples, index_batches, pad_token_id, params: dict, *, first_moment: bool = False):
     """Sums over batches of n_b g_b^2 (and n_b g_b) for each named parameter, and sum n_b, where
-    g_b is the gradient of batch b's mean answer-token NLL and n_b its answer-token count."""
+    g_b is the gradient of batch b's mean answer-token NLL and n_b its answer-token count.
+
+    Per module: each weight's gradient is added into its sums as soon as the backward pass has
+    made it, then dropped, so the gradients of all targeted weights never exist at once (at 7B,
+    a second model's worth of memory); the arithmetic is the same."""
     import torch
 
     sq = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
     first = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()} if first_moment else None
     total, device = 0, model_device(model)
-    for idx in index_batches:
-        batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
-        model.zero_grad(set_to_none=True)
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        nll, mask = token_nll(out.logits, batch["labels"])
-        n = int(mask.sum())
-        if n == 0:
-            continue  # no answer tokens: the reference's loss is NaN here; skip the batch
-        (nll.sum() / n).backward()
-        for name, p in params.items():
+    weight = {"n": 0}
+
+    def consume(name):
+        def hook(p):
             g = p.grad.float()
-            sq[name].add_(g * g, alpha=n)
+            sq[name].add_(g * g, alpha=weight["n"])
             if first is not None:
-                first[name].add_(g, alpha=n)
-        total += n
+                first[name].add_(g, alpha=weight["n"])
+            p.grad = None
+
+        return hook
+
+    handles = [p.register_post_accumulate_grad_hook(consume(name)) for name, p in params.items()]
+    try:
+        for idx in index_batches:
+            batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
+            model.zero_grad(set_to_none=True)
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            nll, mask = token_nll(out.logits, batch["labels"])
+            n = int(mask.sum())
+            if n == 0:
+                continue  # no answer tokens: the reference's loss is NaN here; skip the batch
+            weight["n"] = n
+            (nll.sum() / n).backward()
+            total += n
+    finally:
+        for handle in handles:
+            handle.remove()
     model.zero_grad(set_to_none=True)
     return sq, first, total
 
@@ -190,7 +207,8 @@ class FILAInit:
             f_sq, _, nf = accumulate(peft_model, forget, f_batches, pad_token_id, params)
             r_sq, _, nr = accumulate(peft_model, retain, r_batches, pad_token_id, params)
         self._counted(nf, nr)
-        return {name: (f_sq[name] / nf) / (EPS + r_sq[name] / nr) for name in params}
+        # in place, module by module: the forget and retain sums are the only full sets held
+        return {name: f_sq.pop(name).div_(nf).div_(r_sq.pop(name).div_(nr).add_(EPS)) for name in params}
 
     def initialize(self, peft_model, *, forget, retain, tokenizer) -> InitResult:
         if not forget or not retain:

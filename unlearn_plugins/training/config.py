@@ -137,6 +137,13 @@ class TrainingConfig:
     warmup_epochs: float | None = None  # epochs of optimizer steps, counted as the Trainer counts them
     max_grad_norm: float = 1.0
     optim: str = "adamw_torch"
+    #: recompute each decoder block's activations in the backward pass (memory for time)
+    gradient_checkpointing: bool = False
+    #: full fine-tuning's frozen reference copy (None: bf16 under bf16 mixed precision, where the
+    #: autocast computes its matmuls in bf16 anyway; else the weights' dtype)
+    reference_dtype: str | None = None
+    #: the device memory the plan checks the run against ("80GB"; None: the device's own)
+    device_memory: str | None = None
     seed: int = 0
     # checkpoints, logging, outputs
     save_steps: int | None = None  # None: a checkpoint per epoch; 0: none
@@ -160,6 +167,7 @@ class TrainingConfig:
             "logging_steps",
             "keep_checkpoints",
             "allow_overlap",
+            "device_memory",
         }
     )
 
@@ -243,7 +251,20 @@ class TrainingConfig:
                 f"a transformers optimizer name ({', '.join(shown)}, ...: {len(optimizers)} in "
                 f"transformers' OptimizerNames)",
             )
+        if self.optim in optimizers:
+            from ..memory_plan import check_optimizer_available
+
+            check_optimizer_available(self.optim)
         need(self.dtype is None or self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}")
+        need(
+            self.reference_dtype is None or self.reference_dtype in DTYPES,
+            "reference_dtype",
+            f"one of {', '.join(DTYPES)}",
+        )
+        if self.device_memory is not None:
+            from ..memory_plan import parse_size
+
+            parse_size(self.device_memory, "option 'device_memory'")
         if self.device is not None:
             problem = device_problem(self.device)
             if problem:

@@ -203,11 +203,15 @@ def reference_record(reference) -> dict[str, Any] | None:
         return None
     if hasattr(reference, "record"):
         return reference.record()
-    return {
+    record = {
         "how": "copy",
         "description": "a frozen copy of the starting model (full fine-tuning, or LoRA with "
         "weights sharded by FSDP / DeepSpeed)",
     }
+    param = next(iter(reference.parameters()), None) if hasattr(reference, "parameters") else None
+    if param is not None:
+        record["dtype"] = str(param.dtype).replace("torch.", "")
+    return record
 
 
 def initializer_record(initializer: Initializer | None, init_result) -> dict[str, Any] | None:

@@ -121,12 +121,25 @@ def training_arguments(config: TrainingConfig, *, unused_parameters: bool = Fals
         dataloader_pin_memory=cuda,
         remove_unused_columns=False,
         ddp_find_unused_parameters=unused_parameters,
+        **_checkpointing(config.gradient_checkpointing),
         **save,
     )
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     for name, value in warmup_settings(config, train_size, args.world_size, fields).items():
         setattr(args, name, value)  # after construction: warmup_epochs needs the process count
     return args
+
+
+def _checkpointing(on: bool) -> dict[str, Any]:
+    """TrainingArguments' activation (gradient) checkpointing, non-reentrant (no input gradients
+    needed for LoRA), by the names the installed transformers has (5.x renamed them)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {key: on, f"{key}_kwargs": {"use_reentrant": False} if on else None}
 
 
 def _weight_dtype(config: TrainingConfig, device):
@@ -143,6 +156,27 @@ def _weight_dtype(config: TrainingConfig, device):
     return torch.float32
 
 
+def _frozen_reference(model, config: TrainingConfig, args):
+    """Full fine-tuning's frozen copy of the starting model, built tensor by tensor in its dtype
+    (``reference_dtype``; by default bf16 under bf16 mixed precision, whose autocast runs the
+    reference's matmuls in bf16 anyway, else the weights' own): no second full-precision copy
+    exists even for a moment."""
+    import torch
+
+    from ..models import pick_dtype
+
+    if config.reference_dtype:
+        dtype = pick_dtype(str(args.device), config.reference_dtype)
+    elif args.bf16:
+        dtype = torch.bfloat16
+    else:
+        dtype = next(model.parameters()).dtype
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = torch.nn.Parameter(param.detach().to(dtype, copy=True), requires_grad=False)
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
+
+
 def _load(config: TrainingConfig, device):
     """(model, tokenizer, base) where ``base`` is what run.json records of the base model (its
     folder or hub id and weights fingerprint) so the adapter is only applied to the same base.
@@ -154,7 +188,11 @@ def _load(config: TrainingConfig, device):
 
     where = resolve_model(config.model)
     model = from_pretrained(
-        config.model, where, dtype=_weight_dtype(config, device), trust_remote_code=config.trust_remote_code
+        config.model,
+        where,
+        dtype=_weight_dtype(config, device),
+        trust_remote_code=config.trust_remote_code,
+        device=device,
     )
     model.config.use_cache = False
     model.to(device)
@@ -169,6 +207,87 @@ def _load(config: TrainingConfig, device):
         )
     name = str(Path(where).resolve()) if Path(where).is_dir() else where
     return model, tokenizer, {"name_or_path": name, "fingerprint": weights_fingerprint(where)}
+
+
+def _encode(config: TrainingConfig, samples: dict[str, Sequence[Any]]):
+    """(tokenizer, encoded samples by part): what the memory plan needs of the data, before any
+    weights are loaded."""
+    from ..data.tofu import encode_samples
+    from ..models import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+    encoded = {
+        name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
+        for name, items in samples.items()
+    }
+    return tokenizer, encoded
+
+
+def plan_stages(config: TrainingConfig, args, objective, initializer, encoded: dict[str, Sequence[dict]]):
+    """The memory plan of this run (:mod:`unlearn_plugins.memory_plan`): the training stage and,
+    for FILA, its initialisation; at the longest encoded example, from the model's config only."""
+    from .. import memory_plan as mp
+
+    shape = mp.model_shape(config.model, trust_remote_code=config.trust_remote_code)
+    rows = [e for part in encoded.values() for e in part]
+    length = max((len(e["input_ids"]) for e in rows), default=config.max_length)
+    tokens = sum(len(e["input_ids"]) for e in rows) or 1
+    answers = sum(sum(1 for x in e["labels"][1:] if x != -100) for e in rows)
+    device = str(args.device)
+    weight_dtype = config.dtype and mp.DTYPE_NAMES[config.dtype]
+    stages = [
+        mp.training_stage(
+            shape,
+            device=device,
+            full_finetune=config.full_finetune,
+            weight_dtype=weight_dtype,
+            mixed_precision="bf16" if args.bf16 else "no",
+            batch_size=config.batch_size,
+            rows_per_example=2 if "retain" in encoded else 1,
+            length=length,
+            answer_fraction=answers / tokens,
+            lora_r=config.lora_r,
+            target_modules=config.target_modules,
+            optim=config.optim,
+            gradient_checkpointing=config.gradient_checkpointing,
+            reference=bool(getattr(objective, "needs_reference_model", False)),
+            reference_dtype=config.reference_dtype and mp.DTYPE_NAMES[config.reference_dtype],
+            name="finetune" if "train" in encoded else "run",
+        )
+    ]
+    name = getattr(getattr(initializer, "obj", None), "name", None)
+    if name in ("fila", "vila") and not config.full_finetune:
+        stages.append(
+            mp.fila_stage(
+                shape,
+                device=device,
+                dtype=weight_dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+                lora_r=config.lora_r,
+                target_modules=config.target_modules,
+                batch_size=getattr(initializer.obj, "batch_size", 4),
+                length=length,
+            )
+        )
+    return shape, stages
+
+
+def check_memory(config: TrainingConfig, args, objective, initializer, encoded) -> None:
+    """Refuse, before the model is loaded, a run whose planned peak exceeds the device's memory
+    (``device_memory``, else the card's total or the machine's available RAM)."""
+    import warnings
+
+    from .. import memory_plan as mp
+
+    try:
+        _, stages = plan_stages(config, args, objective, initializer, encoded)
+    except UnlearnError as exc:  # an architecture the plan cannot read: the run goes on unchecked
+        warnings.warn(f"no memory plan for this run: {exc}", RuntimeWarning, stacklevel=2)
+        return
+    if config.device_memory:
+        limit, how = mp.parse_size(config.device_memory, "option 'device_memory'"), "--device-memory"
+    else:
+        limit, how = mp.available_bytes(str(args.device))
+    mp.check_fits(stages, limit, how, f"`unlearn {'finetune' if 'train' in encoded else 'run'}`")
 
 
 class UnlearningDataset:
@@ -331,7 +450,7 @@ def _train_locked(
 ) -> RunResult:
     from transformers import set_seed
 
-    from ..data.tofu import PaddingCollator, encode_samples, prompt_record
+    from ..data.tofu import PaddingCollator, prompt_record
     from . import lora
     from .trainer import WRITE_ERRORS, CheckpointWriteError, NonFiniteLossError, UnlearningTrainer, write_reason
 
@@ -352,16 +471,14 @@ def _train_locked(
     # the empty checkpoint folder; removed again on failure).
     try:
         set_seed(config.seed)
+        tokenizer, encoded = _encode(config, samples)
+        check_memory(config, args, objective, initializer, encoded)  # before the model is loaded
         model, tokenizer, base = _load(config, args.device)
-        encoded = {
-            name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
-            for name, items in samples.items()
-        }
 
         # The reference model: full fine-tuning keeps a frozen copy (every weight changes); LoRA
         # computes it on the trained model's own frozen weights (lora.SharedWeightsReference).
         needs_ref = bool(getattr(objective, "needs_reference_model", False))
-        reference = copy.deepcopy(model).eval().requires_grad_(False) if needs_ref and config.full_finetune else None
+        reference = _frozen_reference(model, config, args) if needs_ref and config.full_finetune else None
 
         init_result = None
         initial_adapter = None
@@ -645,6 +762,41 @@ def run_unlearning(
     )
 
 
+def plan_run(config: TrainingConfig):
+    """(shape, stages, device memory, how it was found) of `unlearn run` / `finetune` with
+    ``config``, checked as the run checks its options and data, nothing loaded but the
+    tokenizer (``--dry-run``)."""
+    from .. import memory_plan as mp
+    from ..data.tofu import load_split
+    from ..interfaces import ADAPTER_INITIALIZER
+
+    config.validate()
+    if isinstance(config, UnlearnConfig):
+        objective = build_objective(config)
+        initializer = None
+        if not config.full_finetune:
+            obj, record, label = _check_component(
+                ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options), config.seed
+            )
+            initializer = Initializer(obj, label, record)
+        samples = {"forget": load_split(config.forget, config.tofu_dir)}
+        if config.retain:
+            samples["retain"] = load_split(config.retain, config.tofu_dir)
+    else:
+        objective, initializer = NLL(), None
+        data = load_split(config.data, config.tofu_dir)
+        samples = {"train": select_authors(data, config.authors, config.data) if config.authors else data}
+    args = training_arguments(config, train_size=len(next(iter(samples.values()))))
+    with prompts.using(config.prompt()):  # the run's prompt format: its lengths
+        _, encoded = _encode(config, samples)
+    shape, stages = plan_stages(config, args, objective, initializer, encoded)
+    if config.device_memory:
+        limit, how = mp.parse_size(config.device_memory, "option 'device_memory'"), "--device-memory"
+    else:
+        limit, how = mp.available_bytes(str(args.device))
+    return shape, stages, limit, how
+
+
 def _as_combined(objective):
     """Wrap a bare objective object so the trainer sees one interface."""
     return objective if isinstance(objective, CombinedObjective) else CombinedObjective(objective)
@@ -692,6 +844,7 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
 
 __all__ = [
     "run_unlearning",
+    "plan_run",
     "run_finetune",
     "RunResult",
     "TrainingError",
