@@ -227,6 +227,8 @@ def test_the_runner_plans_again_once_an_operating_point_is_chosen(fail, tmp_path
     class Study:
         design = object()
         movielens = None
+        workers_per_gpu = 1
+        prompt_format = None
 
     def plan_cells(study, *, cache, device=None, dry_run=False, stream=None):
         op = Cell("operating-point/m", "operating_point", "op", method="m")
