@@ -103,7 +103,8 @@ MEASURED = {
     "eap_ig_source": "8 TOFU QA, inputs mode, 5 steps, fp32, 2 threads: 91.4 CPU-s (25.6 s wall a QA under load)",
     "grad_diff_step_cpu_s": 360.0,
     "grad_diff_source": "SmolLM2-135M, the paper's GradDiff recipe, 80 pool QA, 2 steps of 32 + 32 QA, fp32, 2 threads: "
-    "884 CPU-s with the probability checks and the reload (2 x 879 s wall under load), about 360 CPU-s a step",
+    "884 CPU-s with the probability checks and the reload (2 x 879 s wall under load), about 360 CPU-s a step "
+    "(bench/cud_anchor_run_cost.py; NPO's first step: 782 s wall under a similar load)",
 }
 #: the other objectives' step cost relative to GradDiff's (not measured: the same forward and
 #: backward passes; NPO, RMU and UNDIAL add a forward pass of the frozen reference model, about a third)
