@@ -2,6 +2,7 @@
 hook as any plugin)."""
 
 from .. import hookimpl
+from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
 from .ihl import IHL
 from .preference import NPO, IdkDPO, SimNPO
@@ -22,4 +23,5 @@ def register_unlearning_objectives(register):
     register("satimp", SatImp)
     register("rmu", RMU)
     register("ihl", IHL)
+    register("ceu", CEU)
     register("rol", ROL)
