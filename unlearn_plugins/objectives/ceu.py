@@ -1,6 +1,6 @@
-"""CE-U, cross-entropy unlearning (Yang et al. 2025, arXiv 2503.01224): per answer token, the
-target is the model's own (detached) next-token distribution with the true token removed, and
-the loss is the cross-entropy of the model to it; no retain term."""
+"""CE-U, cross-entropy unlearning (arXiv 2503.01224): per answer token, the target is the
+model's own (detached) next-token distribution with the true token removed, and the loss is the
+cross-entropy of the model to it; no retain term by default."""
 
 from __future__ import annotations
 
