@@ -169,3 +169,21 @@ def test_npo_klr_is_npo_with_a_kl_retain_term(setup):
     assert abs(objective.last_terms["retain"].item()) > 1e-4  # the KL term is really there
     for a, b in zip(grads(model, ours), grads(model, expected), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_one_ceu_step_lowers_the_forget_answers_probability(setup):
+    model, _, batch = setup
+    part = batch["forget"]
+
+    def answer_logprob():
+        with torch.no_grad():
+            logp = F.log_softmax(logits_of(model, part)[:, :-1, :], dim=-1)
+        labels = part["labels"][:, 1:]
+        mask = labels != IGNORE
+        return logp[mask].gather(-1, labels[mask][:, None]).mean().item()
+
+    before = answer_logprob()
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.5)
+    create(UNLEARNING_OBJECTIVE, "ceu", ignore_first_n_answer_tokens=0).loss(model, {"forget": part}).backward()
+    optimiser.step()
+    assert answer_logprob() < before - 1e-3
