@@ -29,7 +29,10 @@ def add_parser(sub) -> None:
     )
     g = p.add_argument_group("data")
     g.add_argument(
-        "--forget", default=S, help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01)"
+        "--forget",
+        default=S,
+        help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01); or a text "
+        "corpus cut into --max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN",
     )
     g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
     g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
@@ -70,9 +73,13 @@ def add_parser(sub) -> None:
 
 def check_overlap(config) -> None:
     """Refuse forget samples that are also retain samples (unless allow_overlap), before any model work."""
+    from ..data import text
     from ..data.tofu import check_disjoint, load_split
 
-    if config.retain:
+    if config.retain and (text.is_text_spec(config.forget) or text.is_text_spec(config.retain)):
+        if text.is_text_spec(config.forget) and text.is_text_spec(config.retain):
+            text.check_disjoint_documents(config.forget, config.retain, allow_overlap=config.allow_overlap)
+    elif config.retain:
         check_disjoint(
             load_split(config.forget, config.tofu_dir),
             load_split(config.retain, config.tofu_dir),

@@ -55,6 +55,7 @@ class BadTeacher:
     regularizer = False
     needs_reference_model = False
     needs_retain_data = True
+    needs_qa_data = True  # questions and answer spans: refuses text corpora (data/text.py)
 
     def __init__(self, *, weight: Annotated[float, "weight of the flipped forget answers' NLL"] = 0.5):
         check_option(self.name, "weight", weight, isinstance(weight, (int, float)) and weight > 0, "a number > 0")

@@ -145,6 +145,7 @@ class IdkDPO(ForgetRetainObjective):
 
     name = "idk_dpo"
     forget_needs_reference = True
+    needs_qa_data = True  # questions and answer spans: refuses text corpora (data/text.py)
 
     def __init__(
         self, *, beta: float = 0.1, idk_answers: list[str] | None = None, idk_file: str | None = None, **kwargs

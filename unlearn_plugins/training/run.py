@@ -212,15 +212,34 @@ def _load(config: TrainingConfig, device):
 def _encode(config: TrainingConfig, samples: dict[str, Sequence[Any]]):
     """(tokenizer, encoded samples by part): what the memory plan needs of the data, before any
     weights are loaded."""
+    from ..data import text
     from ..data.tofu import encode_samples
     from ..models import load_tokenizer
 
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
     encoded = {
-        name: encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
+        name: text.encode_windows(items)
+        if text.are_windows(items)
+        else encode_samples(tokenizer, items, max_length=config.max_length, system_prompt=config.system_prompt)
         for name, items in samples.items()
     }
     return tokenizer, encoded
+
+
+def _load_data(config: UnlearnConfig, spec: str, option: str, objective=None) -> list[Any]:
+    """A QA split (``tofu:SPLIT``, a .json file), or a text corpus (``text:...``) cut into
+    windows of ``max_length`` tokens by the run's tokenizer (:mod:`..data.text`)."""
+    from ..data import text
+    from ..data.tofu import load_split
+
+    if not text.is_text_spec(spec):
+        return load_split(spec, config.tofu_dir)
+    from ..models import load_tokenizer
+
+    if objective is not None:
+        text.refuse_qa_objectives(objective, spec, option)
+    tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
+    return text.load_windows(spec, tokenizer, config.max_length)
 
 
 def plan_stages(config: TrainingConfig, args, objective, initializer, encoded: dict[str, Sequence[dict]]):
@@ -717,7 +736,6 @@ def run_unlearning(
     object with ``loss`` and ``needs_reference_model``; one with ``initialize``);
     ``callbacks`` are passed to the Trainer.
     """
-    from ..data.tofu import load_split
     from ..interfaces import ADAPTER_INITIALIZER
 
     config.validate()
@@ -733,12 +751,12 @@ def run_unlearning(
     elif not isinstance(initializer, Initializer):
         initializer = Initializer(initializer, f"initializer {type(initializer).__name__!r}")
 
-    forget = load_split(config.forget, config.tofu_dir)
+    forget = _load_data(config, config.forget, "--forget", objective)
     if not forget:
         raise DataError(f"--forget {config.forget}: the split is empty: nothing to unlearn")
     samples: dict[str, Sequence[Any]] = {"forget": forget}
     if config.retain:
-        samples["retain"] = load_split(config.retain, config.tofu_dir)
+        samples["retain"] = _load_data(config, config.retain, "--retain", objective)
     elif getattr(objective, "needs_retain_data", False):
         reasons = (
             objective.retain_data_needed_by()
@@ -779,9 +797,9 @@ def plan_run(config: TrainingConfig):
                 ADAPTER_INITIALIZER, config.initializer, dict(config.initializer_options), config.seed
             )
             initializer = Initializer(obj, label, record)
-        samples = {"forget": load_split(config.forget, config.tofu_dir)}
+        samples = {"forget": _load_data(config, config.forget, "--forget", objective)}
         if config.retain:
-            samples["retain"] = load_split(config.retain, config.tofu_dir)
+            samples["retain"] = _load_data(config, config.retain, "--retain", objective)
     else:
         objective, initializer = NLL(), None
         data = load_split(config.data, config.tofu_dir)
