@@ -155,7 +155,9 @@ def cli_args(tiny_model_dir, tmp_path, objective, out, *extra):
     ]
 
 
-@pytest.mark.parametrize("objective", ["grad_diff", "npo", "rmu"])
+@pytest.mark.parametrize(
+    "objective", ["grad_diff", "npo", "rmu", "grad_ascent", "simnpo", "wga", "satimp", "undial", "ihl", "ceu"]
+)
 def test_unlearn_run_trains_on_text_windows(objective, tiny_model_dir, tiny_tokenizer, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(cli_args(tiny_model_dir, tmp_path, objective, out))
@@ -183,4 +185,19 @@ def test_missing_text_field_is_one_cli_line(tiny_model_dir, tmp_path, capsys):
     code = main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "bad.jsonl:2: no 'text' field" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_shared_documents_are_refused(tiny_model_dir, tmp_path, capsys):
+    args = cli_args(tiny_model_dir, tmp_path, "grad_diff", tmp_path / "run")
+    args[args.index("--retain") + 1] = args[args.index("--forget") + 1]
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "share 3 document(s)" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_plans_text_windows(tiny_model_dir, tmp_path, capsys):
+    args = cli_args(tiny_model_dir, tmp_path, "grad_diff", tmp_path / "run", "--dry-run")
+    assert main(args) == 0, capsys.readouterr().err
     assert not (tmp_path / "run").exists()
