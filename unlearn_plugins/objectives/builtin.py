@@ -8,6 +8,7 @@ from .ihl import IHL
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
 from .rol import ROL
+from .task_vector import TaskVector
 from .undial import UNDIAL
 
 
@@ -24,4 +25,5 @@ def register_unlearning_objectives(register):
     register("rmu", RMU)
     register("ihl", IHL)
     register("ceu", CEU)
+    register("task_vector", TaskVector)
     register("rol", ROL)

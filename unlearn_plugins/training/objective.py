@@ -149,6 +149,21 @@ class CombinedObjective:
                 raise PluginError(f"{label}: prepare() raised {type(exc).__name__}: {exc}") from exc
         return views
 
+    def finish(self, model, context: ObjectiveContext) -> None:
+        """Each part's optional ``finish(model, context)``, once, after training and before saving."""
+        from ..errors import PluginError, UnlearnError
+
+        for part, label in zip(self.parts, self.labels):
+            finish = getattr(part, "finish", None)
+            if finish is None:
+                continue
+            try:
+                finish(model, context)
+            except UnlearnError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"{label}: finish() raised {type(exc).__name__}: {exc}") from exc
+
     def __repr__(self) -> str:
         parts = [describe_part(self.records[0], self.objective)] + [
             f"{getattr(r, 'weight', 1.0)} * {describe_part(rec, r)}"

@@ -619,6 +619,9 @@ def _train_locked(
     trainer.accelerator.wait_for_everyone()
     if isinstance(reference, lora.SharedWeightsReference):
         reference.release()  # the saved adapter and the merged model hold the trained adapter only
+    finish = getattr(objective, "finish", None)
+    if finish is not None:  # a whole-run step after training (Task Vector's subtraction), before saving
+        finish(train_model, context)
     outputs: dict[str, str] = {}
     if is_main:
         # written to a staging folder inside --out, moved into place once complete: a full disk
