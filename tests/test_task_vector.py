@@ -172,3 +172,32 @@ def test_task_vector_refuses_a_lora_start_that_is_not_zero(tiny_model_dir, tofu_
     with pytest.raises(UnlearnError, match="task_vector.*starts at zero"):
         run_unlearning(config(out, tiny_model_dir, tofu_dir, objective="task_vector"), initializer=NonZeroB())
     assert not (out / "run.json").exists()
+
+
+def docs_example(name: str):
+    """The class ``name`` from the Python block of docs/plugins.md that defines it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if f"class {name}" in b)
+    namespace: dict = {}
+    exec(compile(block, "docs/plugins.md", "exec"), namespace)
+    return namespace[name]
+
+
+def test_the_documented_finish_example_scales_the_lora_update(tiny_model_dir, tofu_dir, tmp_path):
+    from unlearn_plugins.training import run_unlearning
+
+    shrunk_ascent = docs_example("ShrunkAscent")
+    run_unlearning(config(tmp_path / "all", tiny_model_dir, tofu_dir, merge=True), objective=shrunk_ascent(keep=1.0))
+    result = run_unlearning(
+        config(tmp_path / "half", tiny_model_dir, tofu_dir, merge=True), objective=shrunk_ascent(keep=0.5)
+    )
+    assert result.record["context"]["shrunk_by"] == 0.5
+    w0, full, half = (
+        weights(tiny_model_dir),
+        weights(tmp_path / "all" / "merged"),
+        weights(tmp_path / "half" / "merged"),
+    )
+    assert_close_dicts(half, {k: w0[k] + 0.5 * (full[k] - w0[k]) for k in w0})

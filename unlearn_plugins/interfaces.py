@@ -167,6 +167,10 @@ class UnlearningObjective(Protocol):
     * ``last_terms: dict[str, Tensor]`` - detached parts of the last loss, logged as ``loss_<name>``;
     * ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
       (multi-process training then asks DDP to look for unused ones).
+    * ``finish(model, context) -> None`` - called once after training and before saving, on
+      every process, with the trained model (PeftModel, or the whole model) and the context
+      ``prepare`` saw; edits the weights in place, for methods that are more than a per-batch
+      loss (Task Vector negates the update).
     """
 
     needs_reference_model: bool
