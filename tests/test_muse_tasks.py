@@ -206,3 +206,35 @@ def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
     )
     assert proc.returncode != 0
     assert "muse-bench/MUSE-News" in proc.stderr and "UNLEARN_MUSE_DIR" in proc.stderr
+
+
+def test_unlearn_eval_runs_the_muse_news_group(tiny_model_dir, muse_dir, tmp_path):
+    out = tmp_path / "eval"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unlearn_plugins.cli",
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            "muse_news",
+            "--limit",
+            "2",
+            "--max-gen-toks",
+            "8",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir), mu.RETAIN_AUC_ENV: "0.4"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
+    for task in ("verbmem", "knowmem_forget", "knowmem_retain"):
+        assert 0.0 <= results[f"muse_news_{task}"]["rougeL_f1,none"] <= 1.0
+    priv = results["muse_news_privleak"]
+    assert priv["privleak,none"] == pytest.approx(((1 - priv["auc_min_k,none"]) - 0.6) / 0.6 * 100)
