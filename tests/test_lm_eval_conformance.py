@@ -55,6 +55,12 @@ def task_class(request, tiny_model_dir):
             )
         elif name.startswith("mmlu_local"):
             metadata["mmlu_dir"] = str(request.getfixturevalue("mmlu_dir"))
+        elif name.startswith("muse_"):
+            from muse_fixture import write_muse_fixture
+
+            metadata["muse_dir"] = str(
+                write_muse_fixture(request.getfixturevalue("tmp_path_factory").mktemp("muse"), n=10)
+            )
         manager = TaskManager(include_path=[str(builtin_task_dir())], include_defaults=False, metadata=metadata)
         _BUILT[name] = manager.load([name])["tasks"][name]
     return _BUILT[name]

@@ -1,0 +1,240 @@
+"""MUSE tasks (tasks/muse/): metrics on hand-computed cases, and the tasks run by lm-eval on a
+generated MUSE-shaped folder with the tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from muse_fixture import write_muse_fixture
+
+from unlearn_plugins.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _load_utils():
+    spec = importlib.util.spec_from_file_location("muse_task_utils", ROOT / "tasks" / "muse" / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mu = _load_utils()
+
+
+@pytest.fixture(scope="module")
+def muse_dir(tmp_path_factory) -> Path:
+    return write_muse_fixture(tmp_path_factory.mktemp("muse"))
+
+
+# ----------------------------------------------------------------------------- metrics by hand
+
+
+def test_verbmem_rouge_l_on_known_strings():
+    # LCS of 6-word reference and 6-word generation: "the cat on the mat" (5 words)
+    s = mu.rouge_l("the cat sat on the mat", "the cat lay on the mat")
+    assert s["rougeL_f1"] == pytest.approx(5 / 6)
+    assert s["rougeL_recall"] == pytest.approx(5 / 6)
+    # reference 4 words, generation 2 words both in order: P = 1, R = 1/2, F1 = 2/3
+    s = mu.rouge_l("alpha beta gamma delta", "alpha gamma")
+    assert s["rougeL_recall"] == pytest.approx(0.5)
+    assert s["rougeL_f1"] == pytest.approx(2 / 3)
+    assert mu.verbmem_results({"gt": "alpha beta gamma delta"}, ["alpha gamma"])["rougeL_f1"] == pytest.approx(2 / 3)
+    assert mu.rouge_l("alpha beta", "gamma")["rougeL_f1"] == 0.0
+
+
+def test_privleak_auc_and_normalisation_on_fixed_scores():
+    from unlearn_plugins.evaluation import mia
+
+    forget, holdout = [1.0, 2.0, 3.0], [2.5, 4.0, 5.0]
+    # pairs (holdout > forget): 2.5 beats 2 of 3, 4 and 5 beat all 3 -> 8 / 9 (forget 0, holdout 1)
+    auc = mia.auc(forget, holdout)
+    assert auc == pytest.approx(8 / 9)
+    # MUSE's AUC is 1 - this: 1/9; retain model at MUSE AUC 0.5 -> (1/9 - 1/2) / (1/2) * 100
+    assert mu.privleak_value(auc, 0.5) == pytest.approx((1 / 9 - 0.5) / 0.5 * 100)
+    # retain model at MUSE AUC 0.25 (this project's 0.75), model at MUSE AUC 0.5 -> +100
+    assert mu.privleak_value(0.5, 0.75) == pytest.approx(100.0, rel=1e-6)
+    # the model equal to the retain model: 0
+    assert mu.privleak_value(0.6, 0.6) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_retain_auc_sources(monkeypatch):
+    monkeypatch.delenv(mu.RETAIN_AUC_ENV, raising=False)
+    auc, source = mu.retain_auc("news", {})
+    assert auc == pytest.approx(1 - 0.4772) and "AUC_RETRAIN" in source
+    assert mu.retain_auc("books", {})[0] == pytest.approx(1 - 0.5393)
+    monkeypatch.setenv(mu.RETAIN_AUC_ENV, "0.3")
+    assert mu.retain_auc("news", {}) == (0.3, mu.RETAIN_AUC_ENV)
+    assert mu.retain_auc("news", {"retain_auc": 0.7})[0] == 0.7
+    with pytest.raises(DataError, match="retain_auc"):
+        mu.retain_auc("news", {"retain_auc": 1.5})
+
+
+def test_knowmem_prompt_format():
+    prompt = mu.knowmem_prompt("Q3?", [("Q1?", "A1"), ("Q2?", "A2")])
+    assert prompt == "Question: Q1?\nAnswer: A1\n\nQuestion: Q2?\nAnswer: A2\n\nQuestion: Q3?\nAnswer:"
+
+
+def test_missing_data_names_download_and_place(monkeypatch, tmp_path):
+    monkeypatch.delenv(mu.ENV, raising=False)
+    with pytest.raises(DataError, match=r"muse-bench/MUSE-News.*UNLEARN_MUSE_DIR"):
+        mu.corpus_dir("news")
+    with pytest.raises(DataError, match=r"muse-bench/MUSE-Books"):
+        mu.corpus_dir("books", tmp_path)
+
+
+# ----------------------------------------------------------------------------- tasks on the tiny model
+
+
+def _run(model, tok, tasks, muse_dir, limit, **metadata):
+    from lm_eval.models.huggingface import HFLM
+
+    from unlearn_plugins.evaluation.lm_eval_runner import evaluate
+
+    lm = HFLM(pretrained=model, tokenizer=tok, batch_size=4)
+    meta = {"tokenizer": tok, "muse_dir": str(muse_dir), **metadata}
+    return evaluate(lm, tasks, metadata=meta, limit=limit, bootstrap_iters=0)
+
+
+def test_privleak_task_equals_direct_min_k(tiny_model, tiny_tokenizer, muse_dir):
+    """Min-40% from lm-eval's requests equals a direct forward on the passage's tokens."""
+    from unlearn_plugins.evaluation import mia
+
+    ev = _run(tiny_model, tiny_tokenizer, ["muse_news_privleak"], muse_dir, 4, retain_auc=0.5)
+    rows = sorted(ev.samples["muse_news_privleak"], key=lambda s: s["doc_id"])
+    assert [r["doc"]["member"] for r in rows] == ["forget", "holdout", "forget", "holdout"]
+    forget, holdout = [], []
+    for r in rows:
+        ids = tiny_tokenizer.encode(r["doc"]["text"], add_special_tokens=False)
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([ids])).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+        direct = mia.min_k_score(logp, 0.4)
+        assert r["auc_min_k"][1] == pytest.approx(direct, abs=1e-4)
+        (forget if r["doc"]["member"] == "forget" else holdout).append(direct)
+    metrics = ev.results["results"]["muse_news_privleak"]
+    auc = mia.auc(forget, holdout)
+    assert metrics["auc_min_k,none"] == pytest.approx(auc)
+    assert metrics["privleak,none"] == pytest.approx(((1 - auc) - 0.5) / 0.5 * 100)
+
+
+def test_knowmem_task_scores_its_generations(tiny_model, tiny_tokenizer, muse_dir):
+    ev = _run(tiny_model, tiny_tokenizer, ["muse_news_knowmem_retain"], muse_dir, 2)
+    rows = ev.samples["muse_news_knowmem_retain"]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["doc"]["prompt"].startswith("Question: ") and r["doc"]["prompt"].endswith("\nAnswer:")
+        out = r["filtered_resps"][0]
+        assert r["rougeL_f1"] == pytest.approx(mu.rouge_l(r["doc"]["answer"], out)["rougeL_f1"])
+
+
+def test_lm_eval_cli_runs_muse_news_verbmem(tiny_model_dir, muse_dir, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={tiny_model_dir}",
+            "--include_path",
+            str(ROOT / "tasks"),
+            "--tasks",
+            "muse_news_verbmem",
+            "--limit",
+            "2",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "2",
+            "--gen_kwargs",
+            "max_gen_toks=16",
+            "--output_path",
+            str(out),
+            "--log_samples",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = [json.loads(line) for f in out.rglob("samples_muse_news_verbmem_*.jsonl") for line in f.open()]
+    assert len(samples) == 2
+    for s in samples:
+        assert s["rougeL_f1"] == pytest.approx(mu.rouge_l(s["doc"]["gt"], s["filtered_resps"][0])["rougeL_f1"])
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["muse_news_verbmem"]
+    assert math.isfinite(results["rougeL_f1,none"])
+
+
+def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != mu.ENV}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={tiny_model_dir}",
+            "--include_path",
+            str(ROOT / "tasks"),
+            "--tasks",
+            "muse_news_verbmem",
+            "--limit",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode != 0
+    assert "muse-bench/MUSE-News" in proc.stderr and "UNLEARN_MUSE_DIR" in proc.stderr
+
+
+def test_unlearn_eval_runs_the_muse_news_group(tiny_model_dir, muse_dir, tmp_path):
+    out = tmp_path / "eval"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unlearn_plugins.cli",
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            "muse_news",
+            "--limit",
+            "2",
+            "--max-gen-toks",
+            "8",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir), mu.RETAIN_AUC_ENV: "0.4"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
+    for task in ("verbmem", "knowmem_forget", "knowmem_retain"):
+        assert 0.0 <= results[f"muse_news_{task}"]["rougeL_f1,none"] <= 1.0
+    priv = results["muse_news_privleak"]
+    assert priv["privleak,none"] == pytest.approx(((1 - priv["auc_min_k,none"]) - 0.6) / 0.6 * 100)
