@@ -9,12 +9,11 @@ import copy
 
 import pytest
 import torch
+from test_fidelity_peer_objectives import fixed_part
+from test_task_vector import config, docs_example, weights
 
 from unlearn_plugins import UNLEARNING_OBJECTIVE, create
 from unlearn_plugins.training.objective import TrainingStep
-
-from test_fidelity_peer_objectives import fixed_part
-from test_task_vector import config, docs_example, weights
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -99,7 +98,8 @@ class ReferenceGRU:
 @pytest.mark.parametrize("same", [False, True], ids=["random-batches", "forget-is-retain"])
 def test_gru_gradient_equals_the_reference_formula(model_and_vocab, same):
     """Two optimizer steps of two micro-batches each (the moving average and the accumulation
-    both exercised); with forget = retain the gradients conflict, so the projection runs."""
+    both exercised); with forget = retain the gradients conflict, so the projection runs; the
+    random batches' gradients agree (dot > 0), so the forget gradient passes unchanged."""
     model, vocab = model_and_vocab
     ours_model, ref_model = model, copy.deepcopy(model)
     gru = create(UNLEARNING_OBJECTIVE, "gru")
@@ -121,8 +121,8 @@ def test_gru_gradient_equals_the_reference_formula(model_and_vocab, same):
             for (name, p), (_, q) in zip(ours_model.named_parameters(), ref_model.named_parameters()):
                 torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-6, msg=name)
     assert len(dots) == 2
-    if same:
-        assert all(d < 0 for d in dots)  # the rectification ran
+    # both branches covered: conflicting gradients are projected, agreeing ones left alone
+    assert all(d < 0 for d in dots) if same else all(d > 0 for d in dots)
 
 
 def test_gru_refuses_regularizers_and_a_missing_retain_split(model_and_vocab):
@@ -201,22 +201,23 @@ def test_pdu_defaults_are_the_reference_config():
 
 @pytest.mark.parametrize("name", ["gru", "pdu"])
 def test_one_training_step_through_unlearn_run(name, tiny_model_dir, tofu_dir, tmp_path):
+    """By name, as `unlearn run --objective NAME` builds it; then an instance, to see its state."""
     from unlearn_plugins.training import run_unlearning
 
     options = {"dual_warmup_epochs": 0} if name == "pdu" else {}
-    cfg = config(
-        tmp_path / name,
-        tiny_model_dir,
-        tofu_dir,
-        retain="tofu:retain90[0:4]",
-        max_steps=1,
-        merge=True,
-        objective=name,
-        objective_options=options,
+    common = dict(retain="tofu:retain90[0:4]", max_steps=1, merge=True)
+    run_unlearning(
+        config(tmp_path / name, tiny_model_dir, tofu_dir, objective=name, objective_options=options, **common)
     )
-    run_unlearning(cfg)
     w0, after = weights(tiny_model_dir), weights(tmp_path / name / "merged")
     assert max(float((after[k] - w0[k]).abs().max()) for k in w0) > 1e-6  # the step changed the model
+
+    objective = create(UNLEARNING_OBJECTIVE, name, **options)
+    run_unlearning(config(tmp_path / f"{name}-2", tiny_model_dir, tofu_dir, **common), objective=objective)
+    if name == "gru":
+        assert "dot" in objective.last_terms and objective._retain_ema is not None  # rectified once
+    else:
+        assert objective.preference != 1.0  # the dual variable moved after the step
 
 
 def test_the_documented_training_step_example_trains_only_the_kept_parameters(tiny_model_dir, tofu_dir, tmp_path):

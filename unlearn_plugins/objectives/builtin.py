@@ -3,8 +3,8 @@ hook as any plugin)."""
 
 from .. import hookimpl
 from .ceu import CEU
-from .gru import GRU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
+from .gru import GRU
 from .ihl import IHL
 from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO

@@ -33,9 +33,7 @@ class GRU:
         forget_loss_type: Annotated[str, "forget loss: 'GradAscent' (the reference's default)"] = "GradAscent",
     ):
         check_option(self.name, "gamma_gru", gamma_gru, 0 <= gamma_gru <= 1, "a number in [0, 1]")
-        check_option(
-            self.name, "forget_loss_type", forget_loss_type, forget_loss_type == "GradAscent", "'GradAscent'"
-        )
+        check_option(self.name, "forget_loss_type", forget_loss_type, forget_loss_type == "GradAscent", "'GradAscent'")
         self.gamma_gru = float(gamma_gru)
         self.forget_loss_type = forget_loss_type
         self.last_terms: dict[str, Any] = {}

@@ -108,6 +108,7 @@ class UnlearningTrainer(Trainer):
     def __init__(self, *args, objective, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.objective = objective
+        self.own_step = own_training_step(objective)  # refuses regularizers on such an objective, before training
         self.reference_model = reference_model
         if isinstance(reference_model, torch.nn.Module):  # a frozen copy (a LoRA run's shares the weights)
             reference_model.to(self.args.device)
@@ -129,7 +130,7 @@ class UnlearningTrainer(Trainer):
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        own = own_training_step(self.objective)
+        own = self.own_step
         if own is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
         else:  # the objective runs its own backward(s) (GRU's gradient rectification, PDU's dual step)
