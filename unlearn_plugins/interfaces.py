@@ -171,6 +171,13 @@ class UnlearningObjective(Protocol):
       every process, with the trained model (PeftModel, or the whole model) and the context
       ``prepare`` saw; edits the weights in place, for methods that are more than a per-batch
       loss (Task Vector negates the update).
+    * ``training_step(model, batch, reference_model, step) -> Tensor`` - called for every
+      micro-batch instead of ``loss`` and the trainer's backward: runs its own backward pass(es)
+      with ``step.backward(loss)``, leaves in ``.grad`` what the optimizer applies, may keep state
+      between steps, and returns the loss to log; ``step`` is a
+      :class:`unlearn_plugins.training.objective.TrainingStep` (epoch, global_step,
+      accumulation_steps, last_micro_batch, backward). For gradient surgery (GRU) and per-step
+      state (PDU's dual variable).
     """
 
     needs_reference_model: bool

@@ -4,7 +4,9 @@ hook as any plugin)."""
 from .. import hookimpl
 from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
+from .gru import GRU
 from .ihl import IHL
+from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
 from .rol import ROL
@@ -26,4 +28,6 @@ def register_unlearning_objectives(register):
     register("ihl", IHL)
     register("ceu", CEU)
     register("task_vector", TaskVector)
+    register("gru", GRU)
+    register("pdu", PDU)
     register("rol", ROL)

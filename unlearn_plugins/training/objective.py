@@ -42,6 +42,42 @@ class Initializer:
     record: dict[str, Any] | None = None
 
 
+@dataclass
+class TrainingStep:
+    """What an objective's optional ``training_step`` learns of the micro-batch it runs.
+
+    ``backward(loss)`` back-propagates ``loss / accumulation_steps`` (through accelerate, so
+    mixed precision and DDP behave as in an ordinary step); ``last_micro_batch`` is true when the
+    optimizer steps right after this micro-batch; ``epoch`` is the Trainer's fractional epoch
+    (its integer part is the epoch running, from 0).
+    """
+
+    epoch: float
+    global_step: int
+    accumulation_steps: int
+    last_micro_batch: bool
+    backward: Any
+
+
+def own_training_step(objective):
+    """The objective's ``training_step(model, batch, reference_model, step)``, or None.
+
+    A :class:`CombinedObjective` passes on its forget objective's; a regulariser cannot be
+    added to an objective that runs its own backward (its loss would never be back-propagated).
+    """
+    from ..errors import UnlearnError
+
+    if isinstance(objective, CombinedObjective):
+        own = getattr(objective.objective, "training_step", None)
+        if own is not None and objective.regularizers:
+            raise UnlearnError(
+                f"{objective.labels[0]} runs its own backward pass (training_step): "
+                f"it cannot take regularizers ({', '.join(objective.labels[1:])})"
+            )
+        return own
+    return getattr(objective, "training_step", None)
+
+
 def check_loss_value(value, label: str, *, needs_grad: bool = True):
     """``value`` if it is what ``loss`` must return - a scalar tensor carrying a gradient - else a
     :class:`~unlearn_plugins.errors.PluginError` naming the component (``label``)."""
@@ -209,4 +245,13 @@ class NLL:
         return mean_nll(model, part)
 
 
-__all__ = ["ObjectiveContext", "CombinedObjective", "Initializer", "NLL", "check_loss_value", "describe_part"]
+__all__ = [
+    "ObjectiveContext",
+    "CombinedObjective",
+    "Initializer",
+    "NLL",
+    "TrainingStep",
+    "check_loss_value",
+    "describe_part",
+    "own_training_step",
+]

@@ -18,6 +18,7 @@ from transformers import Trainer
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 from ..errors import UnlearnError
+from .objective import TrainingStep, check_loss_value, own_training_step
 
 
 class NonFiniteLossError(UnlearnError):
@@ -107,6 +108,7 @@ class UnlearningTrainer(Trainer):
     def __init__(self, *args, objective, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.objective = objective
+        self.own_step = own_training_step(objective)  # refuses regularizers on such an objective, before training
         self.reference_model = reference_model
         if isinstance(reference_model, torch.nn.Module):  # a frozen copy (a LoRA run's shares the weights)
             reference_model.to(self.args.device)
@@ -128,7 +130,25 @@ class UnlearningTrainer(Trainer):
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        own = self.own_step
+        if own is None:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        else:  # the objective runs its own backward(s) (GRU's gradient rectification, PDU's dual step)
+            model.train()
+            if callable(getattr(self.optimizer, "train", None)):
+                self.optimizer.train()
+            inputs = self._prepare_inputs(inputs)
+            steps = self.args.gradient_accumulation_steps
+            step = TrainingStep(
+                epoch=float(self.state.epoch or 0.0),
+                global_step=self.state.global_step,
+                accumulation_steps=steps,
+                last_micro_batch=bool(self.accelerator.sync_gradients),
+                backward=lambda value: self.accelerator.backward(value / steps),
+            )
+            with self.compute_loss_context_manager():
+                value = own(model, inputs, self.reference_model, step)
+            loss = check_loss_value(value, "objective", needs_grad=False).detach() / steps
         self._stop_if_not_finite(loss)
         return loss
 
