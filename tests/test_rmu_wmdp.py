@@ -77,6 +77,7 @@ def window_batch(tokenizer, docs, max_length):
     return PaddingCollator(tokenizer.pad_token_id)(text.encode_windows(windows))
 
 
+@pytest.mark.filterwarnings("ignore:Using a target size")  # the reference's (1, 1, D) broadcast
 def test_rmu_wmdp_loss_equals_the_reference_formula(tiny_tokenizer):
     from unlearn_plugins.testing import tiny_llama
 
@@ -135,15 +136,19 @@ def test_rmu_wmdp_layer_beyond_the_model_is_one_error(tiny_tokenizer):
         create(UNLEARNING_OBJECTIVE, "rmu", recipe="tofu")
 
 
-def test_unlearn_run_rmu_wmdp_on_text(tiny_model_dir, tmp_path, capsys):
+# layers 0 and 1 (l-2 < 0 is skipped): their down_proj only (hidden 64 x intermediate 128);
+# with LoRA r 2 its A (2 x 128) and B (64 x 2) on those two modules
+@pytest.mark.parametrize(
+    "how,trainable", [("--full-finetune", 2 * 64 * 128), ("--lora-dropout=0", 2 * (2 * 128 + 64 * 2))]
+)
+def test_unlearn_run_rmu_wmdp_on_text(how, trainable, tiny_model_dir, tmp_path, capsys):
     from tests.test_text_data import cli_args
 
     out = tmp_path / "run"
-    args = cli_args(tiny_model_dir, tmp_path, "rmu", out, "--full-finetune")
-    args += ["--objective-option", "recipe=wmdp", "--objective-option", "layer=1"]
+    args = cli_args(tiny_model_dir, tmp_path, "rmu", out, how)
+    args += ["--objective-option", "recipe=wmdp", "--objective-option", "layer=1"]  # the last layer
     code = main(args)
     assert code == 0, capsys.readouterr().err
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed" and record["steps"] == 1
-    # layers 0 and 1 (l-2 < 0 is skipped): their down_proj weights only (hidden 64 x intermediate 128)
-    assert record["parameters"]["trainable"] == 2 * 64 * 128
+    assert record["parameters"]["trainable"] == trainable

@@ -7,6 +7,8 @@ over every position of the batch, only the MLP down-projections of layers l-2..l
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from ..data.tofu import IGNORE_INDEX
 from ..errors import UnlearnError
 from .base import ForgetRetainObjective, ObjectiveContext, check_option, forward, reference_outputs
@@ -21,10 +23,12 @@ def _config(model):
 
 
 def _decoder_layers(model):
-    """The model's decoder layers (the ModuleList named ``layers``), through PEFT wrappers."""
+    """The model's decoder layers (the ModuleList named ``layers``), through PEFT wrappers and
+    the LoRA run's reference (a callable holding the trained model as ``.model``)."""
     import torch
 
-    for name, module in model.named_modules():
+    root = model if hasattr(model, "named_modules") else getattr(model, "model", model)
+    for name, module in root.named_modules():
         if name.rsplit(".", 1)[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
             return module
     raise UnlearnError("rmu: cannot find the model's decoder layers (a module list named 'layers')")
@@ -101,7 +105,9 @@ class RMU(ForgetRetainObjective):
         layer: int | None = None,
         steering_coeff: float | None = None,
         seed: int | None = None,
-        recipe: str = "open-unlearning",
+        recipe: Annotated[
+            str, "'open-unlearning' (TOFU trainer) or 'wmdp' (WMDP rmu/unlearn.py defaults; docs/methods.md)"
+        ] = "open-unlearning",
         **kwargs,
     ):
         check_option(self.name, "recipe", recipe, recipe in RECIPES, " or ".join(map(repr, RECIPES)))
