@@ -1,7 +1,13 @@
 """RMU (representation misdirection): steer one middle layer's activations on forget answers
-towards a fixed random direction, keep them equal to the reference model's on retain answers."""
+towards a fixed random direction, keep them equal to the reference model's on retain answers.
+
+Two recipes: ``open-unlearning`` (its TOFU trainer, the default) and ``wmdp`` (the WMDP
+paper's ``rmu/unlearn.py``: its zephyr layer, steering coefficient and retain weight, the MSE
+over every position of the batch, only the MLP down-projections of layers l-2..l trained)."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 from ..data.tofu import IGNORE_INDEX
 from ..errors import UnlearnError
@@ -17,10 +23,12 @@ def _config(model):
 
 
 def _decoder_layers(model):
-    """The model's decoder layers (the ModuleList named ``layers``), through PEFT wrappers."""
+    """The model's decoder layers (the ModuleList named ``layers``), through PEFT wrappers and
+    the LoRA run's reference (a callable holding the trained model as ``.model``)."""
     import torch
 
-    for name, module in model.named_modules():
+    root = model if hasattr(model, "named_modules") else getattr(model, "model", model)
+    for name, module in root.named_modules():
         if name.rsplit(".", 1)[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
             return module
     raise UnlearnError("rmu: cannot find the model's decoder layers (a module list named 'layers')")
@@ -55,6 +63,15 @@ def layer_activations(model, part, layer: int, *, no_grad: bool = False):
     return captured["h"] if layers is not None else out.hidden_states[layer + 1]
 
 
+#: each recipe's defaults (docs/methods.md, rmu): the layer (None: the middle one), the
+#: steering coefficient, the retain weight alpha, how the squared error is averaged, and which
+#: weights train (None: all that the run trains; else these modules of layers l-2..l)
+RECIPES = {
+    "open-unlearning": {"layer": None, "steering_coeff": 2.0, "alpha": 1.0, "average": "sequence", "train": None},
+    "wmdp": {"layer": 7, "steering_coeff": 6.5, "alpha": 1200.0, "average": "all", "train": "mlp.down_proj"},
+}
+
+
 def masked_mse(hidden, target, labels):
     """Squared error averaged over the hidden size, then over each sequence's answer positions
     (labels != -100), then over the sequences of the batch, as the reference does: every
@@ -65,17 +82,42 @@ def masked_mse(hidden, target, labels):
     return per_sequence.mean()
 
 
+def mean_mse(hidden, target, labels=None):
+    """Squared error averaged over every element of the (B, T, D) batch, padding included:
+    ``torch.nn.functional.mse_loss`` as the WMDP reference calls it."""
+    return ((hidden.float() - target.float()) ** 2).mean()
+
+
 class RMU(ForgetRetainObjective):
     """Forget: MSE(h_l(forget), c * u/|u|) with u ~ U[0,1)^D fixed by ``seed``; retain:
-    MSE(h_l(retain), h_l^ref(retain)). Layer l defaults to the middle decoder layer
-    ((L - 1) // 2), c (``steering_coeff``) to 2 as on TOFU."""
+    MSE(h_l(retain), h_l^ref(retain)). ``recipe`` picks the defaults (:data:`RECIPES`): with
+    ``open-unlearning`` layer l is the middle decoder layer ((L - 1) // 2) and c 2 as on TOFU;
+    with ``wmdp`` l = 7, c = 6.5, alpha = 1200 (the WMDP zephyr run)."""
 
     name = "rmu"
     leaves_parameters_unused = True  # layers after `layer` get no gradient
     #: 2: the last layer is read as the reference reads it (its raw output, not the final norm's)
     revision = 2
 
-    def __init__(self, *, layer: int | None = None, steering_coeff: float = 2.0, seed: int | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        layer: int | None = None,
+        steering_coeff: float | None = None,
+        seed: int | None = None,
+        recipe: Annotated[
+            str, "'open-unlearning' (TOFU trainer) or 'wmdp' (WMDP rmu/unlearn.py defaults; docs/methods.md)"
+        ] = "open-unlearning",
+        **kwargs,
+    ):
+        check_option(self.name, "recipe", recipe, recipe in RECIPES, " or ".join(map(repr, RECIPES)))
+        defaults = RECIPES[recipe]
+        if kwargs.get("alpha") is None:
+            kwargs["alpha"] = defaults["alpha"]
+        if layer is None:
+            layer = defaults["layer"]
+        if steering_coeff is None:
+            steering_coeff = defaults["steering_coeff"]
         if "retain_loss" in kwargs:
             raise UnlearnError(
                 "objective 'rmu': option 'retain_loss' does not apply (its retain term is the "
@@ -90,6 +132,9 @@ class RMU(ForgetRetainObjective):
         self.layer = layer
         self.steering_coeff = float(steering_coeff)
         self.seed = seed
+        self.recipe = recipe
+        self.mse = mean_mse if defaults["average"] == "all" else masked_mse
+        self.train_module = defaults["train"]
         self.control = None  # c * u / |u|, built on first use
 
     @property
@@ -112,7 +157,29 @@ class RMU(ForgetRetainObjective):
     def prepare(self, context: ObjectiveContext) -> None:
         self._setup(context.model, context.seed)
         context.info["rmu_layer"] = self.layer
+        if self.train_module is not None:
+            context.info["rmu_trained"] = self.restrict_training(context.model)
         return None
+
+    def restrict_training(self, model) -> list[str]:
+        """Freeze every trainable parameter except those of ``train_module`` in layers l-2..l
+        (the reference's ``get_params(model, layer_ids=[5, 6, 7], param_ids=[6])``: parameter 6
+        of a Llama or Mistral decoder layer is ``mlp.down_proj.weight``). With LoRA the
+        adapter's matrices on those modules train. Returns the names left trainable."""
+        layers = [i for i in range(self.layer - 2, self.layer + 1) if i >= 0]
+        keep = tuple(f".layers.{i}.{self.train_module}." for i in layers)
+        kept = []
+        for name, param in model.named_parameters():
+            if param.requires_grad and any(k in f".{name}" for k in keep):
+                kept.append(name)
+            else:
+                param.requires_grad_(False)
+        if not kept:
+            raise UnlearnError(
+                f"objective 'rmu': recipe {self.recipe!r} trains {self.train_module} of layers "
+                f"{layers}, but the model has no trainable parameter there"
+            )
+        return kept
 
     def forget_loss(self, model, batch, reference_model=None):
         if self.control is None:
@@ -120,10 +187,10 @@ class RMU(ForgetRetainObjective):
         part = batch["forget"]
         hidden = layer_activations(model, part, self.layer)
         target = self.control.to(hidden.device, hidden.dtype).expand_as(hidden)
-        return masked_mse(hidden, target, part["labels"])
+        return self.mse(hidden, target, part["labels"])
 
     def retain_loss_value(self, model, batch, reference_model=None):
         part = batch["retain"]
         hidden = layer_activations(model, part, self.layer)
         ref = layer_activations(reference_model, part, self.layer, no_grad=True)
-        return masked_mse(hidden, ref, part["labels"])
+        return self.mse(hidden, ref, part["labels"])
