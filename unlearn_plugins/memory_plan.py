@@ -59,6 +59,10 @@ DTYPE_NAMES = {
 #: transformers, peft (training, scoring) and lm-eval, datasets (evaluation); measured on this
 #: project's 2-core machine (bench/memory_plan.py's baseline child and the demo's stages)
 CPU_RUNTIME_MB = {"train": 620, "score": 620, "eval": 620}
+#: working memory of torch's CPU kernels and autograd engine (MiB) once a model has run: not
+#: derived from the code but the residual of bench/memory_plan.py's measurements at 40M-135M
+#: parameters, where it is a visible share (forward only; forward and backward)
+CPU_WORKSPACE_MB = {"forward": 20, "backward": 64}
 #: what a CUDA process holds beyond torch's allocator (the context and kernels), MiB; an
 #: assumption (never measured here: no GPU)
 CUDA_CONTEXT_MB = 600
@@ -252,6 +256,16 @@ def _runtime(device: str, kind: str) -> int:
     return CPU_RUNTIME_MB[kind] * MiB
 
 
+def _workspace(stage: "Stage", device: str, kind: str) -> None:
+    if not device.startswith("cuda"):
+        stage.parts["CPU kernels' working memory"] = CPU_WORKSPACE_MB[kind] * MiB
+
+
+def largest_tensor(shape: "Shape") -> int:
+    """Elements of the largest single weight (the embedding, or a block's largest matrix)."""
+    return max([shape.vocab * shape.hidden] + [i * o for _, i, o in shape.block_linears])
+
+
 def block_activation_elems(shape: Shape, *, lora_r: int = 0, lora_targets: int = 0, gqa_in_sdpa: bool = False) -> int:
     """Elements autograd keeps per token in one decoder block during training: the input
     RMSNorm's input, normalised and scaled tensors (3h), q after RoPE (h), k and v as attention
@@ -302,8 +316,10 @@ def training_stage(
         stage.notes.append(f"LoRA r={lora_r}: {trainable / 1e6:.1f}M trainable parameters (fp32)")
     stage.parts["gradients"] = trainable * param_b
     stage.parts["optimizer"] = optimizer_state_bytes(optim, trainable, param_b, factored)
-    if cuda and optim in ("adamw_torch", "adamw_torch_fused") and full_finetune:
-        stage.parts["optimizer step temporaries"] = trainable * param_b
+    if full_finetune and optim.startswith("adamw_torch"):
+        # CUDA's multi-tensor AdamW: one temporary set (the square roots of every second moment);
+        # the CPU's single-tensor loop: two temporaries of the tensor being stepped
+        stage.parts["optimizer step temporaries"] = trainable * param_b if cuda else 2 * largest_tensor(shape) * param_b
     if reference:
         if full_finetune:
             rdtype = reference_dtype or ("bfloat16" if bf16_autocast else wdtype)
@@ -329,7 +345,10 @@ def training_stage(
     # the fp32 log-softmax of every part's answer rows autograd keeps, and at the start of a
     # part's backward the gradient of its whole logits (batch x length x vocab, what the answer
     # rows were picked from) and two answer-sized fp32 gradients
-    stage.parts["logits"] = batch_size * length * shape.vocab * act_b + (answer_rows + 2 * part_answers) * shape.vocab * 4
+    stage.parts["logits"] = (
+        batch_size * length * shape.vocab * act_b + (answer_rows + 2 * part_answers) * shape.vocab * 4
+    )
+    _workspace(stage, device, "backward")
     stage.parts["runtime"] = _runtime(device, "train")
     return stage
 
@@ -355,6 +374,7 @@ def inference_stage(
     stage.parts["activations"] = tokens * (4 * shape.hidden + 3 * shape.intermediate) * wb
     stage.parts["key/value cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * wb
     stage.parts["logits"] = tokens * shape.vocab * (wb + 4)
+    _workspace(stage, device, "forward")
     stage.parts["runtime"] = _runtime(device, kind)
     return stage
 
@@ -387,7 +407,8 @@ def mrd_stage(
         outside = shape.outside_params
         stage.parts[f"{precision} embedding, head and one block"] = (outside + shape.block_params) * pb
         stage.notes.append(f"MRD chunk=layer: one decoder block in {precision} at a time")
-    stage.parts["noise (fp32, one block)"] = max(shape.block_params, shape.outside_params) * 4
+    # one weight's fp32 noise and its upcast to the precision while it is added
+    stage.parts["noise (largest weight)"] = largest_tensor(shape) * (4 + pb)
     tokens = batch_size * length
     # hidden states of the batch and one block's temporaries, in the precision; the logits
     stage.parts["activations"] = tokens * (6 * shape.hidden + 3 * shape.intermediate) * pb
@@ -432,6 +453,7 @@ def eap_ig_stage(
     # rows' q/k/v gradients and stashed inputs
     stage.parts["gradient terms (fp32)"] = (b * (3 * H + 1) * length * h + 6 * tokens * h) * 4
     stage.parts["logits"] = int(tokens * answer_fraction) * shape.vocab * 4 * 2
+    _workspace(stage, device, "backward")
     stage.parts["runtime"] = _runtime(device, "score")
     stage.notes.append(
         f"EAP-IG: {b} sample(s) x {steps} steps per pass; buffers fp32 (exactness; not in the model's dtype)"
@@ -466,6 +488,7 @@ def fila_stage(
     tokens = batch_size * length
     stage.parts["activations"] = tokens * (shape.layers * per_block + 4 * shape.hidden) * wb
     stage.parts["logits"] = tokens * shape.vocab * (wb + 4)
+    _workspace(stage, device, "backward")
     stage.parts["runtime"] = _runtime(device, "train")
     return stage
 

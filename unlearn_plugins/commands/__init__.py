@@ -2,4 +2,17 @@
 sets ``func``; heavy imports happen inside the function so `unlearn --help` stays fast."""
 
 #: modules in the order `unlearn --help` lists them
-COMMANDS = ("demo", "study", "probs", "score", "stratify", "plugins", "run", "finetune", "eval", "attack", "movielens", "plan")
+COMMANDS = (
+    "demo",
+    "study",
+    "probs",
+    "score",
+    "stratify",
+    "plugins",
+    "run",
+    "finetune",
+    "eval",
+    "attack",
+    "movielens",
+    "plan",
+)

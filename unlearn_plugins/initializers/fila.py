@@ -120,8 +120,9 @@ def accumulate(model, examples, index_batches, pad_token_id, params: dict, *, fi
         for idx in index_batches:
             batch = {k: v.to(device) for k, v in pad_batch([examples[i] for i in idx], pad_token_id).items()}
             model.zero_grad(set_to_none=True)
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            nll, mask = token_nll(out.logits, batch["labels"])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            nll, mask = token_nll(logits, batch["labels"])
+            del logits  # the loss keeps the answer rows it needs: the whole logits need not live through backward
             n = int(mask.sum())
             if n == 0:
                 continue  # no answer tokens: the reference's loss is NaN here; skip the batch

@@ -215,7 +215,7 @@ class _LayerByLayer:
                 if dev not in self._generators:
                     self._generators[dev] = torch.Generator(device=dev).manual_seed(self.seed)
                 noise = torch.randn(p.shape, generator=self._generators[dev], device=dev, dtype=torch.float32)
-                new.add_(noise.to(self.dtype), alpha=self.sigma)
+                new.add_(noise, alpha=self.sigma)  # upcast inside the add: no second copy of the noise
                 del noise
             p.data = new
             saved.append((p, original))
