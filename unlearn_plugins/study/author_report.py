@@ -248,7 +248,8 @@ def _lacking(design: Design, analysis, methods: list[str], fq: dict, labels: dic
         has = "has" if len(lack) == 1 or len(lack) == len(methods) else "have"
         on = f"any of the {len(authors)} test authors" if len(gone) == len(authors) else f"author(s) {_ids(gone)}"
         parts.append(f"{who} {has} {'a value' if who == 'no method' else 'no value'} on {on}")
-    return f"{short} of {total} comparisons lack data" + (f" ({'; '.join(parts)})" if parts else "")
+    head = f"{short} of {total} comparisons lack data" if total else "test cells lack data"
+    return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _ids(authors) -> str:
