@@ -31,8 +31,14 @@ DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 WARMUP_OPTIONS = ("warmup_steps", "warmup_ratio", "warmup_epochs")
 NO_WARMUP_SCHEDULERS = ("constant", "reduce_lr_on_plateau", "greedy")
-#: options added after configs were first keyed: left out of ``to_dict`` while unset
-LATER_OPTIONS = ("prompt_format", "date_string")
+#: options added after configs were first keyed: left out of ``to_dict`` while at these defaults
+LATER_OPTIONS = {
+    "prompt_format": None,
+    "date_string": None,
+    "gradient_checkpointing": False,
+    "reference_dtype": None,
+    "device_memory": None,
+}
 
 
 def scheduler_names() -> list[str]:
@@ -172,11 +178,11 @@ class TrainingConfig:
     )
 
     def to_dict(self) -> dict[str, Any]:
-        """Its fields; the prompt options only when set (the configs, and the study keys made of
-        them, written before those options existed stay as they were)."""
+        """Its fields; the options added later only when not at their defaults (the configs, and
+        the study keys made of them, written before those options existed stay as they were)."""
         out = dataclasses.asdict(self)
-        for name in LATER_OPTIONS:
-            if out[name] is None:
+        for name, default in LATER_OPTIONS.items():
+            if name in out and out[name] == default:
                 del out[name]
         return out
 
