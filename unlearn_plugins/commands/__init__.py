@@ -12,6 +12,7 @@ COMMANDS = (
     "run",
     "finetune",
     "eval",
+    "logs",
     "attack",
     "movielens",
     "plan",

@@ -92,6 +92,11 @@ def add_parser(sub) -> None:
         metavar="FILE",
         help="write this model's forget-split truth ratios as a retain reference",
     )
+    p.add_argument(
+        "--open-unlearning-log",
+        action="store_true",
+        help="also write open-unlearning's TOFU_EVAL.json / MUSE_EVAL.json (and _SUMMARY.json) into --out",
+    )
     p.add_argument("--limit", type=float, default=None, help="first N documents per task (N < 1: a fraction)")
     p.add_argument(
         "--batch-size",
@@ -374,6 +379,11 @@ def run(args) -> int:
         )
     )
     print(model_eval.report(outcome))
+    if args.open_unlearning_log and not outcome.failed:
+        from .logs import export
+
+        for path in export(args.out):
+            print(f"open-unlearning's log: {path}")
     return 1 if outcome.failed else 0
 
 
