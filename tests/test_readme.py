@@ -181,3 +181,24 @@ def test_docs_cli_names_every_option_of_every_verb(page):
         section = text[heading.start() : end if end != -1 else len(text)]
         missing += [f"{name} {o}" for o in _options(sub) if f"`{o}" not in section]
     assert not missing, f"docs/cli.md does not describe: {', '.join(missing)}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_front_door_and_the_pages_land_on_a_heading():
+    pages = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in ("cli", "benchmarks", "results", "development")]
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)", page.read_text()):
+            path = (page.parent / target) if target else page
+            if not path.is_file():
+                broken.append(f"{page.name}: {target} missing")
+                continue
+            text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+            if anchor not in slugs:
+                broken.append(f"{page.relative_to(ROOT)}: {target or page.name}#{anchor}")
+    assert not broken, "links to no heading: " + "; ".join(broken)
