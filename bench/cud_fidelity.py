@@ -1,4 +1,4 @@
-"""How much CUD's ranking and anchors move with the paper's choices (issue 29, items 3 and 4).
+"""How much CUD's ranking and anchors move with the paper's choices.
 
 CUD scores one query set four ways from the same EAP-IG matrices and the same anchor runs (the
 CUD cache holds both, so only the first variant computes anything):
@@ -7,7 +7,7 @@ CUD cache holds both, so only the first variant computes anything):
   (GradDiff, NPO, SimNPO, RMU, UNDIAL x 3 seeds, kept when 3 methods choose them): the default;
 - ``signed``: the same anchors, circuits compared as signed edge scores;
 - ``two``: binary masks, anchors voted by GradDiff and NPO alone (threshold 1: the union);
-- ``old``: signed scores and the two-method vote, the default until issue 29.
+- ``old``: signed scores and the two-method vote, this package's default before it followed the paper.
 
 Prints one JSON line: Spearman between the paper's scores and each other variant's, and the
 anchors each vote chose (pool indices) with their overlap. Anchor runs use the demo's settings

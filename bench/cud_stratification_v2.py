@@ -1,4 +1,4 @@
-"""CUD stratification v2 (issue 35): a study that can decide whether CUD's hard and easy sets unlearn
+"""CUD stratification v2: a study that can decide whether CUD's hard and easy sets unlearn
 differently from random sets. v1 (bench/cud_stratification.py, docs/study/cud_stratification.*)
 stays as the record; this file declares v2's design before any of it runs, runs phase 1
 (reliability), and holds the analysis functions of both phases.

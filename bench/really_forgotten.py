@@ -1,6 +1,6 @@
 """Is it really forgotten? Membership inference, privleak, exact memorization and the forget
 set's probability / ROUGE-L after relearning, int4 quantization and the paraphrase probe, for
-the full, retain and each unlearned model of an `unlearn demo` run (issue 17's table).
+the full, retain and each unlearned model of an `unlearn demo` run (docs/results.md, "Is it really forgotten?").
 
 Each model is measured by one `unlearn eval --mia --robustness` (the retain model first: its MIA
 reference gives the others' privleak and reference attack), in a fresh process; results are

@@ -1,4 +1,4 @@
-"""reglu_tofu (v1) re-read with issue 34's statistics, from its committed records alone (no cache,
+"""reglu_tofu (v1) re-read with the author-unit study's statistics, from its committed records alone (no cache,
 no model): per unlearning cell, Model Utility against the target's on the same QA (a paired
 bootstrap over the QA) beside the report's unpaired per-evaluation interval, and the forget
 truth ratios against the retain model's as Forget Quality (the KS p-value), the KS statistic and

@@ -273,8 +273,8 @@ def test_phase1_report_from_records_alone(v2, tmp_path):
 
 
 def test_v1_reread_from_its_records_and_the_readme_says_what_it_found(v2):
-    """v1's committed records read with v2's measures (`bench/cud_stratification_v2.py v1`): the
-    README's sentences about v1 quote these numbers; a README that says CUD's easy set unlearned
+    """v1's committed records read with v2's measures (`bench/cud_stratification_v2.py v1`):
+    docs/results.md's sentences about v1 quote these numbers; a page that says CUD's easy set unlearned
     better, or that the plain loss predicts it, contradicts them."""
     out = v2.reread_v1()
     gd = out["objectives"]["grad_diff"]
@@ -285,7 +285,7 @@ def test_v1_reread_from_its_records_and_the_readme_says_what_it_found(v2):
     corr = out["change_correlations"]
     assert corr["loss"]["grad_diff"]["rho"] < -0.4 and corr["loss"]["grad_diff"]["p"] < 0.001
     assert abs(corr["loss"]["npo"]["rho"]) < 0.1 and all(abs(c["rho"]) < 0.2 for c in corr["cud"].values())
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text().split())
     quoted = (
         f"the easy set scored {easy['adjusted']:.1f} against the random sets' "
         f"{randoms[0]:.1f}, {randoms[1]:.1f} and {randoms[2]:.1f} ({easy['minus_random']['adjusted']:+.1f} "
@@ -313,13 +313,13 @@ def test_spearman_interval_by_hand(v2):
 
 
 def test_the_committed_phase1_decides_and_the_readme_says_what_it_found(v2):
-    """The committed records stop the study, and the README's verdict quotes their numbers (a
-    README that disagrees with the records fails here)."""
+    """The committed records stop the study, and docs/results.md's verdict quotes their numbers (a
+    page that disagrees with the records fails here)."""
     out = v2.report_phase1(v2.RECORDS)
     d = out["decision"]
     assert out["complete"] and d["decided"] and d["stop"] is True
     seeds, pools = d["comparisons"]["seeds"], d["comparisons"]["pools"]
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text().split())
 
     def rho(c):
         return f"{c['spearman']:+.2f} [{c['spearman_ci'][0]:+.2f}, {c['spearman_ci'][1]:+.2f}]"

@@ -144,14 +144,14 @@ def test_the_verdict_block_is_generated_from_study_json_and_a_changed_readme_fai
 
 
 def test_the_readme_verdict_of_reglu_tofu_v2_is_its_study_json():
-    """docs/study/reglu_tofu_v2/study.json and the README agree: the README quotes the verdict
-    block generated from it, word for word; before the study has a report, the README gives no
+    """docs/study/reglu_tofu_v2/study.json and docs/results.md agree: the page quotes the verdict
+    block generated from it, word for word; before the study has a report, the page gives no
     verdict of it."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "results.md").read_text()
     quoted = ar.readme_verdict(readme, "reglu_tofu_v2")
     path = ROOT / "docs" / "study" / "reglu_tofu_v2" / "study.json"
     if not path.is_file():
-        assert quoted is None, "the README gives a verdict of reglu_tofu_v2, which has no report yet"
+        assert quoted is None, "docs/results.md gives a verdict of reglu_tofu_v2, which has no report yet"
         return
     import json
 

@@ -1,6 +1,6 @@
-"""The README's reglu_tofu results and verdict against docs/study/reglu_tofu/study.json (issue 34:
+"""The reglu_tofu results and verdict of docs/results.md against docs/study/reglu_tofu/study.json:
 every number of the verdict is checked against the report it quotes; this test fails when the
-two disagree, as the README once claimed IHL + RILA had the highest Forget Quality on every seed
+two disagree (as a claim that IHL + RILA had the highest Forget Quality on every seed would,
 while IHL + VILA had more on seed 1 of forget 1)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ def study() -> dict:
 
 @pytest.fixture(scope="module")
 def readme() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### What `reglu_tofu` found")
+    text = (ROOT / "docs" / "results.md").read_text()
+    start = text.index("## What `reglu_tofu` found")
     return " ".join(text[start : text.index("\n## ", start)].split())  # one line: wrapping does not matter
 
 

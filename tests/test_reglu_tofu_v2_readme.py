@@ -1,6 +1,6 @@
-"""The README's reading of reglu_tofu_v2 ("How to read it", beside the generated verdict block)
-against docs/study/reglu_tofu_v2/study.json and the committed records (issue 34: every number
-the README states about the study is one the report holds; this test fails when they disagree).
+"""docs/results.md's reading of reglu_tofu_v2 ("How to read it", beside the generated verdict
+block) against docs/study/reglu_tofu_v2/study.json and the committed records: every number the
+page states about the study is one the report holds; this test fails when they disagree.
 The verdict block itself is checked in tests/test_design_report.py."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def study() -> dict:
 
 @pytest.fixture(scope="module")
 def readme() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### What `reglu_tofu_v2` found")
-    return " ".join(text[start : text.index("### What `reglu_tofu` found", start)].split())
+    text = (ROOT / "docs" / "results.md").read_text()
+    start = text.index("## What `reglu_tofu_v2` found")
+    return " ".join(text[start : text.index("## What `reglu_tofu` found", start)].split())
 
 
 def row(study: dict, family: str, method: str, rival: str) -> dict:

@@ -19,4 +19,4 @@ def register_adapter_initializers(register):
     register("rila", RILAInit)
     register("fila", FILAInit)
     register("vila", VILAInit)
-    register("random_residual", RandomResidualInit)  # issue 34's control: RILA's norm, random directions
+    register("random_residual", RandomResidualInit)  # a control: RILA's norm, random directions

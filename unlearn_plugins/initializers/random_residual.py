@@ -1,4 +1,4 @@
-"""The random-residual control (issue 34): a residual LoRA init of RILA's size, without its
+"""The random-residual control of ``reglu_tofu_v2``: a residual LoRA init of RILA's size, without its
 information.
 
 RILA starts every module at B = Q (d_out x r, orthonormal: directions the forget data uses more

@@ -116,7 +116,7 @@ class ROL:
     ``seed`` (of the random basis, 0), ``max_samples`` (retain examples for ``basis="data"``, 256)."""
 
     name = "rol"
-    #: 2: RILA's retain basis has k columns completed away from the forget rows (issue 29); a
+    #: 2: RILA's retain basis has k columns completed away from the forget rows; a
     #: study re-keys (rebuilds) the cells that use ROL
     revision = 2
     regularizer = True

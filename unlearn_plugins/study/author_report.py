@@ -1,4 +1,4 @@
-"""The report of an author-unit study (issue 34): per test author and method the numbers of its
+"""The report of an author-unit study: per test author and method the numbers of its
 evaluation, the declared comparisons over the authors (:mod:`.design_report`), each method's
 paired Model Utility against the target, the noise ceiling, the operating points and their
 sweep traces; ``study.json``, ``summary.md``, one trace plot per method and (with a

@@ -720,7 +720,7 @@ def build_cud_users(tmp: Path, p: dict) -> None:
 
 
 def build_sweep(tmp: Path, p: dict) -> None:
-    from .trace import build_sweep as build  # an author-unit study's traced run (issue 34)
+    from .trace import build_sweep as build  # an author-unit study's traced run
 
     build(tmp, p)
 
@@ -754,7 +754,7 @@ def build_sharded_unlearn(tmp: Path, p: dict) -> None:
 
 
 def build_operating_point(tmp: Path, p: dict) -> None:
-    from .operating_cell import choose_operating_point  # an author-unit study's method (issue 34)
+    from .operating_cell import choose_operating_point  # an author-unit study's method
 
     choose_operating_point(tmp, p, evaluate=build_evaluate)
 

@@ -1,4 +1,4 @@
-"""Studies whose unit of replication is the forget author (issue 34, ``reglu_tofu_v2``): the
+"""Studies whose unit of replication is the forget author (``reglu_tofu_v2``): the
 study file's tables for them, their validation and their grid of cells.
 
 ``[benchmark] unit = "author"`` makes every test author (``test_authors``, TOFU ids) its own

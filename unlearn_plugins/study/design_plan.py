@@ -1,4 +1,4 @@
-"""The cells of an author-unit study (:mod:`.design`, issue 34) as stages of the shared cache:
+"""The cells of an author-unit study (:mod:`.design`) as stages of the shared cache:
 what ``unlearn study FILE --dry-run`` lists.
 
 Each author (the reserved one and the test authors) gets its own benchmark folder (the same N

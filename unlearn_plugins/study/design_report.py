@@ -1,4 +1,4 @@
-"""The analysis of an author-unit study (issue 34): the declared comparison families over the
+"""The analysis of an author-unit study: the declared comparison families over the
 test authors, each method's paired Model Utility against the target, the noise ceiling, and
 the verdict of ``[verdict]``, with its sentences generated from the numbers.
 

@@ -1,4 +1,4 @@
-"""A method's operating-point cell (issue 34): its sweep traces, Model Utility evaluated lazily
+"""A method's operating-point cell: its sweep traces, Model Utility evaluated lazily
 at the candidate points, and the ``[operating_point]`` rule's choice.
 
 The points are every (run, epoch) of the method's traced sweep runs (:mod:`.trace`), each

@@ -1,4 +1,4 @@
-"""An operating point per method (issue 34): the rule, written in the study file before it runs,
+"""An operating point per method: the rule, written in the study file before it runs,
 that picks each method's (lr, epochs) from its sweep trace on the reserved author.
 
 A trace is a list of points, one per (setting, epoch) of the sweep: ``lr`` and ``epoch`` (the

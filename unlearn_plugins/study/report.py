@@ -7,7 +7,7 @@ reference rows; a Pareto plot (Forget Quality vs Model Utility with error bars);
 Intervals: ``t`` (Student-t on the seed means, n - 1 degrees of freedom) or ``bootstrap``
 (percentile, 10,000 resamples of the seeds); the study file says which. A group whose seeds
 all gave the same value has **no spread**: no interval (a zero-width one is no estimate of
-precision) and no Welch p-value against it (issue 34). Each evaluation's
+precision) and no Welch p-value against it. Each evaluation's
 Model Utility also gets a 95% percentile bootstrap interval over its QA (the sampling error
 of the evaluation set, which seeds do not show). Reads only the cache's stage folders.
 """

@@ -53,7 +53,7 @@ TABLES = (
     "sharded",
     "variants",
 )
-#: with [benchmark] unit = "author" (issue 34; :mod:`.design` reads them)
+#: with [benchmark] unit = "author" (:mod:`.design` reads them)
 TABLES += author_design.TABLES
 CI_METHODS = ("t", "bootstrap")
 #: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones;
@@ -1007,7 +1007,7 @@ def expand(study: Study) -> list[Cell]:
     :func:`expand_movielens`; an author-unit study: :func:`.design.cells`."""
     if study.movielens is not None:
         return expand_movielens(study)
-    if study.design is not None:  # authors as the unit (issue 34)
+    if study.design is not None:  # authors as the unit
         return [Cell(**cell) for cell in author_design.cells(study)]
     cells: list[Cell] = []
     target_id = None

@@ -1,4 +1,4 @@
-"""Statistics for a study whose unit of replication is the forget author (issue 34).
+"""Statistics for a study whose unit of replication is the forget author.
 
 Each method is run once per unit (a forget author, with its own retain model), so two methods
 are compared *paired*: per unit the difference of their values, then a test over the units.

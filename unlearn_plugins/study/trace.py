@@ -1,4 +1,4 @@
-"""A traced unlearning run (issue 34, ``[sweep]``): at the end of every epoch the adapter is
+"""A traced unlearning run (``[sweep]``): at the end of every epoch the adapter is
 saved and the cheap trace measures are taken, with no generation and no full evaluation.
 
 Measures (:data:`.design.TRACE_MEASURES`), per epoch:
