@@ -21,6 +21,7 @@ SECTIONS = (
     "## Install",
     "## Two commands on a fresh machine",
     "## With your own model",
+    "## Benchmarks",
     "## Components",
     "## A plugin in ten lines",
     "## What the studies found",
