@@ -255,3 +255,16 @@ def test_sibl_and_altpo_in_a_study(tmp_path):
     assert study.method("altpo").config["objective_options"] == {"repeats": 2}
     plan = plan_study(study, cache=tmp_path / "cache", dry_run=True)
     assert {c.cell.method for c in plan.cells.values()} >= {"sibl", "altpo"}
+
+
+def test_bf16_weights_step(tiny_model, tiny_tokenizer):
+    """bf16 weights (NumPy has no bf16): the conjugate-gradient solve runs in fp32 and the step lands."""
+    model = tiny_model.to(torch.bfloat16)
+    w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sibl = create(UNLEARNING_OBJECTIVE, "sibl", K=1, eta_theta=0.05, eta_in=0.01, cg_iters=2, sparsity=0.5)
+    vocab = len(tiny_tokenizer)
+    loss = sibl.training_step(
+        model, {"forget": fixed_part(vocab, 1), "retain": fixed_part(vocab, 2)}, None, step_info()
+    )
+    assert torch.isfinite(loss)
+    assert any(not torch.equal(p, w0[n]) for n, p in model.named_parameters())

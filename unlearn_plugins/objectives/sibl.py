@@ -79,15 +79,17 @@ def math_attention():
 
 def conjugate_gradient(matvec, b, *, iterations: int, tol: float):
     """Solve ``A x = b`` from ``x = 0`` with SciPy's CG (``maxiter``, ``atol``, ``rtol=0``) on
-    the CPU, as the reference does; each product runs on ``b``'s device and dtype."""
+    the CPU, as the reference does; each product runs on ``b``'s device and dtype. NumPy has no
+    bf16/fp16 arithmetic worth the name, so half-precision vectors are solved in fp32."""
     import torch
     from scipy.sparse.linalg import LinearOperator, cg
 
     device, dtype, n = b.device, b.dtype, b.numel()
-    b_np = b.detach().cpu().numpy()
+    host = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    b_np = b.detach().to(host).cpu().numpy()
 
     def product(v):
-        return matvec(torch.from_numpy(v).to(device=device, dtype=dtype)).detach().cpu().numpy()
+        return matvec(torch.from_numpy(v).to(device=device, dtype=dtype)).detach().to(host).cpu().numpy()
 
     x, _ = cg(LinearOperator((n, n), matvec=product, dtype=b_np.dtype), b_np, maxiter=iterations, atol=tol, rtol=0)
     return torch.from_numpy(x).to(device=device, dtype=dtype)
