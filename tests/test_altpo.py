@@ -119,6 +119,15 @@ def test_alternates_from_a_file_from_the_rows_or_generated(tiny_model, tiny_toke
         path.write_text(json.dumps(rows[0]) + "\n")
         create(UNLEARNING_OBJECTIVE, "altpo", alternates_file=str(path)).prepare(context)
 
+    rows = [{"question": samples[0].question, "alternate": a} for a in ("", "Ann Lee.")]
+    rows.append({"question": samples[1].question, "alternate": "  "})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(UnlearnError, match="every alternate for forget question 'Where was B born\\?'.* is empty"):
+        create(UNLEARNING_OBJECTIVE, "altpo", alternates_file=str(path)).prepare(context)
+    context = ObjectiveContext(model=tiny_model, tokenizer=tiny_tokenizer, forget_samples=samples[:1], seed=0)
+    view = create(UNLEARNING_OBJECTIVE, "altpo", alternates_file=str(path)).prepare(context)["forget_alternate"]
+    assert view.alternates == [["Ann Lee."]] and context.info["altpo_alternates"]["dropped_empty"] == 1
+
     own = [QASample(s.question, s.answer, s.index, extra={"alternate": "Someone else."}) for s in samples]
     context = ObjectiveContext(model=tiny_model, tokenizer=tiny_tokenizer, forget_samples=own, seed=0)
     view = create(UNLEARNING_OBJECTIVE, "altpo").prepare(context)["forget_alternate"]

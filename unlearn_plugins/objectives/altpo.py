@@ -137,9 +137,14 @@ class AlternateView:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict:
-        from ..data.tofu import draw_index, encode_qa
+        from ..data.tofu import draw_index
 
-        k = draw_index(len(self.alternates[i]), "alternate", self.seed, self.epoch, i)
+        return self.encoded(i, draw_index(len(self.alternates[i]), "alternate", self.seed, self.epoch, i))
+
+    def encoded(self, i: int, k: int) -> dict:
+        """Alternate ``k`` of forget question ``i``, encoded."""
+        from ..data.tofu import encode_qa
+
         if (i, k) not in self._encoded:
             s = self.samples[i]
             self._encoded[(i, k)] = encode_qa(
@@ -213,7 +218,19 @@ class AltPO(ForgetRetainObjective):
 
     def prepare(self, context: ObjectiveContext) -> dict[str, AlternateView]:
         alternates, source = self.alternates(context)
+        # an empty alternate cannot be encoded as an answer (the reference trains on its end token)
+        kept = [[a for a in alts if a.strip()] for alts in alternates]
+        for sample, alts in zip(context.forget_samples, kept):
+            if not alts:
+                raise UnlearnError(
+                    f"objective 'altpo': every alternate for forget question {sample.question!r} "
+                    f"({getattr(sample, 'where', '?')}) from {source} is empty; give option alternates_file "
+                    "or raise option repeats / max_new_tokens"
+                )
+        dropped = sum(len(a) for a in alternates) - sum(len(a) for a in kept)
+        alternates = kept
         context.info["altpo_alternates"] = {
+            "dropped_empty": dropped,
             "source": source,
             "alternates": [
                 {"question": s.question, "alternates": a} for s, a in zip(context.forget_samples, alternates)
@@ -227,6 +244,9 @@ class AltPO(ForgetRetainObjective):
             max_length=context.max_length,
             system_prompt=context.system_prompt,
         )
+        for i in range(len(view)):  # encode every alternate now: a bad one fails before training
+            for k in range(len(alternates[i])):
+                view.encoded(i, k)
         return {"forget_alternate": view}
 
     def forget_loss(self, model, batch, reference_model=None):
