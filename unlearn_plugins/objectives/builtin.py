@@ -2,6 +2,7 @@
 hook as any plugin)."""
 
 from .. import hookimpl
+from .altpo import AltPO
 from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
 from .gru import GRU
@@ -10,6 +11,7 @@ from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
 from .rol import ROL
+from .sibl import SIBL
 from .task_vector import TaskVector
 from .undial import UNDIAL
 
@@ -30,4 +32,6 @@ def register_unlearning_objectives(register):
     register("task_vector", TaskVector)
     register("gru", GRU)
     register("pdu", PDU)
+    register("sibl", SIBL)
+    register("altpo", AltPO)
     register("rol", ROL)

@@ -29,6 +29,16 @@ PRESETS: dict[str, dict] = {
         "lr_scheduler": "linear",
         "warmup_epochs": 1.0,
     },
+    # SIBL (open-unlearning pull request 159, configs/trainer/SIBL.yaml): full fine-tuning, batch
+    # 2 without accumulation, T = 20 outer iterations (one per micro-batch); the method steps the
+    # weights itself, so lr, optimizer and schedule do not act.
+    "sibl": {
+        "objective": "sibl",
+        "full_finetune": True,
+        "batch_size": 2,
+        "grad_accum": 1,
+        "max_steps": 20,
+    },
 }
 
 
