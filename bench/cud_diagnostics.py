@@ -69,6 +69,13 @@ PAIR_NAMES = {("A012", "A345"): "seeds", ("A012", "B012"): "pools", ("A345", "B0
 TOP_K = 40
 
 
+def v2_records() -> Path:
+    """v2's finished records, read only (packed or loose)."""
+    from unlearn_plugins.study.records import unpacked
+
+    return unpacked(V2_RECORDS)
+
+
 def log(msg: str, started: float = time.perf_counter()) -> None:
     stamp = time.strftime("%H:%M:%S")
     print(f"[{stamp} {time.perf_counter() - started:7.0f} s] {msg}", file=sys.stderr, flush=True)
@@ -79,7 +86,7 @@ def log(msg: str, started: float = time.perf_counter()) -> None:
 
 def v2_settings() -> dict:
     """The EAP-IG and circuit settings of v2's scorings (as recorded in scoring-A012.json)."""
-    rec = json.loads((V2_RECORDS / "scoring-A012.json").read_text())
+    rec = json.loads((v2_records() / "scoring-A012.json").read_text())
     s = rec["settings"]
     return {k: s[k] for k in ("mode", "steps", "baseline", "metric", "max_rows", "max_length", "n_edges")}
 
@@ -87,7 +94,7 @@ def v2_settings() -> dict:
 def fingerprint_gap(folder: Path) -> float:
     """Max |held-out NLL difference| of the target in ``folder`` from v2's recorded fingerprint."""
     now = json.loads((folder / "fingerprint.json").read_text())["heldout_nll"]
-    recorded = json.loads((V2_RECORDS / "target_fingerprint.json").read_text())["heldout_nll"]
+    recorded = json.loads((v2_records() / "target_fingerprint.json").read_text())["heldout_nll"]
     return max(abs(a - b) for a, b in zip(now, recorded))
 
 
@@ -103,7 +110,7 @@ def compute_matrices(cache: Path | None, device: str | None, accept_other_target
 
     cache = cache or cache_dir() / "study" / "cud_stratification_v2"
     started = time.perf_counter()
-    study = v2.Phase1(v2.StudyConfig(device=device), cache, V2_RECORDS)
+    study = v2.Phase1(v2.StudyConfig(device=device), cache, v2_records())  # reads v2's records
     log(f"target: {cache} (rebuilt when missing) ...")
     folder = study.stages.folder("target", "target", study.digest(study.key))
     try:
@@ -302,7 +309,7 @@ def loss_anchors(pool_rows, before_nll, k: int) -> dict:
 def v2_anchors() -> dict[str, dict]:
     out = {}
     for name in SCORINGS:
-        rec = json.loads((V2_RECORDS / f"scoring-{name}.json").read_text())
+        rec = json.loads((v2_records() / f"scoring-{name}.json").read_text())
         out[name] = {kind: list(rec["anchors"][kind]) for kind in ("easy", "hard")}
     return out
 
@@ -323,9 +330,9 @@ def run(cache: Path | None, records: Path = RECORDS, report: Path = REPORT) -> N
         Matrices.load(edges),
         query=v2.rows_of(pools["query"]),
         pool_rows={"A": v2.rows_of(pools["anchor_A"]), "B": v2.rows_of(pools["anchor_B"])},
-        before=json.loads((V2_RECORDS / "before.json").read_text())["nll"],
+        before=json.loads((v2_records() / "before.json").read_text())["nll"],
         anchors=v2_anchors(),
-        recorded={n: json.loads((V2_RECORDS / f"scoring-{n}.json").read_text())["scores"] for n in SCORINGS},
+        recorded={n: json.loads((v2_records() / f"scoring-{n}.json").read_text())["scores"] for n in SCORINGS},
         matrices=json.loads((cache / "diagnostics" / "timing.json").read_text()),
         records=records,
     )

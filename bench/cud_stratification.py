@@ -206,7 +206,10 @@ class Records:
              "before.json", "fingerprint.json")
 
     def __init__(self, root: Path | None):
-        self.root = root
+        from unlearn_plugins.study.records import unpacked
+
+        self.root = root  # written to (loose records)
+        self.read = None if root is None else unpacked(root)  # read from: packed records too
 
     def restore(self, folder: Path) -> bool:
         """Fill the cache folder from its record (build-then-rename); False when there is none."""
@@ -214,7 +217,7 @@ class Records:
 
         if self.root is None or folder.name.startswith("target-"):
             return False
-        record = self.root / folder.name
+        record = self.read / folder.name
         if not (record / DONE).is_file():
             return False
         tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
@@ -232,7 +235,7 @@ class Records:
         from unlearn_plugins.stages import DONE
 
         record = None if self.root is None else self.root / folder.name
-        if record is None or (record / DONE).is_file():
+        if record is None or (record / DONE).is_file() or (self.read / folder.name / DONE).is_file():
             return
         tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -244,7 +247,7 @@ class Records:
         os.replace(tmp, record)
 
     def fingerprint(self, folder: Path) -> dict | None:
-        path = None if self.root is None else self.root / folder.name / "fingerprint.json"
+        path = None if self.root is None else self.read / folder.name / "fingerprint.json"
         return json.loads(path.read_text()) if path and path.is_file() else None
 
 

@@ -476,7 +476,13 @@ class RecordedRunner:
 class Phase1:
     def __init__(self, config: StudyConfig, cache: Path, records: Path):
         from unlearn_plugins.stages import Stages, digest
+        from unlearn_plugins.study.records import packs
 
+        if packs(records):
+            raise SystemExit(
+                f"error: {records} holds packed records, and a run adds loose ones: unpack them first "
+                f"(unlearn records unpack {records}), and pack them again after the run"
+            )
         self.config, self.cache, self.records = config, cache, records
         self.digest = digest
         self.samples = load_samples()
@@ -1096,7 +1102,9 @@ class Phase2:
 
 
 def read_phase2(records: Path) -> dict:
-    folder = records / "phase2"
+    from unlearn_plugins.study.records import unpacked
+
+    folder = unpacked(records) / "phase2"
     out: dict[str, Any] = {"pilots": {}, "runs": {}, "mdd": {}}
     for path in sorted(folder.glob("pilot-*.json")):
         record = json.loads(path.read_text())
@@ -1154,6 +1162,9 @@ def reread_v1(v1_records: Path = V1_RECORDS) -> dict:
     objective the Spearman of the score with the per-sample *change* in answer NLL on the random
     sets' QA (v1 correlated it with the post level, which holds the pre level). Descriptive: v1
     had 3 random sets and one hard and one easy set per scorer, too few units for a test."""
+    from unlearn_plugins.study.records import unpacked
+
+    source, v1_records = v1_records.name, unpacked(v1_records)  # packed or loose
 
     def one(pattern: str) -> Path:
         found = sorted(v1_records.glob(pattern))
@@ -1210,7 +1221,7 @@ def reread_v1(v1_records: Path = V1_RECORDS) -> dict:
                             after.setdefault(i, []).append(x)
             correlations.setdefault(scorer, {})[objective] = change_correlation(scores, dict(enumerate(before)), after)
     return {
-        "source": str(v1_records.name),
+        "source": source,
         "heldout_rows": [V1_HELDOUT_ROWS[0], V1_HELDOUT_ROWS[-1]],
         "objectives": sets,
         "change_correlations": correlations,
@@ -1218,7 +1229,10 @@ def reread_v1(v1_records: Path = V1_RECORDS) -> dict:
 
 
 def read_records(records: Path) -> dict:
-    """Everything the report needs, from the records folder alone."""
+    """Everything the report needs, from the records folder alone (packed or loose)."""
+    from unlearn_plugins.study.records import unpacked
+
+    records = unpacked(records)
     out: dict[str, Any] = {"scorings": {}, "anchor_runs": {}}
     design = records / "design.json"
     out["design"] = json.loads(design.read_text()) if design.is_file() else None

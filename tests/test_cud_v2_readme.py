@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from unlearn_plugins.study.records import unpacked
+
 ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ROOT / "bench" / "results" / "cud_stratification_v2"
+RECORDS = unpacked(ROOT / "bench" / "results" / "cud_stratification_v2")  # the committed records are packed
 SCORINGS = ("A012", "A345", "B012")
 
 

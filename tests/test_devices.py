@@ -247,6 +247,7 @@ def test_records_from_another_device_are_refused_unless_asked_for(tmp_path, caps
     from unlearn_plugins.stages import DONE
     from unlearn_plugins.study import builtin_studies
     from unlearn_plugins.study.cells import planned_as
+    from unlearn_plugins.study.records import unpacked
     from unlearn_plugins.study.runner import plan_cells, plan_restored
 
     study = tiny_study(tmp_path)
@@ -255,7 +256,7 @@ def test_records_from_another_device_are_refused_unless_asked_for(tmp_path, caps
     cell = next(cp for cp in cpu.cells.values() if cp.cell.kind == "eval_retain")
     name = Path(cell.stages[-1].folder).name
     # a committed CPU evaluation record (its resources.json says no device: made before they did)
-    committed = next((ROOT / "bench" / "results" / "reglu_tofu").glob("eval-retain-*"))
+    committed = next(unpacked(ROOT / "bench" / "results" / "reglu_tofu").glob("eval-retain-*"))
     shutil.copytree(committed, records / name)
     assert (records / name / DONE).is_file() and "device_type" not in (records / name / "resources.json").read_text()
 

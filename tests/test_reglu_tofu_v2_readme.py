@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from unlearn_plugins.study.records import unpacked
+
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = {
     "grad_diff": "GradDiff",
@@ -48,7 +50,7 @@ def test_the_study_is_complete(study):
 
 
 def test_cost_is_the_records(study, readme):
-    folders = list((ROOT / "bench" / "results" / "reglu_tofu_v2").glob("*/resources.json"))
+    folders = list(unpacked(ROOT / "bench" / "results" / "reglu_tofu_v2").glob("*/resources.json"))
     seconds = 0.0
     for path in folders:
 

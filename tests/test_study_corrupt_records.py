@@ -22,6 +22,7 @@ import pytest
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import builtin_studies
+from unlearn_plugins.study.records import unpacked
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,8 +85,9 @@ def study(tmp_path_factory, tofu_dir):
     used = {Path(f).name for c in baseline["cells"].values() for f in c["stages"]}
     records = root / "records"
     records.mkdir()
-    for name in used & {p.name for p in COMMITTED.iterdir()}:
-        shutil.copytree(COMMITTED / name, records / name)
+    committed = unpacked(COMMITTED)  # the committed records are packed
+    for name in used & {p.name for p in committed.iterdir()}:
+        shutil.copytree(committed / name, records / name)
     yield {"path": path, "records": records, "cache": root / "cache", "baseline": baseline, "root": root}
     mp.undo()
 
@@ -208,6 +210,37 @@ def test_a_hand_edited_record_is_one_error_naming_file_and_field(shape, study, t
     )
     assert snapshot(records) == records_before and snapshot(out) == report_before
     assert not (tmp_path / "c2").exists() or not any((tmp_path / "c2").glob(CELL_FOLDER))
+
+
+def test_a_hand_edited_record_in_a_pack_is_named_by_its_pack(study, tmp_path, capsys):
+    """A record damaged before it was packed: the error names the pack and the folder in it,
+    and says how to remove that folder from packed records."""
+    from unlearn_plugins.study.records import pack
+
+    damage, message = SHAPES["FQ 7.5"]
+    records = tmp_path / "records"
+    shutil.copytree(study["records"], records)
+    damage(records)
+    folder = next(records.glob(CELL_FOLDER)).name
+    expected = expected_file(records, message)
+    made = pack(records)
+    code, _, err = run(
+        capsys,
+        study["path"],
+        "--report-only",
+        "--records",
+        records,
+        "--cache-dir",
+        tmp_path / "c",
+        "--out",
+        tmp_path / "report",
+    )
+    assert code == 1 and "Traceback" not in err
+    assert error_lines(err) == [
+        f"error: --records {records}: the recorded evaluation of {CELL}, {made}:{folder}, is unreadable "
+        f"(CorruptEvaluation: {expected}); unpack the records (unlearn records unpack {records}), remove that "
+        "folder and pack them again to rebuild the cell"
+    ]
 
 
 def test_a_damaged_cached_evaluation_is_a_failed_cell_never_averaged(study, tmp_path, capsys):

@@ -504,8 +504,10 @@ def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, cap
     the report (summary.md and study.json) is still written."""
     import shutil
 
+    from unlearn_plugins.study.records import unpacked
+
     records = tmp_path / "records"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "bench" / "results" / "reglu_tofu", records)
+    shutil.copytree(unpacked(Path(__file__).resolve().parents[1] / "bench" / "results" / "reglu_tofu"), records)
     for seed in (1, 2):
         for folder in records.glob(f"eval-grad_diff-forget1-seed{seed}-*"):
             shutil.rmtree(folder)

@@ -5,6 +5,7 @@ sets ``func``; heavy imports happen inside the function so `unlearn --help` stay
 COMMANDS = (
     "demo",
     "study",
+    "records",
     "probs",
     "score",
     "stratify",

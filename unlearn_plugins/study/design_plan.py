@@ -350,9 +350,11 @@ def chosen_point(cp: CellPlan, records: Path | None = None) -> dict | None:
     stage = cp.stages[-1]
     folder = Path(stage.folder)
     if not stage.done:
-        if records is None or not (records / folder.name / DONE).is_file():
+        from .records import stage_record
+
+        if records is None or not (stage_record(records, folder.name) / DONE).is_file():
             return None
-        folder = records / folder.name
+        folder = stage_record(records, folder.name)
     result = read_result(folder)
     use = (result or {}).get("use")
     if not use:

@@ -101,7 +101,7 @@ def check_out(out: Path, study: Study) -> None:
 def _recorded(cp, records: Path | None) -> bool:
     """Whether a cell not in the cache has its result in ``records`` (an evaluation, an operating
     point: restored as finished by a run)."""
-    from .records import WHOLE
+    from .records import WHOLE, stage_record
 
     last = cp.stages[-1]
     return (
@@ -109,7 +109,7 @@ def _recorded(cp, records: Path | None) -> bool:
         and not cp.cached
         and not isinstance(cp, WaitingCellPlan)
         and last.build in WHOLE
-        and (records / Path(last.folder).name / DONE).is_file()
+        and (stage_record(records, Path(last.folder).name) / DONE).is_file()
     )
 
 
@@ -330,15 +330,17 @@ def check_records(
     """A recorded evaluation that cannot be read is an error naming it (it is never restored
     and averaged away): the user removes it, and the cell is rebuilt. ``cells``: only theirs;
     ``other``: the records of another device to be restored (:func:`foreign_records`)."""
+    from .records import removal, shown, stage_record
+
     other = other or {}
     for cp, stage in _evaluation_stages(plan):
         if cells is not None and cp.cell.id not in cells:
             continue
-        record = records / other.get(stage.folder, Path(stage.folder).name)
+        record = stage_record(records, other.get(stage.folder, Path(stage.folder).name))
         if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build)):
             raise UnlearnError(
-                f"--records {records}: the recorded evaluation of {cp.cell.id}, {record}, is unreadable "
-                f"({problem}); remove that folder to rebuild the cell"
+                f"--records {records}: the recorded evaluation of {cp.cell.id}, {shown(record)}, is unreadable "
+                f"({problem}); {removal(records, record)} to rebuild the cell"
             )
     if plan.study.design is not None and plan.study.design.sweep is not None and cells is None:
         check_recorded_points(plan, records)
@@ -353,19 +355,20 @@ def check_recorded_points(plan: Plan, records: Path) -> None:
 
     from .operating_cell import RESULT_FILE, check_result, check_trace_file
     from .operating_point import OperatingPointError
+    from .records import removal, shown, stage_record
 
     epochs = plan.study.design.sweep.epochs
     for cp in plan.cells.values():
         stage = cp.stages[-1]
-        record = records / Path(stage.folder).name
+        record = stage_record(records, Path(stage.folder).name)
         if stage.build == "sweep" and (record / "trace" / "trace.jsonl").is_file():
             path = record / "trace" / "trace.jsonl"
             try:
                 check_trace_file(record, epochs)
             except (OSError, UnicodeDecodeError, OperatingPointError) as exc:
                 raise UnlearnError(
-                    f"--records {records}: the recorded trace of {cp.cell.id}, {path}: {exc}; remove that folder "
-                    "to rebuild the cell"
+                    f"--records {records}: the recorded trace of {cp.cell.id}, {shown(path)}: {exc}; "
+                    f"{removal(records, record)} to rebuild the cell"
                 ) from None
         elif stage.build == "operating_point" and (record / DONE).is_file():
             path = record / RESULT_FILE
@@ -381,8 +384,8 @@ def check_recorded_points(plan: Plan, records: Path) -> None:
             except (OSError, UnicodeDecodeError, ValueError) as exc:  # OperatingPointError is a ValueError
                 text = " ".join(str(exc).split())[:600]
                 raise UnlearnError(
-                    f"--records {records}: the recorded operating point of {cp.cell.id}, {path}: {text}; remove that "
-                    "folder to choose it again"
+                    f"--records {records}: the recorded operating point of {cp.cell.id}, {shown(path)}: {text}; "
+                    f"{removal(records, record)} to choose it again"
                 ) from None
 
 
@@ -435,7 +438,8 @@ def foreign_records(plan: Plan, records: Path, *, device: str | None, any_device
                 continue
             for stage, theirs in zip(cp.stages, twin.stages):
                 name = Path(theirs.folder).name
-                if stage.done or (records / Path(stage.folder).name).is_dir() or not (records / name).is_dir():
+                ours = ledger.stage_record(records, Path(stage.folder).name).is_dir()
+                if stage.done or ours or not ledger.stage_record(records, name).is_dir():
                     continue
                 found[stage.folder] = name
                 n += 1
