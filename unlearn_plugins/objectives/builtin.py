@@ -6,6 +6,7 @@ from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
 from .gru import GRU
 from .ihl import IHL
+from .lunar import LUNAR
 from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
@@ -30,4 +31,5 @@ def register_unlearning_objectives(register):
     register("task_vector", TaskVector)
     register("gru", GRU)
     register("pdu", PDU)
+    register("lunar", LUNAR)
     register("rol", ROL)
