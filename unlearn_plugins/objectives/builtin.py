@@ -11,6 +11,7 @@ from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
 from .rol import ROL
+from .t3 import T3
 from .task_vector import TaskVector
 from .undial import UNDIAL
 
@@ -32,4 +33,5 @@ def register_unlearning_objectives(register):
     register("gru", GRU)
     register("pdu", PDU)
     register("lunar", LUNAR)
+    register("t3", T3)
     register("rol", ROL)
