@@ -234,7 +234,9 @@ class T3CausalLM(PreTrainedModel):
         pad = take("pad_token_id")
         pad = int(pad if pad is not None else (eos[0] if eos is not None else 0))
         stopping = kwargs.pop("stopping_criteria", None)
-        for name in ("use_cache", "num_beams", "top_p", "top_k", "return_dict_in_generate", "output_scores"):
+        if int(kwargs.pop("num_beams", None) or 1) != 1 or kwargs.pop("top_p", None) not in (None, 1.0):
+            raise UnlearnError("T3 generation is greedy or sampled: no beam search or top-p (as the reference)")
+        for name in ("use_cache", "top_k"):  # lm-eval passes them; the cache is always used
             kwargs.pop(name, None)
         if kwargs:
             raise UnlearnError(f"T3 generation does not take {', '.join(sorted(kwargs))}")
