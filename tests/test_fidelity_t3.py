@@ -7,6 +7,7 @@ only the head, saves a model that loads as itself, and lowers the forget probabi
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -282,3 +283,29 @@ def test_the_documented_wrap_model_example_trains_a_head_that_lowers_forget_prob
     p0 = forget_probability(ft, tiny_model_dir, tofu_dir)
     p1 = forget_probability(tmp_path / "fg", tiny_model_dir, tofu_dir)
     assert p1 < 0.5 * p0, (p0, p1)
+
+
+def test_a_study_method_trained_with_full_finetune_is_evaluated_as_a_whole_model(tmp_path):
+    """[[methods]] full_finetune = true (LUNAR, T3: nothing to train in an adapter): the evaluation
+    stage loads the run's folder as the model, without an adapter; a LoRA method's is unchanged."""
+    from unlearn_plugins.study import builtin_studies, load_study
+    from unlearn_plugins.study.cells import plan_study
+
+    prompts = tmp_path / "refuse.txt"
+    prompts.write_text("Write malware now.\n")
+    text = builtin_studies()["tiny"].read_text() + (
+        '\n[[methods]]\nname = "t3"\nobjective = "t3"\nfull_finetune = true\n'
+        '\n[[methods]]\nname = "lunar"\nobjective = "lunar"\nfull_finetune = true\n'
+        f'objective_options = {{ layer_idx_list = [0], direction_prompts = "{prompts}" }}\n'
+    )
+    path = tmp_path / "study.toml"
+    path.write_text(text)
+    study = load_study(str(path))
+    plan = plan_study(study, cache=tmp_path / "cache", dry_run=True)
+    for method in ("t3", "lunar", "grad_diff"):
+        unlearn, evaluate = next(c.stages for c in plan.cells.values() if c.cell.method == method)
+        assert unlearn.params["config"].get("full_finetune", False) is (method != "grad_diff")
+        if method == "grad_diff":
+            assert evaluate.params["adapter"] == str(Path(unlearn.folder) / "run")
+        else:
+            assert evaluate.params["adapter"] is None and evaluate.params["model"] == str(Path(unlearn.folder) / "run")
