@@ -261,6 +261,16 @@ def test_t3_run_trains_only_the_head_and_lowers_forget_probability(tiny_model_di
     p0 = forget_probability(ft, tiny_model_dir, tofu_dir)
     p1 = forget_probability(tmp_path / "t3", tiny_model_dir, tofu_dir)
     assert p0 > 0.2 and p1 < 0.1 * p0, (p0, p1)
+    # `unlearn eval` loads it as itself and scores whole sequences (no prompt cache)
+    from unlearn_plugins.evaluation.lm_eval_runner import evaluate_model
+
+    before, after = (
+        evaluate_model(str(m), ["tofu_forget01_prob"], tofu_dir=str(tofu_dir), limit=4, batch_size=4)
+        for m in (ft, tmp_path / "t3")
+    )
+    assert after.summary["scoring"] == "hf" and before.summary["scoring"] == "prefix"
+    prob = [e.results["results"]["tofu_forget01_prob"]["prob,none"] for e in (before, after)]
+    assert prob[1] < 0.1 * prob[0], prob
 
 
 def test_the_documented_wrap_model_example_trains_a_head_that_lowers_forget_probability(
