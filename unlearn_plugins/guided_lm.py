@@ -178,7 +178,6 @@ class T3CausalLM(PreTrainedModel):
             )
         if classifier_only:
             return self._classifier_logits(input_ids, attention_mask, labels)
-        kwargs.pop("position_ids", None)
         out = self.base_lm(
             input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False, **kwargs
         )

@@ -213,7 +213,7 @@ class LUNAR:
     def __init__(
         self,
         *,
-        layer_idx_list: Annotated[list[int], "decoder layers whose MLP down-projection is refitted"] = (7,),
+        layer_idx_list: Annotated[list[int], "decoder layers whose MLP down-projection is refitted"] = [7],  # noqa: B006 - copied, never changed
         coeff_list: Annotated[
             list[float] | None, "scale of the direction added per layer (None: 2.0 for each layer)"
         ] = None,
