@@ -303,7 +303,7 @@ BAD = [
         "unknown method key",
         _variant('objective = "grad_diff"', 'objective = "grad_diff"\nflavour = 1'),
         "[methods.grad_diff] flavour: unknown key; known keys: objective, objective_options, retain_loss, "
-        "initializer, initializer_options, regularizer, regularizer_options",
+        "initializer, initializer_options, regularizer, regularizer_options, full_finetune",
     ),
     (
         "unknown preset",

@@ -171,6 +171,11 @@ class UnlearningObjective(Protocol):
       every process, with the trained model (PeftModel, or the whole model) and the context
       ``prepare`` saw; edits the weights in place, for methods that are more than a per-batch
       loss (Task Vector negates the update).
+    * ``wrap_model(model, context) -> model`` - called once before ``prepare`` (and before training)
+      with the model the run built (PeftModel, or the whole model) and the context; returns the
+      module the run trains and saves in its place (T3 wraps the frozen model with a guidance
+      head). It is saved with ``save_pretrained`` (a ``PreTrainedModel`` whose ``model_type`` is
+      registered with transformers' Auto classes loads back as itself).
     * ``training_step(model, batch, reference_model, step) -> Tensor`` - called for every
       micro-batch instead of ``loss`` and the trainer's backward: runs its own backward pass(es)
       with ``step.backward(loss)``, leaves in ``.grad`` what the optimizer applies, may keep state

@@ -348,6 +348,8 @@ def from_pretrained(spec: str, where: str, *, dtype, trust_remote_code: bool = F
     never as a whole model in host memory first (N processes would hold N copies there)."""
     from transformers import AutoModelForCausalLM
 
+    from . import guided_lm  # noqa: F401 - registers model_type unlearn_t3 (a saved T3 model loads as itself)
+
     check_weight_files(where, f"--model {spec}")
     check_hub_model(spec, where)
     placement = {} if device is None or str(device).startswith("cpu") else {"device_map": {"": str(device)}}

@@ -807,6 +807,9 @@ def evaluate_model(
         allow_other_base=allow_other_base,
         merge_adapter=merge_adapter,
     )
+    if scoring == "prefix" and getattr(loaded, "needs_whole_sequences", False):
+        # logits that pool the whole sequence (a T3 model) cannot continue from a prompt's cache
+        scoring, lm_class = "hf", lm_class_for("hf")
     # fp32 log-softmax: TOFU's probabilities stay exact when the weights are bf16 (CUDA default)
     lm = lm_class(
         pretrained=loaded,

@@ -7,11 +7,13 @@ from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
 from .gru import GRU
 from .ihl import IHL
+from .lunar import LUNAR
 from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
 from .rmu import RMU
 from .rol import ROL
 from .sibl import SIBL
+from .t3 import T3
 from .task_vector import TaskVector
 from .undial import UNDIAL
 
@@ -34,4 +36,6 @@ def register_unlearning_objectives(register):
     register("pdu", PDU)
     register("sibl", SIBL)
     register("altpo", AltPO)
+    register("lunar", LUNAR)
+    register("t3", T3)
     register("rol", ROL)

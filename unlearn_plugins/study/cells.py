@@ -506,8 +506,10 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                     **({"retain": None} if no_retain else {}),
                 },
             )
-            # the adapter is evaluated merged into the weights where that is exact (fp32 weights)
-            merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
+            # the adapter is evaluated merged into the weights where that is exact (fp32 weights);
+            # a method trained with full_finetune (LUNAR, T3) leaves a whole model instead
+            full = bool(config.get("full_finetune"))
+            merged = ("merged",) if merge_is_exact(device, ev.dtype) and not full else ()
             key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[k], bench["key"], eval_settings, *merged)
             evaluate = Stage(
                 f"evaluate: {cell.label}",
@@ -515,8 +517,8 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 "evaluate",
                 {
                     **common,
-                    "model": plan.models["target"],
-                    "adapter": str(Path(run_folder) / "run"),
+                    "model": str(Path(run_folder) / "run") if full else plan.models["target"],
+                    "adapter": None if full else str(Path(run_folder) / "run"),
                     "references": [reference],
                     "save_reference": False,
                 },

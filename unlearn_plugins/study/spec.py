@@ -92,6 +92,7 @@ METHOD_FIELDS = (
     "initializer_options",
     "regularizer",
     "regularizer_options",
+    "full_finetune",
 )
 #: options the study itself sets for every training run (paths, seed, length, device, checkpoints)
 STUDY_CONTROLLED = (

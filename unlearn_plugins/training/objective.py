@@ -185,6 +185,26 @@ class CombinedObjective:
                 raise PluginError(f"{label}: prepare() raised {type(exc).__name__}: {exc}") from exc
         return views
 
+    def wrap_model(self, model, context: ObjectiveContext):
+        """Each part's optional ``wrap_model(model, context)`` in turn, before ``prepare``: the
+        model the run then trains and saves (T3's guidance head around the frozen model)."""
+        from ..errors import PluginError, UnlearnError
+
+        for part, label in zip(self.parts, self.labels):
+            wrap = getattr(part, "wrap_model", None)
+            if wrap is None:
+                continue
+            try:
+                wrapped = wrap(model, context)
+            except UnlearnError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"{label}: wrap_model() raised {type(exc).__name__}: {exc}") from exc
+            if not callable(getattr(wrapped, "named_parameters", None)) or not callable(wrapped):
+                raise PluginError(f"{label}: wrap_model() returned {type(wrapped).__name__}, not a torch module")
+            model = wrapped
+        return model
+
     def finish(self, model, context: ObjectiveContext) -> None:
         """Each part's optional ``finish(model, context)``, once, after training and before saving."""
         from ..errors import PluginError, UnlearnError

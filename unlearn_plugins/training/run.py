@@ -531,6 +531,9 @@ def _train_locked(
             seed=config.seed,
             system_prompt=config.system_prompt,
         )
+        wrap = getattr(objective, "wrap_model", None)
+        if wrap is not None:  # the model the run trains and saves instead (T3: a head around the frozen model)
+            train_model = context.model = wrap(train_model, context)
         prepare = getattr(objective, "prepare", None)
         views = (prepare(context) or {}) if prepare is not None else {}
         dataset = build_dataset(encoded, views)
