@@ -308,7 +308,7 @@ BAD = [
     (
         "unknown preset",
         _variant('objective = "grad_diff"', 'preset = "fast"'),
-        "[methods.grad_diff] preset: unknown preset 'fast'; presets: reglu",
+        "[methods.grad_diff] preset: unknown preset 'fast'; presets: reglu, sibl",
     ),
     (
         "objective option",
