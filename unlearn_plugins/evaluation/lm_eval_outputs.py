@@ -13,14 +13,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import DataError, UnlearnError
-from .lm_eval_summary import json_safe
+from .lm_eval_summary import Evaluation, json_safe
 from .reference import write_reference
-
-if TYPE_CHECKING:
-    from .lm_eval_runner import Evaluation
 
 
 def reference_rows(evaluation: Evaluation) -> tuple[str, str, list[str], list[float]]:

@@ -13,7 +13,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -29,7 +29,7 @@ from .lm_eval_outputs import (
     write_outputs,
 )
 from .lm_eval_patches import patched
-from .lm_eval_summary import json_safe, metrics_of, summarize
+from .lm_eval_summary import Evaluation, json_safe, metrics_of, summarize
 from .lm_eval_tables import format_tables, tofu_table
 from .lm_eval_tasks import builtin_task_dir, load_tasks, task_dirs, task_manager, task_manager_for
 from .reference import HINT, read_reference
@@ -38,7 +38,6 @@ __all__ = [
     # running (this module)
     "DEFAULT_MAX_GEN_TOKS",
     "SCORINGS",
-    "Evaluation",
     "Prepared",
     "cap_generation",
     "check_references",
@@ -51,6 +50,7 @@ __all__ = [
     "prepare_for_model",
     # importable from here, defined in their own modules
     "SUMMARY_KEY",
+    "Evaluation",
     "WrittenEvaluation",
     "builtin_task_dir",
     "format_tables",
@@ -105,17 +105,6 @@ def check_references(tasks: dict[str, Any], paths: Sequence[str], limit: int | f
         ref = read_reference(path)
         if ref.path not in used:
             raise DataError(f"retain reference {path} ({ref.describe()}) matches none of the selected forget tasks")
-
-
-@dataclass
-class Evaluation:
-    """lm-eval's output and our summary of it. ``tracker``: lm-eval's EvaluationTracker, started
-    with the evaluation and naming the model (``model_args``), which writes the files."""
-
-    results: dict[str, Any]
-    summary: dict[str, Any]
-    samples: dict[str, list[dict]] = field(default_factory=dict)
-    tracker: Any = None
 
 
 @dataclass

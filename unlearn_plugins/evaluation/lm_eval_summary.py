@@ -5,10 +5,22 @@ mean that lm-eval groups cannot express."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import tofu_metrics as tm
 from .reference import HINT
+
+
+@dataclass
+class Evaluation:
+    """lm-eval's output and our summary of it. ``tracker``: lm-eval's EvaluationTracker, started
+    with the evaluation and naming the model (``model_args``), which writes the files."""
+
+    results: dict[str, Any]
+    summary: dict[str, Any]
+    samples: dict[str, list[dict]] = field(default_factory=dict)
+    tracker: Any = None
 
 
 def json_safe(value: Any) -> Any:

@@ -3,10 +3,9 @@ Model Utility."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .lm_eval_runner import Evaluation
+from .lm_eval_summary import Evaluation
 
 
 def format_tables(evaluation: Evaluation) -> str:
