@@ -5,19 +5,24 @@ Each entry says why it exists and the lm-eval version it was checked against
 lm-eval's own behaviour the entry works around. When lm-eval changes that behaviour the test
 fails: drop the entry (and its test) then.
 
-========================  =======================================================  ==========================================
-entry                     lm-eval's behaviour worked around                        test
-========================  =======================================================  ==========================================
-:data:`NOISE` filters     warnings a user of this package cannot act on            test_lm_eval_still_logs_the_filtered_notices
-:func:`quiet_git`         ``git describe`` prints "fatal: ..." outside a repo      test_git_describe_still_prints_outside_a_repository
-:func:`exact_shared_      HFLM gives a shorter continuation that shares its        test_hflm_still_reads_leading_logits_for_a_shared_request
-logits`                   tokens with a longer one the longer one's LEADING
-                          log-probabilities
-========================  =======================================================  ==========================================
+The entries, each with lm-eval's behaviour it works around and the test that shows it:
+
+* :data:`NOISE` (logging filters): warnings a user of this package cannot act on;
+  ``test_lm_eval_still_logs_the_filtered_notices``.
+* :func:`quiet_git`: ``git describe`` prints "fatal: not a git repository" outside a repository;
+  ``test_git_describe_still_prints_outside_a_repository``.
+* :func:`exact_shared_logits`: HFLM gives a shorter continuation that shares its tokens with a
+  longer one the longer one's LEADING log-probabilities;
+  ``test_hflm_still_reads_leading_logits_for_a_shared_request``.
 
 Only the two context managers replace anything of lm-eval's, and only while
 :func:`patched` is entered (around ``simple_evaluate``); the filters are logging filters on
-lm-eval's loggers, installed when this module is imported.
+lm-eval's loggers, installed when this module is imported. Not patches, but lm-eval behaviour
+relied on elsewhere and tested here too: its EvaluationTracker logs a failed write instead of
+raising, so :func:`.lm_eval_outputs.write_outputs` checks the files it wrote
+(``test_lm_eval_tracker_still_logs_a_failed_write_instead_of_raising``). The generation cap
+(:func:`.lm_eval_runner.cap_generation`) is set on the loaded tasks through lm-eval's own
+``Task.set_config``.
 """
 
 from __future__ import annotations
