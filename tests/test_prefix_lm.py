@@ -187,6 +187,45 @@ def test_lm_eval_cli_runs_the_tofu_tasks_with_hf_prefix(tiny_model_dir, tofu_dir
     assert ours == pytest.approx(theirs, rel=1e-5)
 
 
+def test_lm_eval_simple_evaluate_with_hf_prefix_gives_our_numbers(tiny_model_dir, tofu_dir):
+    """lm-eval's own entry, ``simple_evaluate(model="hf-prefix")`` with the task folder as its
+    TaskManager's include_path (the class registered by importing prefix_lm), gives the numbers
+    of ``evaluate_model(scoring="prefix")``: the same requests, the same class."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import unlearn_plugins.evaluation.prefix_lm  # noqa: F401  (registers hf-prefix)
+    from unlearn_plugins.evaluation.lm_eval_runner import builtin_task_dir, evaluate_model
+
+    tasks = ["tofu_forget01_prob", "tofu_forget01_truth_ratio", "tofu_retain_truth_ratio"]
+    ours = evaluate_model(str(tiny_model_dir), tasks, limit=3, batch_size=2, tofu_dir=str(tofu_dir))
+    metadata = {"tofu_dir": str(tofu_dir), "tokenizer": str(tiny_model_dir)}  # as evaluate_model gives them
+    manager = TaskManager(include_path=str(builtin_task_dir()), metadata=metadata)
+    theirs = lm_eval.simple_evaluate(
+        model="hf-prefix",
+        model_args={"pretrained": str(tiny_model_dir), "softmax_dtype": "float32", "dtype": "float32"},
+        tasks=tasks,
+        task_manager=manager,
+        limit=3,
+        batch_size=2,
+        device="cpu",
+        bootstrap_iters=0,
+    )
+    assert theirs["config"]["model"] == "hf-prefix"
+    compared = 0
+    for task in tasks:
+        for key, value in theirs["results"][task].items():
+            metric, sep, _ = key.partition(",")
+            if not sep or metric.endswith("_stderr"):
+                continue
+            if isinstance(value, float) and math.isnan(value):  # no retain reference: our summary says None
+                assert ours.summary["metrics"][task][metric] is None, (task, metric)
+                continue
+            assert ours.summary["metrics"][task][metric] == value, (task, metric)
+            compared += 1
+    assert compared >= len(tasks)  # each task's own metric, at least
+
+
 def test_generation_follows_a_scored_answer_without_decoding_it(tiny_model_dir):
     """A greedy generation after a prompt whose answer was scored reads the tokens on which the
     model's predictions agree with that answer from the scoring (one scored forward) and decodes

@@ -1,10 +1,18 @@
 """lm-eval's own command line with this package's model class registered (``--model hf-prefix``,
 :class:`.prefix_lm.PrefixSharedLM`: each prompt scored once, the same numbers as ``--model hf``).
-lm-eval finds model classes only among its own, so this is its CLI after one import::
+lm-eval (0.4) finds model classes only among its own and those registered by code already
+imported (it has no entry points for models, and ``--include_path`` reads task YAMLs, not code),
+so this is its CLI after one import::
 
     unlearn-lm-eval --model hf-prefix --model_args pretrained=MODEL --tasks tofu_forget01 \\
         --include_path "$(unlearn eval --print-tasks-dir)"
     python -m unlearn_plugins.evaluation.lm_eval_cli ...   # the same, without the console script
+
+and from Python, lm-eval's own entry after the same import::
+
+    import lm_eval, unlearn_plugins.evaluation.prefix_lm  # registers hf-prefix
+    lm_eval.simple_evaluate(model="hf-prefix", model_args={"pretrained": MODEL}, tasks=[...],
+        task_manager=lm_eval.tasks.TaskManager(include_path=TASKS_DIR, metadata={"tokenizer": MODEL}))
 
 ``hf-prefix``'s options (:func:`.prefix_lm.check_options`) and ``--limit`` are checked before
 lm-eval starts, and a mistake in them is one ``error:`` line (exit 1), not a traceback; lm-eval's

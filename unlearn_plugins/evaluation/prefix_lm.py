@@ -17,8 +17,9 @@ work they need:
 
 With fp32 weights the numbers equal HFLM's to rounding (tests/test_prefix_lm.py; bench/eval_protocol.py
 on SmolLM2); ``scoring="hf"`` in :func:`..lm_eval_runner.evaluate_model` keeps HFLM itself.
-Outside this package: ``python -m unlearn_plugins.lm_eval --model hf-prefix ...`` is lm-eval's CLI
-with this class registered (:mod:`unlearn_plugins.lm_eval`).
+Importing this module registers the class with lm-eval (``@register_model``): then
+``lm_eval.simple_evaluate(model="hf-prefix", ...)`` reaches it, and ``unlearn-lm-eval --model
+hf-prefix ...`` is lm-eval's CLI after that import (:mod:`.lm_eval_cli`).
 """
 
 from __future__ import annotations
