@@ -155,3 +155,22 @@ def test_runner_receives_every_shared_option():
         "system_prompt",
         "limit",
     }
+
+
+def test_cud_scorer_options_are_its_typed_config():
+    """The cud scorer's options are CUDConfig's fields: listed with their help, defaults and
+    checks from there, and the scorer runs with them."""
+    from unlearn_plugins.host import get_component
+    from unlearn_plugins.interfaces import DIFFICULTY_SCORER
+    from unlearn_plugins.options import declared_options
+    from unlearn_plugins.scorers.cud import CUDScorer
+    from unlearn_plugins.scorers.cud.config import CUDConfig
+
+    declared = declared_options(get_component(DIFFICULTY_SCORER, "cud"))
+    assert declared.names() == [f.name for f in dataclasses.fields(CUDConfig)] and not declared.open_ended
+    assert all(o.help for o in declared.options)
+    assert {o.name: o.default for o in declared.options} == config_defaults(CUDConfig)
+    scorer = CUDScorer(runner=object(), n_edges=30, mode="activations")
+    assert (scorer.n_edges, scorer.eap["mode"], scorer.objectives) == (30, "activations", list(CUDConfig().objectives))
+    with pytest.raises(Exception, match=r"scorer cud: option vector='dense'; choose one of binary, signed"):
+        CUDScorer(runner=object(), vector="dense")

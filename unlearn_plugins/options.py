@@ -1,8 +1,9 @@
 """A component's options: what it declares, how given values are checked, what run.json records.
 
 A component declares its options the way the ecosystem does (transformers' HfArgumentParser,
-PEFT's LoraConfig): as a dataclass whose fields carry ``metadata={"help": ...}``, or as keyword
-parameters of its constructor, with help as ``Annotated[type, "help"]``. The host reads them
+PEFT's LoraConfig): as a dataclass whose fields carry ``metadata={"help": ...}`` (the component
+itself, or its ``config_class``), or as keyword parameters of its constructor, with help as
+``Annotated[type, "help"]``. The host reads them
 to list them (`unlearn plugins --json`), to refuse an unknown option or a value of the wrong
 type with one line naming the component, and to record the values in use in run.json.
 """
@@ -143,7 +144,11 @@ def _constructors(obj: Any) -> list[Any]:
 
 
 def declared_options(obj: Any) -> Declared | None:
-    """The options of a component class or factory; None when it has no inspectable signature."""
+    """The options of a component class or factory; None when it has no inspectable signature.
+    A class whose options are a typed config names it as ``config_class`` (as PEFT's tuners do)."""
+    config_class = getattr(obj, "config_class", None) if isinstance(obj, type) else None
+    if isinstance(config_class, type) and dataclasses.is_dataclass(config_class):
+        return _from_dataclass(config_class)
     if isinstance(obj, type) and dataclasses.is_dataclass(obj):
         return _from_dataclass(obj)
     options: dict[str, Option] = {}

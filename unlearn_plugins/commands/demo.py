@@ -122,12 +122,16 @@ def add_parser(sub) -> None:
         help="weights while evaluating (log-softmax stays fp32); auto as --train-dtype, as open-unlearning "
         "evaluates in bf16 (default: auto)",
     )
+    from ..evaluation.config import SCORINGS, EvaluationConfig
+    from ..options import config_defaults
+
     tofu.add_argument(
         "--scoring",
-        choices=("prefix", "hf"),
+        choices=SCORINGS,
         default=None,
         help="prefix: each prompt scored once (PrefixSharedLM); hf: lm-eval's HFLM, the evaluation before "
-        "prefix existed (the same numbers in fp32, differing by rounding in bf16) (default: prefix)",
+        "prefix existed (the same numbers in fp32, differing by rounding in bf16) "
+        f"(default: the study's, {config_defaults(EvaluationConfig)['scoring']})",
     )
     tofu.add_argument(
         "--robustness",
