@@ -174,3 +174,11 @@ def test_cud_scorer_options_are_its_typed_config():
     assert (scorer.n_edges, scorer.eap["mode"], scorer.objectives) == (30, "activations", list(CUDConfig().objectives))
     with pytest.raises(Exception, match=r"scorer cud: option vector='dense'; choose one of binary, signed"):
         CUDScorer(runner=object(), vector="dense")
+
+
+def test_study_table_defaults_are_the_studys(tmp_path):
+    from unlearn_plugins.study.spec import Study
+
+    study = _study(tmp_path, TINY)  # its [study] sets neither one_budget nor workers_per_gpu
+    defaults = {f.name: f.default for f in dataclasses.fields(Study)}
+    assert (study.one_budget, study.workers_per_gpu) == (defaults["one_budget"], defaults["workers_per_gpu"])

@@ -38,7 +38,7 @@ class Outcome:
 
 
 def evaluate(req: Request) -> Outcome:
-    """Run ``req`` (holding the lock on ``req.out`` throughout) and write its files."""
+    """Run ``req`` (holding the lock on its ``out`` folder throughout) and write its files."""
     from . import lm_eval_runner as runner
     from . import membership, robustness
 
@@ -146,16 +146,16 @@ def report(outcome: Outcome) -> str:
     from . import lm_eval_runner as runner
     from . import membership, robustness
 
-    req, evaluation = outcome.request.config, outcome.evaluation
+    cfg, evaluation = outcome.request.config, outcome.evaluation
     lines = [runner.format_tables(evaluation)]
     if evaluation.summary.get("mia"):
         lines.append(membership.mia_table(evaluation.summary["mia"]))
     if evaluation.summary.get("robustness"):
         lines.append(robustness.robustness_table(evaluation.summary["robustness"]))
-    if req.save_reference:
-        lines.append(f"retain reference ({outcome.reference_task}) -> {req.save_reference}")
-    if req.save_mia_reference:
-        lines.append(f"MIA reference -> {req.save_mia_reference}")
+    if cfg.save_reference:
+        lines.append(f"retain reference ({outcome.reference_task}) -> {cfg.save_reference}")
+    if cfg.save_mia_reference:
+        lines.append(f"MIA reference -> {cfg.save_mia_reference}")
     lines.append(f"results -> {outcome.paths['results']} (samples beside it)")
     return "\n".join(lines)
 

@@ -560,10 +560,11 @@ class _Reader:
             raise self.error("study", "description", f"must be a string, got {_show(description)}")
         seeds = self.int_list("study", head, "seeds", minimum=0, maximum=2**32 - 1)
         ci = self.get("study", head, "ci", "str", "t", choices=CI_METHODS)
-        one_budget = head.get("one_budget", True)
+        defaults = {f.name: f.default for f in dataclasses.fields(Study)}  # the Study's own
+        one_budget = head.get("one_budget", defaults["one_budget"])
         if not isinstance(one_budget, bool):
             raise self.error("study", "one_budget", f"must be true or false, got {_show(one_budget)}")
-        workers_per_gpu = self.get("study", head, "workers_per_gpu", "int", 1, minimum=1)
+        workers_per_gpu = self.get("study", head, "workers_per_gpu", "int", defaults["workers_per_gpu"], minimum=1)
 
         model_t = self.table(data, "model", required=True)
         self.keys("model", model_t, ("base", "max_length", "prompt_format", "date_string"))
