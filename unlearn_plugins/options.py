@@ -1,8 +1,9 @@
 """A component's options: what it declares, how given values are checked, what run.json records.
 
 A component declares its options the way the ecosystem does (transformers' HfArgumentParser,
-PEFT's LoraConfig): as a dataclass whose fields carry ``metadata={"help": ...}``, or as keyword
-parameters of its constructor, with help as ``Annotated[type, "help"]``. The host reads them
+PEFT's LoraConfig): as a dataclass whose fields carry ``metadata={"help": ...}`` (the component
+itself, or its ``config_class``), or as keyword parameters of its constructor, with help as
+``Annotated[type, "help"]``. The host reads them
 to list them (`unlearn plugins --json`), to refuse an unknown option or a value of the wrong
 type with one line naming the component, and to record the values in use in run.json.
 """
@@ -143,7 +144,11 @@ def _constructors(obj: Any) -> list[Any]:
 
 
 def declared_options(obj: Any) -> Declared | None:
-    """The options of a component class or factory; None when it has no inspectable signature."""
+    """The options of a component class or factory; None when it has no inspectable signature.
+    A class whose options are a typed config names it as ``config_class`` (as PEFT's tuners do)."""
+    config_class = getattr(obj, "config_class", None) if isinstance(obj, type) else None
+    if isinstance(config_class, type) and dataclasses.is_dataclass(config_class):
+        return _from_dataclass(config_class)
     if isinstance(obj, type) and dataclasses.is_dataclass(obj):
         return _from_dataclass(obj)
     options: dict[str, Option] = {}
@@ -295,3 +300,100 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
         except (ValueError, RecursionError):  # not JSON (or too long/deep for Python's parser): the text
             options[key.strip().replace("-", "_")] = value
     return options
+
+
+# ----------------------------------------------------------------------------- typed configs
+
+#: what :func:`config_field` keeps in a field's metadata (read by :func:`add_config_arguments`
+#: and by a study file's table reader)
+CONFIG_KEYS = ("help", "cli", "flags", "metavar", "choices", "group", "parse", "minimum", "maximum")
+
+
+def config_field(default: Any, help: str, **extra: Any) -> Any:
+    """A typed config's field: its default (a callable such as ``list``: a fresh one each time)
+    and help, with how the command line and study files take it: ``flags`` (more spellings),
+    ``metavar``, ``choices``, ``group`` (its argument group), ``parse`` ("csv": one
+    comma-separated value; "append": repeatable), ``minimum`` / ``maximum``, ``cli`` ("common":
+    added by another helper; False: not a flag)."""
+    unknown = set(extra) - set(CONFIG_KEYS)
+    if unknown:
+        raise TypeError(f"config_field: unknown {', '.join(sorted(unknown))}")
+    metadata = {"help": help, **extra}
+    if callable(default):
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default (a fresh one of a ``default_factory``)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def config_defaults(cls: type) -> dict[str, Any]:
+    """{field: default} of a typed config: what the command line and a study file must agree on."""
+    return {f.name: field_default(f) for f in dataclasses.fields(cls) if f.init}
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def scalar_type(hint: Any) -> Any:
+    """``int`` of ``int | None`` (the type argparse converts a value with)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+
+
+def add_config_arguments(parser: Any, cls: type, *, groups: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Add a flag per field of the typed config ``cls`` (``--batch-size`` for ``batch_size``), its
+    default, help, type and choices the field's: the command line cannot drift from the config.
+    bool fields are store-true flags (their default must be False), ``parse`` "append" fields
+    repeatable, "csv" fields one comma-separated value; ``groups``: argument groups made so far
+    (title -> group), shared between calls. Returns the groups."""
+    groups = {} if groups is None else groups
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if not f.init or meta.get("cli", True) is not True:
+            continue
+        target = parser
+        if meta.get("group"):
+            if meta["group"] not in groups:
+                groups[meta["group"]] = parser.add_argument_group(meta["group"])
+            target = groups[meta["group"]]
+        flags = ["--" + f.name.replace("_", "-"), *meta.get("flags", ())]
+        kwargs: dict[str, Any] = {"dest": f.name, "default": field_default(f), "help": meta.get("help", "")}
+        hint = scalar_type(hints[f.name])
+        if hint is bool:
+            if kwargs["default"] is not False:
+                raise TypeError(f"{cls.__name__}.{f.name}: a flag's default must be False")
+            kwargs["action"] = "store_true"
+        elif meta.get("parse") == "append":
+            kwargs["action"] = "append"
+        elif meta.get("parse") == "csv":
+            kwargs["type"] = _csv
+        elif hint in (int, float):
+            kwargs["type"] = hint
+        for key in ("metavar", "choices"):
+            if key in meta:
+                kwargs[key] = meta[key]
+        target.add_argument(*flags, **kwargs)
+    return groups
+
+
+def config_from_args(cls: type, args: Any, **changes: Any) -> Any:
+    """The typed config ``cls`` of parsed arguments (each field from the attribute of its name)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    return cls(**{**values, **changes})
+
+
+def config_field_of(cls: type, name: str, **changes: Any) -> Any:
+    """A field defined as ``cls``'s field ``name`` is (its default and metadata; ``changes``: help
+    and the like of this use): a second table that shares an option shares its one definition."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    metadata = {**f.metadata, **changes}
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=metadata)
+    return dataclasses.field(default=f.default, metadata=metadata)

@@ -122,12 +122,16 @@ def add_parser(sub) -> None:
         help="weights while evaluating (log-softmax stays fp32); auto as --train-dtype, as open-unlearning "
         "evaluates in bf16 (default: auto)",
     )
+    from ..evaluation.config import SCORINGS, EvaluationConfig
+    from ..options import config_defaults
+
     tofu.add_argument(
         "--scoring",
-        choices=("prefix", "hf"),
+        choices=SCORINGS,
         default=None,
         help="prefix: each prompt scored once (PrefixSharedLM); hf: lm-eval's HFLM, the evaluation before "
-        "prefix existed (the same numbers in fp32, differing by rounding in bf16) (default: prefix)",
+        "prefix existed (the same numbers in fp32, differing by rounding in bf16) "
+        f"(default: the study's, {config_defaults(EvaluationConfig)['scoring']})",
     )
     tofu.add_argument(
         "--robustness",
@@ -383,19 +387,21 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
     from ..study.spec import load_study, read_study_data
 
     _, data = read_study_data(STUDY, FAST if args.fast else None)
-    cud, ev = data["cud"], data.get("evaluation", {})
+    cud = data["cud"]
+    # the study's own tables as written (the evaluation's and [cud]'s sizes: as read, defaults
+    # included, once the study is loaded below)
     budget = {
         "authors": data["benchmark"]["authors"],
-        "eval_size": ev["mu_size"],
+        "eval_size": None,
         "max_length": data["model"]["max_length"],
         "finetune": dict(data["target"]["finetune"]),
         "unlearn": dict(data["budget"]),
         "anchor_unlearn": dict(cud["unlearn"]),
         "cud": dict(cud["scorer"]),
-        "easy_hard": cud["strata"],
-        "eval_batch_size": ev.get("batch_size", 8),
-        "gen_margin": ev.get("gen_margin", 16),
-        "anchor_pool": cud["anchor_pool"],
+        "easy_hard": None,
+        "eval_batch_size": None,
+        "gen_margin": None,
+        "anchor_pool": None,
     }
     model = args.model
     if Path(model).expanduser().exists():  # a folder given on the command line: from here, not the study file
@@ -418,7 +424,16 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
         data["evaluation"]["scoring"] = args.scoring
     if args.robustness:
         data["evaluation"]["robustness"] = True
-    return load_study(STUDY, data=data), budget
+    study = load_study(STUDY, data=data)
+    ev = study.evaluation
+    budget.update(
+        eval_size=ev.mu_size,
+        easy_hard=study.cud.strata,
+        eval_batch_size=ev.batch_size,
+        gen_margin=ev.gen_margin,
+        anchor_pool=study.cud.anchor_pool,
+    )
+    return study, budget
 
 
 def run_tofu(args) -> int:

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UnlearnError
-from ..options import parse_options
+from ..options import add_config_arguments, config_defaults, config_from_args, parse_options
 from .common import (
     add_model_options,
     check_int,
@@ -56,8 +56,10 @@ def add_parser(sub) -> None:
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_options(p)
+    from ..evaluation.config import EvaluationConfig
     from .plan import add_dry_run_options
+
+    add_model_options(p, default=config_defaults(EvaluationConfig)["model"])
 
     add_dry_run_options(p)
     p.add_argument(
@@ -69,141 +71,7 @@ def add_parser(sub) -> None:
         help="lm_eval's spelling of the model: pretrained=MODEL[,peft=ADAPTER][,dtype=D][,device=D]"
         "[,trust_remote_code=True] (then --model may be left out or be 'hf')",
     )
-    p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")
-    p.add_argument(
-        "--allow-other-base", action="store_true", help="load --adapter even if it was trained on another base model"
-    )
-    p.add_argument(
-        "--tasks",
-        default=None,
-        help="comma-separated lm-eval tasks, groups or tags, e.g. tofu_forget01 (all TOFU forget01 "
-        "and Model Utility tasks), tofu_forget01_nogen (no generation), mmlu_local, wmdp_local, mmlu",
-    )
-    p.add_argument(
-        "--retain-reference",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="retain model's per-sample truth ratios for Forget Quality (repeatable: one per forget split)",
-    )
-    p.add_argument(
-        "--save-reference",
-        default=None,
-        metavar="FILE",
-        help="write this model's forget-split truth ratios as a retain reference",
-    )
-    p.add_argument(
-        "--open-unlearning-log",
-        action="store_true",
-        help="also write open-unlearning's TOFU_EVAL.json / MUSE_EVAL.json (and _SUMMARY.json) into --out",
-    )
-    p.add_argument("--limit", type=float, default=None, help="first N documents per task (N < 1: a fraction)")
-    p.add_argument(
-        "--batch-size",
-        "--batch_size",
-        dest="batch_size",
-        type=int,
-        default=8,
-        help="lm-eval batch size (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-gen-toks",
-        type=int,
-        default=None,
-        help="cap on new tokens in generation tasks (TOFU's ROUGE tasks: 200 unless capped)",
-    )
-    p.add_argument(
-        "--num-fewshot",
-        "--num_fewshot",
-        dest="num_fewshot",
-        type=int,
-        default=None,
-        help="few-shot examples (MMLU/WMDP; TOFU tasks are 0-shot)",
-    )
-    p.add_argument(
-        "--use-cache",
-        "--use_cache",
-        dest="use_cache",
-        default=None,
-        metavar="PATH",
-        help="lm-eval's cache of model responses (SQLite, PATH-<digest>_rank0.db, the digest of the model's and "
-        "adapter's weights and the dtype): a rerun of the same model reuses them, another model gets its own",
-    )
-    p.add_argument(
-        "--scoring",
-        choices=("prefix", "hf"),
-        default="prefix",
-        help="prefix (default): each prompt scored once, finished generations leave their batch "
-        "(lm-eval model hf-prefix); hf: lm-eval's HFLM as it is (slower; the same numbers with fp32 "
-        "weights, differing by rounding in bf16)",
-    )
-    p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
-    p.add_argument(
-        "--forget-split",
-        default=None,
-        help="split for the generic tofu_forget_* tasks: a TOFU name or a JSON-lines file in TOFU's format",
-    )
-    p.add_argument("--mmlu-dir", default=None, help="MMLU CSV folder for mmlu_local (default: $UNLEARN_MMLU_DIR)")
-    p.add_argument("--wmdp-dir", default=None, help="WMDP JSON folder for wmdp_local (default: $UNLEARN_WMDP_DIR)")
-    p.add_argument("--system-prompt", default=None, help="system turn for the TOFU chat prompts")
-    g = p.add_argument_group("membership inference")
-    g.add_argument(
-        "--mia",
-        action="store_true",
-        help="add the MIA tasks (tofu_mia: LOSS, zlib, Min-K%%, reference attack, privleak; "
-        "tofu_forget_exact_memorization) and compute Min-K%%++ and gradient-norm on the model; "
-        "needs --forget-split and --holdout-split",
-    )
-    g.add_argument(
-        "--holdout-split",
-        default=None,
-        help="QA the model never trained on, for tofu_mia: a TOFU split name or a JSON-lines file",
-    )
-    g.add_argument(
-        "--mia-reference",
-        default=None,
-        metavar="FILE",
-        help="the retain model's MIA reference (--save-mia-reference): reference attack and privleak",
-    )
-    g.add_argument(
-        "--save-mia-reference",
-        default=None,
-        metavar="FILE",
-        help="write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)",
-    )
-    g = p.add_argument_group("robustness")
-    g.add_argument(
-        "--robustness",
-        action="store_true",
-        help="measure forget probability and ROUGE-L plain, under the paraphrase and format probes and "
-        "after each attack (attack-aware worst case); needs --forget-split",
-    )
-    g.add_argument(
-        "--robustness-attacks",
-        default=None,
-        metavar="A,B",
-        help="the attacks --robustness runs (default: every installed attack, see `unlearn plugins`)",
-    )
-    g.add_argument(
-        "--attack-option",
-        action="append",
-        default=[],
-        metavar="NAME.KEY=VALUE",
-        help="an option of one of those attacks (repeatable), e.g. quantize.bits=8, relearn.steps=20",
-    )
-    g.add_argument(
-        "--keep-attacked-models",
-        action="store_true",
-        help="keep the attacked models' weights in OUT/attacks/<attack>/model (default: removed once measured)",
-    )
-    p.add_argument(
-        "--out",
-        "--output_path",
-        dest="out",
-        default=None,
-        help="output folder, in lm_eval's layout: OUT/<model>/results_<date>.json (with Forget Quality "
-        "and Model Utility) and samples_<task>_<date>.jsonl",
-    )
+    add_config_arguments(p, EvaluationConfig)
     p.add_argument(
         "--print-tasks-dir",
         action="store_true",
@@ -304,7 +172,7 @@ def run(args) -> int:
     ]
     if missing:
         raise UnlearnError(f"unlearn eval: {', '.join(missing)} required")
-    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    tasks = list(args.tasks)
     if args.mia:
         tasks += [membership.MIA_TASK, membership.MEMORIZATION_TASK]
     if args.robustness:
@@ -344,40 +212,10 @@ def run(args) -> int:
     if args.use_cache:
         check_out_file("--use-cache", args.use_cache + "_rank0.db")
     from ..evaluation import model_eval
+    from ..evaluation.config import EvaluationConfig
 
-    outcome = model_eval.evaluate(
-        model_eval.Request(
-            model=args.model,
-            tasks=tasks,
-            out=args.out,
-            adapter=args.adapter,
-            device=args.device,
-            dtype=args.dtype,
-            trust_remote_code=args.trust_remote_code,
-            allow_other_base=args.allow_other_base,
-            batch_size=args.batch_size,
-            limit=limit,
-            num_fewshot=args.num_fewshot,
-            max_gen_toks=args.max_gen_toks,
-            use_cache=args.use_cache,
-            scoring=args.scoring,
-            tofu_dir=args.tofu_dir,
-            forget_split=args.forget_split,
-            mmlu_dir=args.mmlu_dir,
-            wmdp_dir=args.wmdp_dir,
-            system_prompt=args.system_prompt,
-            retain_reference=args.retain_reference,
-            save_reference=args.save_reference,
-            mia=args.mia,
-            holdout_split=args.holdout_split,
-            mia_reference=args.mia_reference,
-            save_mia_reference=args.save_mia_reference,
-            robustness=args.robustness,
-            attacks=attacks,
-            attack_options=options,
-            keep_attacked_models=args.keep_attacked_models,
-        )
-    )
+    config = config_from_args(EvaluationConfig, args, limit=limit)
+    outcome = model_eval.evaluate(model_eval.Request(config, tasks, attacks=attacks, attack_options=options))
     print(model_eval.report(outcome))
     if args.open_unlearning_log and not outcome.failed:
         from .logs import export
@@ -436,9 +274,7 @@ def _robustness_attacks(args) -> tuple[list[str], dict[str, dict]]:
     from ..interfaces import ATTACK
 
     installed = [c.name for c in list_components(ATTACK)]
-    names = (
-        [n.strip() for n in args.robustness_attacks.split(",") if n.strip()] if args.robustness_attacks else installed
-    )
+    names = args.robustness_attacks or installed
     options = robustness.attack_options(parse_options(args.attack_option, "--attack-option"), names)
     for name in names:
         create_attack(name, options[name])

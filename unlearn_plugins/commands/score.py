@@ -222,12 +222,12 @@ def _metadata(args, scorer, rows) -> dict:
 
 
 def _accepts(name: str, option: str) -> bool:
-    import inspect
-
     from ..host import get_component
     from ..interfaces import DIFFICULTY_SCORER
+    from ..options import declared_options
 
     try:
-        return option in inspect.signature(get_component(DIFFICULTY_SCORER, name)).parameters
+        declared = declared_options(get_component(DIFFICULTY_SCORER, name))
     except (TypeError, ValueError, KeyError):
         return False
+    return declared is not None and option in declared.names()

@@ -24,11 +24,16 @@ def int_list(text: str) -> list[int]:
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
-    """Flags shared by `unlearn run` and `unlearn finetune` (every default lives in the config class)."""
+    """Flags shared by `unlearn run` and `unlearn finetune`: every default lives in the config class
+    (a flag not given sets nothing; the help shows :class:`..training.config.TrainingConfig`'s)."""
+    from ..options import config_defaults
+    from ..training.config import TrainingConfig
+
+    D = config_defaults(TrainingConfig)  # noqa: N806 - read in the help texts below
     p.add_argument("--config", default=None, metavar="FILE.toml", help="options from a TOML file; flags override it")
     p.add_argument("--out", default=S, help="output folder (adapter or model, run.json)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=S, help="local folder, hub id or alias 'smollm2-135m' (default: smollm2-135m)")
+    g.add_argument("--model", default=S, help=f"local folder, hub id or alias 'smollm2-135m' (default: {D['model']})")
     g.add_argument(
         "--device", default=S, help="cpu or cuda (default: cuda if available); under accelerate launch, one per process"
     )
@@ -41,7 +46,7 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         "--mixed-precision",
         default=S,
         choices=["auto", "no", "bf16", "fp16"],
-        help="autocast (default: auto = bf16 on CUDA)",
+        help=f"autocast (default: {D['mixed_precision']} = bf16 on CUDA)",
     )
     g.add_argument("--trust-remote-code", action="store_true", default=S)
     g.add_argument(
@@ -55,16 +60,16 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="memory the run's plan must fit, e.g. 80GB (default: the card's total, or the available RAM on CPU)",
     )
-    g.add_argument("--max-length", type=int, default=S, help="max tokens per example (default: 512)")
+    g.add_argument("--max-length", type=int, default=S, help=f"max tokens per example (default: {D['max_length']})")
     g.add_argument("--system-prompt", default=S, help="system prompt for the chat template")
     add_prompt_options(g, default=S)
     g = p.add_argument_group("LoRA")
     g.add_argument(
         "--full-finetune", action="store_true", default=S, help="train all weights instead of a LoRA adapter"
     )
-    g.add_argument("--lora-r", type=int, default=S, help="LoRA rank (default: 32)")
-    g.add_argument("--lora-alpha", type=float, default=S, help="LoRA alpha (default: 64)")
-    g.add_argument("--lora-dropout", type=float, default=S, help="LoRA dropout (default: 0)")
+    g.add_argument("--lora-r", type=int, default=S, help=f"LoRA rank (default: {D['lora_r']})")
+    g.add_argument("--lora-alpha", type=float, default=S, help=f"LoRA alpha (default: {D['lora_alpha']:g})")
+    g.add_argument("--lora-dropout", type=float, default=S, help=f"LoRA dropout (default: {D['lora_dropout']:g})")
     g.add_argument(
         "--target-modules",
         type=csv_list,
@@ -76,17 +81,20 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         "--merge", action="store_true", default=S, help="also write the model with the adapter merged into OUT/merged"
     )
     g = p.add_argument_group("optimiser")
-    g.add_argument("--lr", type=float, default=S, help="learning rate (default: 1e-4)")
-    g.add_argument("--epochs", type=float, default=S, help="epochs (default: 5)")
+    g.add_argument("--lr", type=float, default=S, help=f"learning rate (default: {D['lr']:g})")
+    g.add_argument("--epochs", type=float, default=S, help=f"epochs (default: {D['epochs']:g})")
     g.add_argument("--max-steps", type=int, default=S, help="optimizer steps; overrides --epochs")
-    g.add_argument("--batch-size", type=int, default=S, help="per-device batch size (default: 4)")
-    g.add_argument("--grad-accum", type=int, default=S, help="gradient accumulation steps (default: 4)")
-    g.add_argument("--weight-decay", type=float, default=S, help="default: 0.01")
+    g.add_argument("--batch-size", type=int, default=S, help=f"per-device batch size (default: {D['batch_size']})")
+    g.add_argument(
+        "--grad-accum", type=int, default=S, help=f"gradient accumulation steps (default: {D['grad_accum']})"
+    )
+    g.add_argument("--weight-decay", type=float, default=S, help=f"default: {D['weight_decay']:g}")
     g.add_argument(
         "--lr-scheduler",
         default=S,
         metavar="NAME",
-        help="transformers scheduler: linear, cosine, constant, constant_with_warmup, ... (default: constant)",
+        help="transformers scheduler: linear, cosine, constant, constant_with_warmup, ... "
+        f"(default: {D['lr_scheduler']})",
     )
     w = g.add_mutually_exclusive_group()
     w.add_argument(
@@ -102,11 +110,13 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         metavar="E",
         help="warmup over E epochs' optimizer steps, counted as the Trainer counts them",
     )
-    g.add_argument("--max-grad-norm", type=float, default=S, help="gradient clipping (default: 1.0; 0 = off)")
+    g.add_argument(
+        "--max-grad-norm", type=float, default=S, help=f"gradient clipping (default: {D['max_grad_norm']}; 0 = off)"
+    )
     g.add_argument(
         "--optim",
         default=S,
-        help="transformers optimizer name (default: adamw_torch; adamw_bnb_8bit, paged_adamw_8bit need "
+        help=f"transformers optimizer name (default: {D['optim']}; adamw_bnb_8bit, paged_adamw_8bit need "
         "bitsandbytes; adafactor keeps almost no state)",
     )
     g.add_argument(
@@ -115,14 +125,18 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         default=S,
         help="recompute each block's activations in the backward pass (less memory, ~30%% more time)",
     )
-    g.add_argument("--seed", type=int, default=S, help="default: 0")
+    g.add_argument("--seed", type=int, default=S, help=f"default: {D['seed']}")
     g = p.add_argument_group("checkpoints")
     g.add_argument(
         "--save-steps", type=int, default=S, help="checkpoint every N steps (default: every epoch; 0 = never)"
     )
-    g.add_argument("--save-total-limit", type=int, default=S, help="checkpoints kept (default: 2)")
+    g.add_argument(
+        "--save-total-limit", type=int, default=S, help=f"checkpoints kept (default: {D['save_total_limit']})"
+    )
     g.add_argument("--keep-checkpoints", action="store_true", default=S, help="keep OUT/checkpoints after success")
-    g.add_argument("--logging-steps", type=int, default=S, help="log the loss every N steps (default: 1)")
+    g.add_argument(
+        "--logging-steps", type=int, default=S, help=f"log the loss every N steps (default: {D['logging_steps']})"
+    )
     g.add_argument(
         "--resume",
         action="store_true",

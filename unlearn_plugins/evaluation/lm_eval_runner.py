@@ -375,8 +375,7 @@ def evaluate_model(
     )
 
 
-#: evaluate_model's ``scoring`` choices
-SCORINGS = ("prefix", "hf")
+from .config import SCORINGS  # noqa: E402 - evaluate_model's ``scoring`` choices, defined with its default
 
 
 def lm_class_for(scoring: str):

@@ -43,13 +43,13 @@ def measure(
 
     from ..options import parse_options
     from . import model_eval, robustness
+    from .config import EvaluationConfig
     from .lm_eval_runner import read_outputs
     from .membership import MEMORIZATION_TASK, MIA_TASK
 
     attacks = list(ATTACKS)
-    request = model_eval.Request(
+    config = EvaluationConfig(
         model=model,
-        tasks=list(dict.fromkeys([MIA_TASK, MEMORIZATION_TASK, *robustness.tasks_needed()])),
         out=str(out),
         adapter=adapter,
         device=device,
@@ -63,8 +63,14 @@ def measure(
         mia_reference=mia_reference,
         save_mia_reference=save_mia_reference,
         robustness=True,
+        robustness_attacks=attacks,
+        attack_option=list(ATTACK_OPTIONS),
+    )
+    request = model_eval.Request(
+        config,
+        tasks=list(dict.fromkeys([MIA_TASK, MEMORIZATION_TASK, *robustness.tasks_needed()])),
         attacks=attacks,
-        attack_options=robustness.attack_options(parse_options(list(ATTACK_OPTIONS), "--attack-option"), attacks),
+        attack_options=robustness.attack_options(parse_options(config.attack_option, "--attack-option"), attacks),
     )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -429,14 +429,9 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
         bench = benches[k]
         common = {
             "bench": bench["folder"],
-            "tasks": list(ev.tasks),
-            "batch_size": ev.batch_size,
-            "gen_margin": ev.gen_margin,
-            "dtype": ev.dtype,
-            "scoring": ev.scoring,
+            "evaluation": ev,
             "max_length": study.max_length,
             "device": device,
-            "extraction_from_task": ev.extraction_from_task,
         }
         reference = (
             None if cell.kind == "eval_retain" else str(Path(folder("eval", "retain", eval_keys[k])) / "reference.json")
@@ -601,30 +596,33 @@ def build_unlearn(tmp: Path, p: dict) -> None:
 
 
 def build_evaluate(tmp: Path, p: dict) -> None:
+    """An evaluation of ``model`` (with ``adapter``) on the benchmark folder ``bench`` as the
+    study's ``evaluation`` (:class:`.spec.Evaluation`) says."""
     from ..data.tofu_benchmark import generation_cap, load_benchmark
     from ..evaluation import lm_eval_runner as runner
     from ..models import load_tokenizer
 
+    ev = p["evaluation"]
     _need(p["model"], "the model to evaluate")
     for ref in p["references"]:
         _need(ref, "the retain model's Forget Quality reference")
     bench = load_benchmark(p["bench"])
     if bench is None:
         raise UnlearnError(f"{p['bench']}: benchmark folder missing or unreadable; run the study again")
-    max_gen_toks = generation_cap(load_tokenizer(p["model"]), bench, p["gen_margin"])
+    max_gen_toks = generation_cap(load_tokenizer(p["model"]), bench, ev.gen_margin)
     evaluation = runner.evaluate_model(
         p["model"],
-        p["tasks"],
+        list(ev.tasks),
         adapter=p["adapter"],
         device=p["device"],
-        dtype=p.get("dtype"),
-        batch_size=p["batch_size"],
-        merge_adapter=merge_is_exact(p["device"], p.get("dtype")),
+        dtype=ev.dtype,
+        batch_size=ev.batch_size,
+        merge_adapter=merge_is_exact(p["device"], ev.dtype),
         retain_references=p["references"],
         tofu_dir=str(bench.folder),
         forget_split=str(bench.forget),
         max_gen_toks=max_gen_toks,
-        scoring=p.get("scoring", "hf"),
+        scoring=ev.scoring,
     )
     if p["save_reference"]:
         runner.save_reference(evaluation, tmp / "reference.json", model=p["model"], adapter=p["adapter"])
@@ -642,16 +640,16 @@ def build_evaluate(tmp: Path, p: dict) -> None:
             forget_split=str(bench.forget),
             holdout_split=robust["holdout"],
             tofu_dir=str(bench.folder),
-            batch_size=p["batch_size"],
+            batch_size=ev.batch_size,
             device=p["device"],
-            dtype=p.get("dtype"),
+            dtype=ev.dtype,
             mia_reference=robust["mia_reference"],
             save_mia_reference=None if robust["mia_reference"] else str(tmp / MIA_REFERENCE),
             max_gen_toks=max_gen_toks,  # the evaluation's own cap: the same plain ROUGE-L
         )
-    if not p["extraction_from_task"]:
+    if not ev.extraction_from_task:
         values = extraction_strengths(
-            p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], p["batch_size"], p.get("dtype")
+            p["model"], p["adapter"], str(bench.forget), p["max_length"], p["device"], ev.batch_size, ev.dtype
         )
         write_json(
             tmp / EXTRACTION,

@@ -16,13 +16,16 @@ import dataclasses
 import math
 import re
 import sys
+import typing
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UnlearnError
-from ..training.config import DTYPES
+from ..evaluation.config import EvaluationConfig
+from ..options import config_defaults, config_field_of
+from ..options import config_field as option
 from . import design as author_design
 from .movielens import MovieLensSource
 from .sharded import Sharded
@@ -163,20 +166,35 @@ class Method:
 
 @dataclass(frozen=True)
 class Evaluation:
-    tasks: tuple[str, ...]
-    mu_size: int
-    batch_size: int
-    gen_margin: int
+    """[evaluation]: the evaluation of every model; the options it shares with `unlearn eval` are
+    :class:`..evaluation.config.EvaluationConfig`'s fields (one default, one check)."""
+
+    tasks: tuple[str, ...] = option(
+        REQUIRED_TASKS, "lm-eval tasks every model is evaluated with (must include the study's required ones)"
+    )
+    mu_size: int = option(400, "retain QA in Model Utility's retain part (TOFU: 400)", minimum=2)
+    batch_size: int = config_field_of(EvaluationConfig, "batch_size")
+    gen_margin: int = option(
+        16,
+        "new tokens past the longest answer of the benchmark (the generation cap)",
+        minimum=0,
+        maximum=MAX_GEN_MARGIN,
+    )
     #: the weights' dtype while evaluating (None: the device's default, fp32 on CPU)
-    dtype: str | None = None
+    dtype: str | None = config_field_of(EvaluationConfig, "dtype")
     #: also membership inference against a holdout author and the forget metrics after the
     #: probes and the relearn / int4 attacks (`unlearn eval --mia --robustness`) in every evaluation
-    robustness: bool = False
+    robustness: bool = config_field_of(
+        EvaluationConfig,
+        "robustness",
+        help="also membership inference against a holdout author, and the forget metrics under the probes "
+        "and after the relearn / int4 attacks (`unlearn eval --mia --robustness`)",
+    )
     #: the lm-eval model class (`unlearn eval --scoring`): "prefix" (each prompt scored once) or
     #: "hf" (lm-eval's HFLM, which every evaluation used before "prefix" existed). With fp32
     #: weights both give the same numbers (to 1e-5); with bf16 weights they differ by rounding,
     #: so a bf16 evaluation's cache key names its scoring (study/cells.py)
-    scoring: str = "prefix"
+    scoring: str = config_field_of(EvaluationConfig, "scoring")
 
     @property
     def extraction_from_task(self) -> bool:
@@ -191,8 +209,8 @@ class Cud:
 
     scorer: dict  # the cud scorer's options ([cud.scorer])
     unlearn: dict  # the anchor runs' training options ([cud.unlearn]; a table per objective: its own)
-    anchor_pool: int = 10
-    strata: int = 5
+    anchor_pool: int = option(10, "the first retain QA the anchors are chosen from", minimum=2)
+    strata: int = option(5, "samples in each of the CUD-easy and CUD-hard strata", minimum=1)
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
@@ -424,6 +442,41 @@ class _Reader:
             raise self.error(table, key, f"must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
         return value
 
+    def config_table(self, table: str, values: dict, cls, *, skip: tuple[str, ...] = ()) -> dict:
+        """The values of a typed config's fields (less ``skip``) given in ``values``, each checked
+        against its type and its metadata's minimum, maximum and choices; a field not given: its
+        default (the config's, not one written here)."""
+        from ..options import field_default, scalar_type
+
+        hints = typing.get_type_hints(cls)
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in skip or not f.init:
+                continue
+            if f.name not in values:
+                out[f.name] = field_default(f)
+                continue
+            hint = scalar_type(hints[f.name])
+            if hint is bool:
+                if not isinstance(values[f.name], bool):
+                    raise self.error(table, f.name, f"must be true or false, got {_show(values[f.name])}")
+                out[f.name] = values[f.name]
+                continue
+            kind = {int: "int", str: "str"}.get(hint)
+            if kind is None:
+                raise TypeError(f"{cls.__name__}.{f.name}: no study-file check for {hint}")
+            meta = f.metadata
+            out[f.name] = self.get(
+                table,
+                values,
+                f.name,
+                kind,
+                minimum=meta.get("minimum"),
+                maximum=meta.get("maximum"),
+                choices=meta.get("choices"),
+            )
+        return out
+
     def int_list(
         self, table: str, values: dict, key: str, *, minimum: int, maximum: int | None = None, scalar_ok: bool = False
     ) -> tuple[int, ...]:
@@ -508,18 +561,22 @@ class _Reader:
             raise self.error("study", "description", f"must be a string, got {_show(description)}")
         seeds = self.int_list("study", head, "seeds", minimum=0, maximum=2**32 - 1)
         ci = self.get("study", head, "ci", "str", "t", choices=CI_METHODS)
-        one_budget = head.get("one_budget", True)
+        defaults = {f.name: f.default for f in dataclasses.fields(Study)}  # the Study's own
+        one_budget = head.get("one_budget", defaults["one_budget"])
         if not isinstance(one_budget, bool):
             raise self.error("study", "one_budget", f"must be true or false, got {_show(one_budget)}")
-        workers_per_gpu = self.get("study", head, "workers_per_gpu", "int", 1, minimum=1)
+        workers_per_gpu = self.get("study", head, "workers_per_gpu", "int", defaults["workers_per_gpu"], minimum=1)
 
         model_t = self.table(data, "model", required=True)
         self.keys("model", model_t, ("base", "max_length", "prompt_format", "date_string"))
         model = self.get("model", model_t, "base", "str", required=True)
         model = self.model_path(model)
         from ..data.tofu import MIN_MAX_LENGTH
+        from ..training.config import TrainingConfig
 
-        max_length = self.get("model", model_t, "max_length", "int", 512, minimum=MIN_MAX_LENGTH)
+        max_length = self.get(
+            "model", model_t, "max_length", "int", config_defaults(TrainingConfig)["max_length"], minimum=MIN_MAX_LENGTH
+        )
         prompt_format = self.prompt_format(model_t)
         run_fields = {"prompt_format": prompt_format, "workers_per_gpu": workers_per_gpu}
 
@@ -697,8 +754,9 @@ class _Reader:
         from ..training.config import FinetuneConfig
 
         self.keys(table, values, ("finetune", "seed", "threads", "given"))
-        seed = self.get(table, values, "seed", "int", base.seed if base else 0, minimum=0)
-        threads = self.get(table, values, "threads", "int", base.threads if base else None, minimum=1)
+        inherited = base or Recipe()  # the retain model's: the target's; the target's: the defaults
+        seed = self.get(table, values, "seed", "int", inherited.seed, minimum=0)
+        threads = self.get(table, values, "threads", "int", inherited.threads, minimum=1)
         finetune_t = self.get(table, values, "finetune", "table", None)
         finetune = dict(base.finetune) if base else {}
         if finetune_t is not None:
@@ -887,8 +945,7 @@ class _Reader:
                 "anchor_pool",
                 "a MovieLens study's anchor pool is its anchor users' prompts ([benchmark] anchor_users)",
             )
-        anchor_pool = self.get("cud", values, "anchor_pool", "int", 10, minimum=2)
-        strata = self.get("cud", values, "strata", "int", 5, minimum=1)
+        sizes = self.config_table("cud", values, Cud, skip=("scorer", "unlearn"))
         scorer = dict(self.get("cud", values, "scorer", "table", {}))
         for key in scorer:
             if movielens and key == "answer_tokens":
@@ -938,16 +995,11 @@ class _Reader:
                 create(UNLEARNING_OBJECTIVE, o, **options.get("objective_options", {}))
             except UnlearnError as exc:
                 raise self.error(table, "objective_options", _one_line(exc)) from None
-        return Cud(scorer=scorer, unlearn=unlearn, anchor_pool=anchor_pool, strata=strata)
+        return Cud(scorer=scorer, unlearn=unlearn, **sizes)
 
     def evaluation(self, data: dict, required: tuple[str, ...] = REQUIRED_TASKS) -> Evaluation:
         values = self.table(data, "evaluation")
-        self.keys(
-            "evaluation", values, ("tasks", "mu_size", "batch_size", "gen_margin", "dtype", "robustness", "scoring")
-        )
-        robustness = values.get("robustness", False)
-        if not isinstance(robustness, bool):
-            raise self.error("evaluation", "robustness", f"must be true or false, got {_show(robustness)}")
+        self.keys("evaluation", values, [f.name for f in dataclasses.fields(Evaluation)])
         tasks = values.get("tasks", list(required))
         if not isinstance(tasks, list) or not all(isinstance(t, str) and t for t in tasks):
             raise self.error("evaluation", "tasks", f"must be a list of lm-eval task names, got {_show(tasks)}")
@@ -961,21 +1013,13 @@ class _Reader:
             raise self.error("evaluation", "tasks", f"must include {', '.join(missing)} ({why})")
         if len(set(tasks)) != len(tasks):
             raise self.error("evaluation", "tasks", "lists a task twice")
-        from ..evaluation.lm_eval_runner import SCORINGS, task_manager_for
+        from ..evaluation.lm_eval_runner import task_manager_for
 
         try:  # before any work, --dry-run included: a misspelt task would fail every cell late
             task_manager_for(tasks)
         except UnlearnError as exc:
             raise self.error("evaluation", "tasks", _one_line(exc)) from None
-        return Evaluation(
-            tasks=tuple(tasks),
-            mu_size=self.get("evaluation", values, "mu_size", "int", 400, minimum=2),
-            batch_size=self.get("evaluation", values, "batch_size", "int", 8, minimum=1),
-            gen_margin=self.get("evaluation", values, "gen_margin", "int", 16, minimum=0, maximum=MAX_GEN_MARGIN),
-            dtype=self.get("evaluation", values, "dtype", "str", None, choices=DTYPES),
-            robustness=robustness,
-            scoring=self.get("evaluation", values, "scoring", "str", "prefix", choices=SCORINGS),
-        )
+        return Evaluation(tasks=tuple(tasks), **self.config_table("evaluation", values, Evaluation, skip=("tasks",)))
 
 
 def _show(value: Any) -> str:

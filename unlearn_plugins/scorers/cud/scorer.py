@@ -12,9 +12,8 @@ from typing import Any, Sequence
 from ...data.tofu import IGNORE_INDEX
 from ...errors import UnlearnError
 from ...interfaces import QASample
-from .anchor_runs import ANCHOR_RECIPES, AnchorRunner, TrainerAnchorRunner, anchor_run_options
+from .anchor_runs import AnchorRunner, TrainerAnchorRunner, anchor_run_options
 from .anchors import (
-    ANCHOR_BY,
     IN_SAMPLE,
     AnchorError,
     AnchorPool,
@@ -27,10 +26,8 @@ from .anchors import (
     vote_anchors,
 )
 from .cache import CUDCache, anchor_run_key, default_cache_dir, matrix_key, model_fingerprint, samples_fingerprint
+from .config import PAPER_OBJECTIVES, CUDConfig  # noqa: F401 - PAPER_OBJECTIVES: read from here by the demo report
 
-#: the CUD paper's anchor vote (``find_easy_hard_samples.py``): five unlearning methods, a sample
-#: kept when 3 of them choose it (the default min_objectives, ceil(5 / 2))
-PAPER_OBJECTIVES = ("grad_diff", "npo", "simnpo", "rmu", "undial")
 #: UnlearnConfig fields each anchor run sets itself (not options of the scorer)
 RUN_SET = ("out", "model", "forget", "objective", "seed", "device")
 
@@ -61,103 +58,47 @@ class CUDScorer:
     with ``per_objective`` {score (mean over objectives), score_by_objective, s_E_by_objective,
     s_H_by_objective, anchor, circuit...}. ``last_metadata``: the anchors, their votes, the runs."""
 
-    def __init__(
-        self,
-        *,
-        anchor_data: str | Sequence[Any] | None = None,
-        tofu_dir: str | None = None,
-        objectives: Sequence[str] = PAPER_OBJECTIVES,
-        seeds: Sequence[int] = (0, 1, 2),
-        k: int | None = None,
-        min_votes: int | None = None,
-        min_objectives: int | None = None,
-        per_objective: bool = False,
-        anchor_by: str = "loss",
-        anchor_recipe: str = "paper",
-        stop_prob: float | None = None,
-        check_steps: int | None = None,
-        anchors: dict | None = None,
-        anchor_losses: Sequence[Sequence[float]] | None = None,
-        runner: AnchorRunner | None = None,
-        model_spec: str | None = None,
-        unlearn_options: dict | None = None,
-        unlearn_by_objective: dict | None = None,
-        similarity: str = "cosine",
-        vector: str = "binary",
-        circuit: str = "greedy",
-        n_edges: int = 75,
-        tau: float | None = None,
-        mode: str = "inputs",
-        steps: int = 5,
-        baseline: str = "zero",
-        metric: str = "prob",
-        max_rows: int = 20,
-        max_length: int = 512,
-        answer_tokens: int | None = None,
-        cache: bool = True,
-        cache_dir: str | None = None,
-        progress: bool = False,
-    ):
-        from ...circuits.eap_ig import BASELINES, METRICS, MODES
-        from ...circuits.similarity import SIMILARITIES, VECTORS
+    #: the scorer's options (the host lists and checks them from its fields)
+    config_class = CUDConfig
 
-        for name, value, allowed in (
-            ("similarity", similarity, SIMILARITIES),
-            ("vector", vector, VECTORS),
-            ("mode", mode, MODES),
-            ("baseline", baseline, BASELINES),
-            ("metric", metric, METRICS),
-            ("circuit", circuit, ("greedy", "topn", "threshold")),
-            ("anchor_by", anchor_by, ANCHOR_BY),
-            ("anchor_recipe", anchor_recipe, ANCHOR_RECIPES),
-        ):
-            if value not in allowed:
-                raise UnlearnError(f"scorer cud: option {name}={value!r}; choose one of {', '.join(allowed)}")
-        if circuit == "threshold" and tau is None:
-            raise UnlearnError("scorer cud: circuit=threshold needs the option tau")
-        if isinstance(objectives, str) or isinstance(seeds, (str, int)):
-            raise UnlearnError('scorer cud: objectives and seeds are lists, e.g. objectives=["npo"] seeds=[0,1,2]')
-        self.objectives = list(objectives)
-        self.seeds = [int(s) for s in seeds]
-        for name, values in (("objectives", self.objectives), ("seeds", self.seeds)):
-            if not values or len(set(values)) != len(values):
-                raise UnlearnError(f"scorer cud: option {name}={values} must be a non-empty list without repeats")
-        if anchor_data is not None and not isinstance(anchor_data, (str, list, tuple)):
-            raise UnlearnError(
-                f"scorer cud: anchor_data must be a split spec, 'self' or a list of samples, "
-                f"got {type(anchor_data).__name__}"
-            )
-        if per_objective and anchors is not None:
-            raise UnlearnError(
-                "scorer cud: per_objective=true chooses anchors per objective from anchor runs; "
-                "it cannot be combined with fixed anchors"
-            )
-        self.anchor_data, self.tofu_dir = anchor_data, tofu_dir
-        self.k, self.min_votes, self.min_objectives = k, min_votes, min_objectives
-        self.per_objective, self.anchor_by = bool(per_objective), anchor_by
-        self.stop_prob, self.check_steps = _none_if_off(stop_prob), _none_if_off(check_steps)
-        self.anchors = anchors
-        self.anchor_losses = [list(r) for r in anchor_losses] if anchor_losses is not None else None
-        self.runner = runner
-        self.model_spec, self.unlearn_options = model_spec, _options("unlearn_options", unlearn_options)
-        self.anchor_recipe = anchor_recipe
-        self.unlearn_by_objective = _by_objective(unlearn_by_objective, self.objectives)
-        if runner is None:  # check stop_prob / check_steps now, not after the model load
+    def __init__(self, **options: Any):
+        config = CUDConfig(**options)  # every option's default, help and checks
+        self.config = config
+        self.objectives = list(config.objectives)
+        self.seeds = [int(s) for s in config.seeds]
+        self.anchor_data, self.tofu_dir = config.anchor_data, config.tofu_dir
+        self.k, self.min_votes, self.min_objectives = config.k, config.min_votes, config.min_objectives
+        self.per_objective, self.anchor_by = bool(config.per_objective), config.anchor_by
+        self.stop_prob, self.check_steps = _none_if_off(config.stop_prob), _none_if_off(config.check_steps)
+        self.anchors = config.anchors
+        self.anchor_losses = [list(r) for r in config.anchor_losses] if config.anchor_losses is not None else None
+        self.runner = config.runner
+        self.model_spec = config.model_spec
+        self.unlearn_options = _options("unlearn_options", config.unlearn_options)
+        self.anchor_recipe = config.anchor_recipe
+        self.unlearn_by_objective = _by_objective(config.unlearn_by_objective, self.objectives)
+        if config.runner is None:  # check stop_prob / check_steps now, not after the model load
             TrainerAnchorRunner(
-                model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps
+                config.model_spec, self.unlearn_options, stop_prob=self.stop_prob, check_steps=self.check_steps
             )
-        self.similarity, self.circuit, self.n_edges, self.tau = similarity, circuit, int(n_edges), tau
-        self.vector = vector  # cosine of 0/1 edge masks (the paper's table) or of signed edge scores
-        self.eap = {"mode": mode, "steps": int(steps), "baseline": baseline, "metric": metric}
-        self.max_rows, self.max_length = int(max_rows), int(max_length)
-        if answer_tokens is not None and (
-            isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int) or answer_tokens < 1
-        ):
-            raise UnlearnError(f"scorer cud: option answer_tokens={answer_tokens!r} must be an integer >= 1 or none")
-        self.answer_tokens = answer_tokens  # the EAP-IG metric on the first N answer tokens (1: a Yes/No answer)
-        self.cache = bool(cache)
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else None
-        self.progress = progress
+        self.similarity, self.circuit, self.n_edges, self.tau = (
+            config.similarity,
+            config.circuit,
+            int(config.n_edges),
+            config.tau,
+        )
+        self.vector = config.vector  # cosine of 0/1 edge masks (the paper's table) or of signed edge scores
+        self.eap = {
+            "mode": config.mode,
+            "steps": int(config.steps),
+            "baseline": config.baseline,
+            "metric": config.metric,
+        }
+        self.max_rows, self.max_length = int(config.max_rows), int(config.max_length)
+        self.answer_tokens = config.answer_tokens  # the EAP-IG metric on the first N answer tokens (1: Yes/No)
+        self.cache = bool(config.cache)
+        self.cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else None
+        self.progress = config.progress
         self.last_anchors: dict[str, Any] = {}
         self.last_metadata: dict[str, Any] | None = None
         self._run_info: dict[tuple[str, int], dict] = {}
