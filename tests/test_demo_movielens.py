@@ -2,7 +2,7 @@
 small folder in MovieLens-100K's layout; the report's numbers against independent
 computations (direct forwards, hand AUC and JSD, the shards that held the forget users) and
 against the numbers recorded before the demo became a study; the stage cache; the option
-checks. The demo is a study (unlearn_plugins/demo/movielens.toml, built-in "demo-movielens"):
+checks. The demo is a study (unlearn_plugins/benchmarks/movielens/demo.toml, built-in "demo-movielens"):
 its cells are built by the study's runner, one after the other in this process."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CELLS = [
     "receraser/shards",
     "receraser",
 ]
-STUDY_FILE = Path(__file__).resolve().parent.parent / "unlearn_plugins" / "demo" / "movielens.toml"
+STUDY_FILE = Path(__file__).resolve().parent.parent / "unlearn_plugins" / "benchmarks" / "movielens" / "demo.toml"
 
 
 def cells_said(err: str, word: str) -> list[str]:

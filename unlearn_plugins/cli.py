@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
+    from .host import benchmarks
+    from .interfaces import Benchmark
+
+    for bench in benchmarks().values():  # a benchmark's own verbs (`unlearn movielens`)
+        for module in bench.commands:
+            Benchmark.load(module).add_parser(sub)
     for command in subcommands(parser).values():
         # SUPPRESS: given before the command, the value is not reset by the command's parser
         _add_global_options(command, default_debug=argparse.SUPPRESS, default_verbosity=argparse.SUPPRESS)
