@@ -224,9 +224,9 @@ def run_tasks(model, tok, tasks, metadata):
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from unlearn_plugins.host import package_file
+    from unlearn_plugins.benchmarks.movielens.plugin import MOVIELENS
 
-    manager = TaskManager(include_path=[str(package_file("tasks"))], include_defaults=False, metadata=metadata)
+    manager = TaskManager(include_path=[str(d) for d in MOVIELENS.task_dirs], include_defaults=False, metadata=metadata)
     out = lm_eval.simple_evaluate(
         model=HFLM(pretrained=model, tokenizer=tok, batch_size=4),
         tasks=tasks,

@@ -150,8 +150,8 @@ def evaluate_sharded(sharded, bench_dir, tiny_model_dir) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from unlearn_plugins.benchmarks.movielens.sharded_lm import ShardedRecommenderLM
     from unlearn_plugins.benchmarks.movielens.plugin import MOVIELENS
+    from unlearn_plugins.benchmarks.movielens.sharded_lm import ShardedRecommenderLM
 
     manager = TaskManager(
         include_path=[str(d) for d in MOVIELENS.task_dirs],
