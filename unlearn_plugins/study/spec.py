@@ -973,7 +973,7 @@ def expand(study: Study) -> list[Cell]:
 
     if (part := benchmark_part(study.source, "study")) is not None:
         return part.expand(study)
-    if study.design is not None:  # authors as the unit (issue 34)
+    if study.design is not None:  # authors as the unit
         return [Cell(**cell) for cell in author_design.cells(study)]
     cells: list[Cell] = []
     target_id = None
