@@ -212,7 +212,8 @@ def test_5_cud_scorer_objectives_are_checked_when_the_study_is_read(tmp_path, ca
     assert "grad_diff" in line
 
 
-MOVIELENS = (Path(__file__).resolve().parents[1] / "unlearn_plugins" / "demo" / "movielens.toml").read_text()
+MOVIELENS_STUDY = Path(__file__).resolve().parents[1] / "unlearn_plugins" / "benchmarks" / "movielens" / "demo.toml"
+MOVIELENS = MOVIELENS_STUDY.read_text()
 
 
 def write_grouplens(folder: Path, users: int = 10) -> Path:

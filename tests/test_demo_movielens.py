@@ -2,7 +2,7 @@
 small folder in MovieLens-100K's layout; the report's numbers against independent
 computations (direct forwards, hand AUC and JSD, the shards that held the forget users) and
 against the numbers recorded before the demo became a study; the stage cache; the option
-checks. The demo is a study (unlearn_plugins/demo/movielens.toml, built-in "demo-movielens"):
+checks. The demo is a study (unlearn_plugins/benchmarks/movielens/demo.toml, built-in "demo-movielens"):
 its cells are built by the study's runner, one after the other in this process."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CELLS = [
     "receraser/shards",
     "receraser",
 ]
-STUDY_FILE = Path(__file__).resolve().parent.parent / "unlearn_plugins" / "demo" / "movielens.toml"
+STUDY_FILE = Path(__file__).resolve().parent.parent / "unlearn_plugins" / "benchmarks" / "movielens" / "demo.toml"
 
 
 def cells_said(err: str, word: str) -> list[str]:
@@ -324,7 +324,7 @@ def test_movielens_study_errors_name_the_table_and_key(old, new, message, tmp_pa
 def test_sharded_needs_a_movielens_benchmark(tmp_path):
     from unlearn_plugins.study import StudyError, load_study
 
-    demo = (Path(STUDY_FILE).parent / "demo.toml").read_text()
+    demo = (Path(__file__).resolve().parent.parent / "unlearn_plugins" / "demo" / "demo.toml").read_text()
     path = tmp_path / "s.toml"
     path.write_text(demo.replace("[evaluation]\n", "[sharded]\nshards = 2\n\n[evaluation]\n", 1))
     with pytest.raises(

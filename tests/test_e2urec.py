@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from unlearn_plugins.benchmarks.movielens.bad_teacher import BadTeacher, FlippedView
+from unlearn_plugins.benchmarks.movielens.e2urec import E2URec
 from unlearn_plugins.data.tofu import PaddingCollator, encode_qa
 from unlearn_plugins.interfaces import QASample
-from unlearn_plugins.objectives.bad_teacher import BadTeacher, FlippedView
-from unlearn_plugins.objectives.e2urec import E2URec
 from unlearn_plugins.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -89,7 +89,7 @@ def test_e2urec_loss_matches_a_hand_computation(tiny_tokenizer, models):
 
 
 def test_forgetting_teacher_lowers_what_the_forget_data_raised():
-    from unlearn_plugins.objectives.e2urec import forced_teacher_logits
+    from unlearn_plugins.benchmarks.movielens.e2urec import forced_teacher_logits
 
     original = torch.tensor([1.0, 2.0, 0.5])
     augmented = torch.tensor([3.0, 1.0, 0.5])  # the forget data raised token 0 by 2

@@ -18,18 +18,25 @@ import pytest
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def builtin_folders() -> list[Path]:
+    """The built-in task folders: the core's (tasks/) and each built-in benchmark's."""
+    from unlearn_plugins.host import get_host
+    from unlearn_plugins.interfaces import LM_EVAL_TASK_DIR
+
+    host = get_host()
+    return [Path(c.obj).resolve() for c in host.list(LM_EVAL_TASK_DIR) if host.plugins[c.plugin].source == "built-in"]
+
+
 def shipped_tasks() -> list[str]:
-    """Every leaf task of the built-in task folder (from lm-eval's YAML index: no data read)."""
+    """Every leaf task of the built-in task folders (from lm-eval's YAML index: no data read)."""
     from lm_eval.tasks import TaskManager
 
-    from unlearn_plugins.evaluation.lm_eval_runner import builtin_task_dir
-
-    folder = builtin_task_dir()
-    manager = TaskManager(include_path=[str(folder)], include_defaults=False)
+    folders = builtin_folders()
+    manager = TaskManager(include_path=[str(f) for f in folders], include_defaults=False)
     return sorted(
         name
         for name in manager.all_subtasks
-        if Path(manager.task_index[name].yaml_path).resolve().is_relative_to(folder)
+        if any(Path(manager.task_index[name].yaml_path).resolve().is_relative_to(f) for f in folders)
     )
 
 
@@ -41,8 +48,6 @@ _BUILT: dict[str, object] = {}
 def task_class(request, tiny_model_dir):
     """The task named by the test's parameter, built once per session."""
     from lm_eval.tasks import TaskManager
-
-    from unlearn_plugins.evaluation.lm_eval_runner import builtin_task_dir
 
     name = request.param
     if name not in _BUILT:
@@ -61,7 +66,8 @@ def task_class(request, tiny_model_dir):
             metadata["muse_dir"] = str(
                 write_muse_fixture(request.getfixturevalue("tmp_path_factory").mktemp("muse"), n=10)
             )
-        manager = TaskManager(include_path=[str(builtin_task_dir())], include_defaults=False, metadata=metadata)
+        folders = [str(f) for f in builtin_folders()]
+        manager = TaskManager(include_path=folders, include_defaults=False, metadata=metadata)
         _BUILT[name] = manager.load([name])["tasks"][name]
     return _BUILT[name]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from unlearn_plugins.data.movielens import ENV_VAR, load_movielens, recbole_ml100k_dir, split_title_year
+from unlearn_plugins.benchmarks.movielens.data import ENV_VAR, load_movielens, recbole_ml100k_dir, split_title_year
 from unlearn_plugins.errors import DataError
 
 # Made-up rows: 3 users, 4 movies (titles invented for the tests).

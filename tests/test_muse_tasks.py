@@ -1,5 +1,5 @@
-"""MUSE tasks (tasks/muse/): metrics on hand-computed cases, and the tasks run by lm-eval on a
-generated MUSE-shaped folder with the tiny model."""
+"""MUSE tasks (unlearn_plugins/benchmarks/muse/tasks/): metrics on hand-computed cases, and the
+tasks run by lm-eval on a generated MUSE-shaped folder with the tiny model."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from muse_fixture import write_muse_fixture
 from unlearn_plugins.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
+#: MUSE's task folder, in its benchmark's home
+TASKS = ROOT / "unlearn_plugins" / "benchmarks" / "muse" / "tasks"
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _load_utils():
-    spec = importlib.util.spec_from_file_location("muse_task_utils", ROOT / "tasks" / "muse" / "utils.py")
+    spec = importlib.util.spec_from_file_location("muse_task_utils", TASKS / "utils.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -150,7 +152,7 @@ def test_lm_eval_cli_runs_muse_news_verbmem(tiny_model_dir, muse_dir, tmp_path):
             "--model_args",
             f"pretrained={tiny_model_dir}",
             "--include_path",
-            str(ROOT / "tasks"),
+            str(TASKS),
             "--tasks",
             "muse_news_verbmem",
             "--limit",
@@ -191,7 +193,7 @@ def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
             "--model_args",
             f"pretrained={tiny_model_dir}",
             "--include_path",
-            str(ROOT / "tasks"),
+            str(TASKS),
             "--tasks",
             "muse_news_verbmem",
             "--limit",

@@ -35,6 +35,9 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "unlearn_plugins/registry.toml" in names
     assert any(n.startswith("unlearn_plugins/tasks/") for n in names)
+    # each benchmark's home with its task YAMLs beside their code
+    for name in ("movielens/tasks/movielens_rec.yaml", "movielens/tasks/utils.py", "muse/tasks/_muse_news.yaml"):
+        assert f"unlearn_plugins/benchmarks/{name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 
     target = tmp_path / "site"
@@ -53,4 +56,4 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
     info = json.loads(out.stdout)
     assert info["registry"] == str(target / "unlearn_plugins" / "registry.toml")
     assert info["tasks"] == str(target / "unlearn_plugins" / "tasks")
-    assert info["errors"] == [] and "builtin-scorers" in info["plugins"]
+    assert info["errors"] == [] and {"builtin-scorers", "builtin-movielens", "builtin-muse"} <= set(info["plugins"])

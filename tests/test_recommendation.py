@@ -10,12 +10,18 @@ import math
 import pytest
 import torch
 
-from unlearn_plugins.data.movielens import Movie, MovieLens, Rating
+from unlearn_plugins.benchmarks.movielens.benchmark import (
+    FILES,
+    BenchmarkSettings,
+    build_benchmark,
+    load_part,
+    read_info,
+)
+from unlearn_plugins.benchmarks.movielens.data import Movie, MovieLens, Rating
+from unlearn_plugins.benchmarks.movielens.forget import choose_anchor_users, choose_forget_users
+from unlearn_plugins.benchmarks.movielens.prompts import build_prompt
+from unlearn_plugins.benchmarks.movielens.split import chronological_split, split_sizes, user_timelines
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.recommendation.benchmark import FILES, BenchmarkSettings, build_benchmark, load_part, read_info
-from unlearn_plugins.recommendation.forget import choose_anchor_users, choose_forget_users
-from unlearn_plugins.recommendation.prompts import build_prompt
-from unlearn_plugins.recommendation.split import chronological_split, split_sizes, user_timelines
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -178,7 +184,7 @@ def hand_jsd(p, q) -> float:
 
 
 def test_metrics_against_hand_computations():
-    from unlearn_plugins.evaluation import rec_metrics as rm
+    from unlearn_plugins.benchmarks.movielens.tasks import metrics as rm
 
     labels = [1, 0, 1, 1, 0, 0, 1]
     probs = [0.9, 0.3, 0.35, 0.8, 0.35, 0.1, 0.6]
@@ -196,7 +202,7 @@ def test_metrics_against_hand_computations():
 
 
 def test_predict_matches_direct_forwards(tiny, bench_dir):
-    from unlearn_plugins.recommendation.predict import predict
+    from unlearn_plugins.benchmarks.movielens.predict import predict
 
     model, tok = tiny
     samples = load_part(bench_dir, "test_retain")
@@ -218,9 +224,9 @@ def run_tasks(model, tok, tasks, metadata):
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from unlearn_plugins.host import package_file
+    from unlearn_plugins.benchmarks.movielens.plugin import MOVIELENS
 
-    manager = TaskManager(include_path=[str(package_file("tasks"))], include_defaults=False, metadata=metadata)
+    manager = TaskManager(include_path=[str(d) for d in MOVIELENS.task_dirs], include_defaults=False, metadata=metadata)
     out = lm_eval.simple_evaluate(
         model=HFLM(pretrained=model, tokenizer=tok, batch_size=4),
         tasks=tasks,
@@ -236,7 +242,7 @@ def run_tasks(model, tok, tasks, metadata):
 
 
 def test_lm_eval_tasks_match_independent_computation(tiny, tiny_model_dir, bench_dir, tmp_path):
-    from unlearn_plugins.evaluation.rec_metrics import read_prediction_reference, reference_from_samples
+    from unlearn_plugins.benchmarks.movielens.tasks.metrics import read_prediction_reference, reference_from_samples
     from unlearn_plugins.testing import tiny_llama
 
     model, tok = tiny
@@ -286,7 +292,7 @@ def test_lm_eval_tasks_match_independent_computation(tiny, tiny_model_dir, bench
 
 
 def test_reference_file_errors_name_file_and_field(tmp_path):
-    from unlearn_plugins.evaluation.rec_metrics import read_prediction_reference, write_prediction_reference
+    from unlearn_plugins.benchmarks.movielens.tasks.metrics import read_prediction_reference, write_prediction_reference
 
     path = tmp_path / "ref.json"
     write_prediction_reference(path, task="t", split="s", keys=["a", "b"], p_yes=[0.2, 0.9])

@@ -11,7 +11,7 @@ import json
 import pytest
 from test_recommendation import hand_auc, hand_logloss, toy_movielens
 
-from unlearn_plugins.recommendation.benchmark import BenchmarkSettings, build_benchmark, load_part, read_info
+from unlearn_plugins.benchmarks.movielens.benchmark import BenchmarkSettings, build_benchmark, load_part, read_info
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -72,7 +72,7 @@ def test_bad_teacher_runs_through_run_unlearning(tiny_model_dir, bench_dir, tmp_
 
 
 def test_balanced_partition_is_capped_deterministic_and_follows_the_embeddings():
-    from unlearn_plugins.recommendation.partition import balanced_partition, random_partition
+    from unlearn_plugins.benchmarks.movielens.partition import balanced_partition, random_partition
 
     # two clear clusters of users: the partition separates them
     emb = {u: [10.0 + 0.1 * u, 0.0] for u in range(6)} | {u: [-10.0 - 0.1 * u, 0.0] for u in range(6, 12)}
@@ -92,7 +92,7 @@ def sha(path) -> str:
 
 @pytest.mark.parametrize("aggregator", ["attention", "average"])
 def test_sharded_unlearning_retrains_only_the_affected_shard(tiny_model_dir, bench_dir, tmp_path, aggregator):
-    from unlearn_plugins.recommendation.sharded import ShardedRecommender, copy_sharded, train_sharded
+    from unlearn_plugins.benchmarks.movielens.sharded import ShardedRecommender, copy_sharded, train_sharded
 
     sharded = train_sharded(
         bench_dir,
@@ -150,11 +150,11 @@ def evaluate_sharded(sharded, bench_dir, tiny_model_dir) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from unlearn_plugins.host import package_file
-    from unlearn_plugins.recommendation.sharded_lm import ShardedRecommenderLM
+    from unlearn_plugins.benchmarks.movielens.plugin import MOVIELENS
+    from unlearn_plugins.benchmarks.movielens.sharded_lm import ShardedRecommenderLM
 
     manager = TaskManager(
-        include_path=[str(package_file("tasks"))],
+        include_path=[str(d) for d in MOVIELENS.task_dirs],
         include_defaults=False,
         metadata={"tokenizer": str(tiny_model_dir), "rec_dir": str(bench_dir)},
     )

@@ -29,11 +29,13 @@ from .host import create, get_component, list_components, list_plugins, reset_ho
 from .interfaces import (  # noqa: E402
     ADAPTER_INITIALIZER,
     ATTACK,
+    BENCHMARK,
     DIFFICULTY_SCORER,
     KINDS,
     LM_EVAL_TASK_DIR,
     UNLEARNING_OBJECTIVE,
     AttackResult,
+    Benchmark,
     InitResult,
     QASample,
 )
@@ -50,10 +52,12 @@ __all__ = [
     "QASample",
     "InitResult",
     "AttackResult",
+    "Benchmark",
     "KINDS",
     "DIFFICULTY_SCORER",
     "ADAPTER_INITIALIZER",
     "UNLEARNING_OBJECTIVE",
     "LM_EVAL_TASK_DIR",
     "ATTACK",
+    "BENCHMARK",
 ]

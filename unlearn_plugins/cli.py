@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
+    from .host import benchmarks
+    from .interfaces import Benchmark
+
+    for bench in benchmarks().values():  # a benchmark's own verbs (`unlearn movielens`)
+        for module in bench.commands:
+            Benchmark.load(module).add_parser(sub)
     for command in subcommands(parser).values():
         # SUPPRESS: given before the command, the value is not reset by the command's parser
         _add_global_options(command, default_debug=argparse.SUPPRESS, default_verbosity=argparse.SUPPRESS)
@@ -195,8 +201,32 @@ def _sigterm_raises():
         signal.signal(signal.SIGTERM, before)
 
 
+def _replay(caught) -> None:
+    """Warnings caught earlier, shown now (under the warnings format and filters in force)."""
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    # the plugins load while the parser is built (a benchmark adds its verbs and demo options):
+    # their warnings are shown once the command's --verbosity and one-line format apply
+    failed: BaseException | None = None
+    with warnings.catch_warnings(record=True) as early:
+        warnings.simplefilter("default")
+        try:
+            parser = build_parser()
+        except (UnlearnError, KeyboardInterrupt) as exc:  # UNLEARN_PLUGINS_STRICT=1, a plugin's import
+            failed = exc
+    if failed is not None:
+        with _one_line_warnings():
+            _replay(early)
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise failed
+        if isinstance(failed, KeyboardInterrupt):
+            print(f"interrupted {failed.args[0]}" if failed.args else "interrupted", file=sys.stderr)
+            return 130
+        print(f"error: {_one_line(failed)}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -211,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.command,
                 ", ".join(f"{k}={v!r}" for k, v in vars(args).items() if k not in ("func", "command")),
             )
+            _replay(early)
             return int(args.func(args) or 0)
     except (UnlearnError, OSError) as exc:  # OSError: a file that cannot be read or written (disk full, ...)
         if args.debug:

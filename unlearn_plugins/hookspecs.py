@@ -1,4 +1,4 @@
-"""The five plugin hooks: the contract between the host and every plugin.
+"""The six plugin hooks: the contract between the host and every plugin.
 
 Each hook is register-style (as in simonw/llm): the host passes a ``register``
 callable and the plugin calls it once per component it provides::
@@ -78,4 +78,15 @@ def register_attacks(register):
     ``attack(context) -> AttackResult | None`` that saves the attacked model through
     ``context.save_model(model, tokenizer)``; ``unlearn attack`` writes it with attack.json and
     ``unlearn eval`` measures it. See :class:`unlearn_plugins.interfaces.Attack`.
+    """
+
+
+@hookspec
+def register_benchmarks(register):
+    """Register benchmarks.
+
+    Component: a :class:`unlearn_plugins.interfaces.Benchmark`: the benchmark's lm-eval task
+    folders (registered as task folders named after it), its built-in studies, its study parts
+    (tables, cells, stage kinds, report), its `unlearn demo --benchmark NAME` and its CLI verbs,
+    each named by a ``"module:attribute"`` reference that is imported only when used.
     """

@@ -42,7 +42,7 @@ from .errors import (
     UnlearnError,
     one_line,
 )
-from .interfaces import HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND
+from .interfaces import BENCHMARK, HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND, Benchmark
 from .options import Declared, declared_options, finite_problems, name_problems, type_problems, values_in_use
 
 if sys.version_info >= (3, 11):
@@ -62,6 +62,7 @@ KIND_WORD = {
     "unlearning_objective": "objective",
     "lm_eval_task_dir": "task folder",
     "attack": "attack",
+    "benchmark": "benchmark",
 }
 
 
@@ -191,12 +192,17 @@ class Component:
         return f"{KIND_WORD[self.kind]} {self.name!r} (plugin {self.plugin!r})"
 
     def options(self) -> Declared | None:
-        return None if self.kind == LM_EVAL_TASK_DIR else declared_options(self.obj)
+        return None if self.kind in (LM_EVAL_TASK_DIR, BENCHMARK) else declared_options(self.obj)
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "module": self.module}
         if self.kind == LM_EVAL_TASK_DIR:
             entry["path"] = str(Path(self.obj).resolve())
+        elif self.kind == BENCHMARK:
+            entry["summary"] = self.obj.summary
+            entry["task_dirs"] = [str(Path(p).resolve()) for p in self.obj.task_dirs]
+            entry["studies"] = sorted(self.obj.studies)
+            entry["commands"] = list(self.obj.commands)
         else:
             declared = self.options()
             entry["options"] = declared.to_json() if declared is not None else None
@@ -414,6 +420,11 @@ class PluginHost:
 
                 def register(name: str, component: Any, _kind=kind, _impl=impl) -> None:
                     staged.append(self._component(_kind, name, component, info.name, _impl, staged))
+                    if _kind == BENCHMARK:  # its task folders, named after it
+                        dirs = component.task_dirs
+                        for path in dirs:
+                            folder = name if len(dirs) == 1 else f"{name}.{Path(path).name}"
+                            staged.append(self._component(LM_EVAL_TASK_DIR, folder, path, info.name, _impl, staged))
 
                 try:
                     impl.function(**({"register": register} if "register" in impl.argnames else {}))
@@ -449,6 +460,11 @@ class PluginHost:
                     f"task folder {name!r}: {component} holds no .yaml task file (a setuptools "
                     f"package must declare its YAML files as package data)"
                 )
+        if kind == BENCHMARK:
+            if not isinstance(component, Benchmark):
+                raise TypeError(f"benchmark {name!r}: not an unlearn_plugins.interfaces.Benchmark")
+            if problems := component.problems():
+                raise TypeError(f"benchmark {name!r}: {'; '.join(problems)}")
         module = _where_defined(component) or getattr(impl.function, "__module__", "") or ""
         return Component(kind, name, component, plugin, module)
 
@@ -642,6 +658,19 @@ def code_identity(kind: str, name: str) -> dict[str, Any] | None:
         "version": getattr(info, "version", None),
         "source": _files_digest(_source_files(component)),
     }
+
+
+def benchmarks() -> dict[str, Benchmark]:
+    """The registered benchmarks by name."""
+    return {c.name: c.obj for c in get_host().list(BENCHMARK)}
+
+
+def benchmark_part(name: str | None, part: str) -> Any:
+    """``part`` (``"study"``, ``"demo"``) of benchmark ``name``, imported; None when no such
+    benchmark is registered or it has no such part."""
+    bench = benchmarks().get(name) if name else None
+    reference = getattr(bench, part, None) if bench is not None else None
+    return Benchmark.load(reference) if reference else None
 
 
 def component_label(kind: str, name: str) -> str:

@@ -20,6 +20,7 @@ ADAPTER_INITIALIZER = "adapter_initializer"
 UNLEARNING_OBJECTIVE = "unlearning_objective"
 LM_EVAL_TASK_DIR = "lm_eval_task_dir"
 ATTACK = "attack"
+BENCHMARK = "benchmark"
 
 #: kind -> the hook that registers it
 HOOK_OF_KIND = {
@@ -28,6 +29,7 @@ HOOK_OF_KIND = {
     UNLEARNING_OBJECTIVE: "register_unlearning_objectives",
     LM_EVAL_TASK_DIR: "register_lm_eval_task_dirs",
     ATTACK: "register_attacks",
+    BENCHMARK: "register_benchmarks",
 }
 KINDS = tuple(HOOK_OF_KIND)
 
@@ -258,6 +260,67 @@ class Attack(Protocol):
     def attack(self, context: AttackContext) -> AttackResult | None:
         """Save the attacked model with ``context.save_model``; return what to record."""
         ...
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Everything of one benchmark that the core reaches, each part in the benchmark's own
+    folder (the built-ins': ``unlearn_plugins/benchmarks/NAME/``). The core imports no
+    benchmark module; it follows these references, each ``"package.module"`` or
+    ``"package.module:attribute"``, imported only when used (listing plugins imports no torch).
+
+    - ``task_dirs``: lm-eval task folders (YAMLs with their ``utils.py`` beside them); the host
+      registers each as a task folder named after the benchmark (``NAME`` or ``NAME.FOLDER``).
+    - ``studies``: built-in study files, name -> path (``unlearn study NAME``).
+    - ``study``: a module with what a study of ``[benchmark] source = NAME`` needs:
+      ``read(reader, data, bench, **head) -> Study`` (its tables), ``expand(study)`` (its cells),
+      ``plan(study, *, cache, device, dry_run, stream)`` (its cells' stages), ``run(study, args,
+      out, cache) -> int`` (`unlearn study`: cells, then the report) and ``grid(study) -> str``.
+    - ``stage_kinds``: stage builder name -> ``"module:function"`` ``(tmp, params)``;
+      ``evaluation_stages``: those that evaluate a model (a cell that ends in one is done once it is).
+    - ``demo``: a module for `unlearn demo --benchmark NAME`: ``add_arguments(parser)``,
+      ``OPTIONS`` ((flag, attribute) of its own options), ``check(args)``, ``run(args) -> int``.
+    - ``commands``: modules each adding a CLI verb (``add_parser(subparsers)``, as
+      ``unlearn_plugins.commands``'s).
+    - ``report``: its report writer; ``data``: its data loader (documentation for a reader and
+      ``unlearn plugins``; the benchmark's own study and demo call them).
+    """
+
+    summary: str
+    task_dirs: tuple[Path, ...] = ()
+    studies: Mapping[str, Path] = field(default_factory=dict)
+    study: str | None = None
+    stage_kinds: Mapping[str, str] = field(default_factory=dict)
+    evaluation_stages: tuple[str, ...] = ()
+    demo: str | None = None
+    commands: tuple[str, ...] = ()
+    report: str | None = None
+    data: str | None = None
+
+    @staticmethod
+    def load(reference: str) -> Any:
+        """The module or attribute a reference names."""
+        import importlib
+
+        module, _, attribute = reference.partition(":")
+        obj = importlib.import_module(module)
+        for part in attribute.split(".") if attribute else ():
+            obj = getattr(obj, part)
+        return obj
+
+    def problems(self) -> list[str]:
+        """What is wrong with this description (checked when it is registered)."""
+        out = []
+        for path in self.task_dirs:
+            if not Path(path).is_dir():
+                out.append(f"task_dirs: {path} is not a folder")
+        for name, path in self.studies.items():
+            if not Path(path).is_file():
+                out.append(f"studies: {name!r}: {path} is not a file")
+        for kind in self.evaluation_stages:
+            if kind not in self.stage_kinds:
+                out.append(f"evaluation_stages: {kind!r} is not one of stage_kinds")
+        return out
 
 
 PROTOCOL_OF_KIND = {

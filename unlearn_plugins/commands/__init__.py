@@ -1,5 +1,6 @@
 """One module per `unlearn` sub-command: ``add_parser(subparsers)`` builds its parser and
-sets ``func``; heavy imports happen inside the function so `unlearn --help` stays fast."""
+sets ``func``; heavy imports happen inside the function so `unlearn --help` stays fast. A
+benchmark adds its own verbs the same way (``Benchmark.commands``)."""
 
 #: modules in the order `unlearn --help` lists them
 COMMANDS = (
@@ -15,6 +16,5 @@ COMMANDS = (
     "eval",
     "logs",
     "attack",
-    "movielens",
     "plan",
 )

@@ -8,7 +8,8 @@ lm-eval, and a report. It is a study (unlearn_plugins/demo/demo.toml; `unlearn s
 --benchmark movielens: recommendation unlearning on an LLM recommender: MovieLens prompts,
 target and retrain models, E2URec, NegGrad, Bad-T and RecEraser (sharded), test / forget AUC
 and JSD to the retrain model through lm-eval, CUD-easy vs CUD-hard forget users, and a report.
-It is a study too (unlearn_plugins/demo/movielens.toml; `unlearn study demo-movielens --dry-run`).
+It is a study too (unlearn_plugins/benchmarks/movielens/demo.toml; `unlearn study demo-movielens
+--dry-run`). A registered benchmark with a demo part adds its own --benchmark.
 
 Every stage is cached ($UNLEARN_CACHE_DIR/demo): a second run, or a run after Ctrl-C,
 continues where the last one stopped."""
@@ -21,10 +22,8 @@ from ..errors import UnlearnError
 from ..models import DTYPE_CHOICES
 from .common import check_int, check_out_folder, device_option
 
-#: the TOFU demo's study (unlearn_plugins/demo/demo.toml), the MovieLens demo's
-#: (unlearn_plugins/demo/movielens.toml), and their variant for --fast
+#: the TOFU demo's study (unlearn_plugins/demo/demo.toml) and its variant for --fast
 STUDY = "demo"
-MOVIELENS_STUDY = "demo-movielens"
 FAST = "fast"
 
 EXAMPLE = """examples:
@@ -46,15 +45,6 @@ TOFU_ONLY = (
     ("--scoring", "scoring"),
     ("--robustness", "robustness"),
 )
-MOVIELENS_ONLY = (
-    ("--movielens-dir", "movielens_dir"),
-    ("--users", "users"),
-    ("--train-per-user", "train_per_user"),
-    ("--eval-per-user", "eval_per_user"),
-    ("--forget-fraction", "forget_fraction"),
-    ("--shards", "shards"),
-    ("--aggregator", "aggregator"),
-)
 
 
 def add_parser(sub) -> None:
@@ -65,11 +55,13 @@ def add_parser(sub) -> None:
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    demos = _demos()
     p.add_argument(
         "--benchmark",
-        choices=("tofu", "movielens"),
+        choices=("tofu", *demos),
         default="tofu",
-        help="tofu: LLM unlearning on TOFU authors; movielens: recommendation unlearning (default: tofu)",
+        help="; ".join(["tofu: LLM unlearning on TOFU authors", *(f"{n}: {b.summary}" for n, b in demos.items())])
+        + " (default: tofu)",
     )
     p.add_argument(
         "--out",
@@ -142,32 +134,22 @@ def add_parser(sub) -> None:
         "paraphrase and format probes and after the relearn and int4 attacks, for every model "
         "(about 6 more minutes a model on 2 CPU cores)",
     )
-    rec = p.add_argument_group("--benchmark movielens (defaults: the study unlearn_plugins/demo/movielens.toml)")
-    rec.add_argument(
-        "--movielens-dir",
-        default=None,
-        help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
-        "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)",
-    )
-    rec.add_argument("--users", type=int, default=None, help="MovieLens users sampled (default: 20; 8 with --fast)")
-    rec.add_argument(
-        "--train-per-user", type=int, default=None, help="each user's latest training prompts (default: 4)"
-    )
-    rec.add_argument("--eval-per-user", type=int, default=None, help="each user's latest test prompts (default: 2)")
-    rec.add_argument(
-        "--forget-fraction",
-        type=float,
-        default=None,
-        help="fraction of the users forgotten (default: 0.2; 0.25 with --fast)",
-    )
-    rec.add_argument("--shards", type=int, default=None, help="RecEraser's shards of users (default: 3; 2 with --fast)")
-    rec.add_argument(
-        "--aggregator",
-        choices=("attention", "average"),
-        default=None,
-        help="RecEraser's attention or SISA's average over the shards (default: attention)",
-    )
+    for name in demos:
+        _demo(name).add_arguments(p)
     p.set_defaults(func=run)
+
+
+def _demos() -> dict:
+    """The registered benchmarks with a demo part (:class:`..interfaces.Benchmark`), by name."""
+    from ..host import benchmarks
+
+    return {name: bench for name, bench in benchmarks().items() if bench.demo}
+
+
+def _demo(name: str):
+    from ..host import benchmark_part
+
+    return benchmark_part(name, "demo")
 
 
 def _refuse_other(args, flags, benchmark: str) -> None:
@@ -181,9 +163,11 @@ def check_args(args) -> None:
     against the authors its source has)."""
     from ..study.spec import read_study_data
 
-    if args.benchmark == "movielens":
-        return check_movielens_args(args)
-    _refuse_other(args, MOVIELENS_ONLY, "tofu")
+    others = [(flag, attr) for name in _demos() if name != args.benchmark for flag, attr in _demo(name).OPTIONS]
+    if args.benchmark != "tofu":
+        _refuse_other(args, (*TOFU_ONLY, *others), args.benchmark)
+        return _demo(args.benchmark).check(args)
+    _refuse_other(args, others, "tofu")
     if args.authors is not None:
         check_int("--authors", args.authors, 2)  # one to forget, one to retain
     _, data = read_study_data(STUDY, FAST if args.fast else None)
@@ -201,159 +185,6 @@ def check_args(args) -> None:
         check_int("--workers", args.workers, 1)
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
-
-
-def movielens_data(args) -> dict:
-    """The MovieLens demo's study tables (its --fast variant's) with this command's options in
-    them (--train-dtype is added by :func:`movielens_study`)."""
-    from pathlib import Path
-
-    from ..study.movielens import forget_count
-    from ..study.spec import read_study_data
-
-    _, data = read_study_data(MOVIELENS_STUDY, FAST if args.fast else None)
-    model = args.model
-    if Path(model).expanduser().exists():  # a folder given on the command line: from here, not the study file
-        model = str(Path(model).expanduser().resolve())
-    data["model"]["base"] = model
-    bench = data["benchmark"]
-    for attr in ("users", "train_per_user", "eval_per_user", "forget_fraction"):
-        if getattr(args, attr) is not None:
-            bench[attr] = getattr(args, attr)
-    if args.movielens_dir:
-        bench["movielens_dir"] = str(Path(args.movielens_dir).expanduser().resolve())
-    for attr in ("shards", "aggregator"):
-        if getattr(args, attr) is not None:
-            data["sharded"][attr] = getattr(args, attr)
-    # CUD-easy and CUD-hard: half the forget users each
-    data["cud"]["strata"] = forget_count(bench["users"], bench["forget_fraction"]) // 2
-    return data
-
-
-def check_movielens_budget(data: dict) -> None:
-    """What the stages need of the sizes, checked before any of them runs (named as the options)."""
-    from ..study.movielens import forget_count
-
-    bench, sharded = data["benchmark"], data["sharded"]
-    users, fraction, per_user = bench["users"], bench["forget_fraction"], bench["train_per_user"]
-    anchor_users = bench.get("anchor_users", 1)
-    if users < 4:
-        raise UnlearnError(f"--users {users}: the demo needs at least 4 users (forgotten, retained, anchor)")
-    if not 0 < fraction < 1:
-        raise UnlearnError(f"--forget-fraction {fraction}: must be between 0 and 1 (exclusive)")
-    forget_users = forget_count(users, fraction)
-    if forget_users < 2:
-        raise UnlearnError(
-            f"--forget-fraction {fraction} of --users {users} forgets {forget_users} user; "
-            f"CUD-easy vs CUD-hard needs at least 2 forgotten users"
-        )
-    retained = users - forget_users
-    if retained - anchor_users < 1:
-        raise UnlearnError(
-            f"--users {users}: {forget_users} forgotten and {anchor_users} CUD anchor user(s) "
-            f"leave no retained user to train on"
-        )
-    if anchor_users * per_user < 4:
-        raise UnlearnError(
-            f"--train-per-user {per_user}: CUD's anchor pool ({anchor_users} user(s) x "
-            f"{per_user} prompts) needs at least 4 prompts"
-        )
-    if not 1 <= sharded["shards"] <= retained:
-        raise UnlearnError(f"--shards {sharded['shards']}: must be between 1 and the {retained} retained users")
-
-
-def check_movielens_args(args) -> None:
-    import math
-
-    from ..data.movielens import resolve_movielens_dir
-
-    _refuse_other(args, TOFU_ONLY, "movielens")
-    for flag, attr in (
-        ("--users", "users"),
-        ("--train-per-user", "train_per_user"),
-        ("--eval-per-user", "eval_per_user"),
-        ("--shards", "shards"),
-    ):
-        if getattr(args, attr) is not None:
-            check_int(flag, getattr(args, attr), 1)
-    if args.forget_fraction is not None and not (math.isfinite(args.forget_fraction) and 0 < args.forget_fraction < 1):
-        raise UnlearnError(f"--forget-fraction {args.forget_fraction}: must be between 0 and 1 (exclusive)")
-    data = movielens_data(args)
-    check_movielens_budget(data)
-    if args.movielens_dir is not None:
-        resolve_movielens_dir(args.movielens_dir)  # a folder that is not there: said before any stage
-    if args.users is not None:  # more than the data has: said before the target is trained
-        from ..study.movielens import too_many_users
-
-        if problem := too_many_users(args.users, data["benchmark"].get("movielens_dir")):
-            raise UnlearnError(f"--users {problem}")
-    check_out_folder("--out", args.out)
-    check_out_folder("--cache-dir", args.cache_dir)
-
-
-def movielens_study(args, train_dtype: str | None):
-    """The MovieLens demo's study with this command's options in its tables; the demo's config
-    and budget as results.json records them."""
-    from ..demo.movielens_report import study_budget
-    from ..study.spec import load_study
-
-    data = movielens_data(args)
-    for table in (data["target"].setdefault("finetune", {}), data["budget"], data["cud"]["unlearn"]):
-        if train_dtype:  # the weights under LoRA while training: every training run, the anchor runs too
-            table["dtype"] = train_dtype
-    study = load_study(MOVIELENS_STUDY, data=data)
-    config = {
-        "out": args.out or "unlearn-demo-movielens",
-        "model": args.model,
-        "fast": bool(args.fast),
-        "movielens_dir": args.movielens_dir,
-        "users": args.users,
-        "train_per_user": args.train_per_user,
-        "eval_per_user": args.eval_per_user,
-        "forget_fraction": args.forget_fraction,
-        "shards": args.shards,
-        "aggregator": args.aggregator,
-        "train_dtype": args.train_dtype or "auto",
-        "device": args.device,
-        "seed": study.movielens.seed,
-        "cache_dir": args.cache_dir,
-    }
-    return study, config, study_budget(study)
-
-
-def run_movielens(args) -> int:
-    """The MovieLens demo: its study's cells built (cached) in this process, then its report."""
-    import sys
-    import time
-    from pathlib import Path
-
-    from ..demo import movielens_report
-    from ..files import folder_lock
-    from ..models import cache_dir, native_dtype
-    from ..process import quiet_libraries
-    from ..study.runner import run_plan
-
-    out = Path(args.out or "unlearn-demo-movielens")
-    train_dtype = native_dtype(args.train_dtype or "auto", args.device, "--train-dtype")
-    study, config, budget = movielens_study(args, train_dtype)
-    cache = Path(args.cache_dir).expanduser() if args.cache_dir else cache_dir() / "demo"
-    with folder_lock(out, f"--out {out}"), quiet_libraries():
-        started = time.perf_counter()
-        plan, results = run_plan(study, out=out, cache=cache, workers=1, executor="inline", device=args.device)
-        _raise_failed(plan, results)
-        print(f"report -> {out}", file=sys.stderr, flush=True)
-        _, table, files = movielens_report.study_report(
-            out,
-            plan,
-            results,
-            config=config,
-            budget=budget,
-            train_dtype=train_dtype or "library default",
-            wall_s=time.perf_counter() - started,
-        )
-    print(table)
-    print(f"report -> {out}/ ({', '.join(sorted(files))})")
-    return 0
 
 
 def _raise_failed(plan, results: dict) -> None:
@@ -505,6 +336,6 @@ def run_tofu(args) -> int:
 
 def run(args) -> int:
     check_args(args)
-    if args.benchmark != "movielens":
+    if args.benchmark == "tofu":
         return run_tofu(args)
-    return run_movielens(args)
+    return _demo(args.benchmark).run(args)

@@ -49,7 +49,12 @@ def render_text(plugins) -> str:
         for kind, components in p["components"].items():
             lines.append(f"  {kind}:")
             for c in components:
-                where = c["path"] if "path" in c else f"{c['module']}; {_options_text(c['options'])}"
+                if "path" in c:
+                    where = c["path"]
+                elif "summary" in c:  # a benchmark
+                    where = f"{c['module']}; {c['summary']}"
+                else:
+                    where = f"{c['module']}; {_options_text(c['options'])}"
                 lines.append(f"    {c['name']}  {where}")
         for err in p["errors"]:
             lines.append(f"  ERROR: {err}")

@@ -101,16 +101,15 @@ def add_parser(sub) -> None:
 
 
 def _list() -> int:
+    from ..host import benchmark_part
     from ..study import builtin_studies, load_study
     from ..study.spec import variants
 
     for name, path in builtin_studies().items():
         study = load_study(str(path))
         others = variants(str(path))
-        if study.movielens is not None:  # one forget request (a fraction of the users)
-            runs = len(study.methods) * len(study.seeds)
-            grid = f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs"
-            grid += f", and {study.sharded.method}" if study.sharded else ""
+        if (part := benchmark_part(study.source, "study")) is not None:
+            grid = part.grid(study)
         elif study.design is not None:  # authors as the unit
             from ..study.design import describe_grid
 
@@ -133,57 +132,6 @@ def _show_config(study, args, cache) -> int:
         {"command_line": options, **study.settings()},
         f"unlearn study {args.study}: the study as resolved, and [command_line]: this command's options",
     )
-
-
-def _run_movielens(study, args, out: str, cache) -> int:
-    """A MovieLens study: its cells, then the MovieLens demo's report (its table, results.json,
-    summary.md, the plots) of the study's first seed."""
-    import time
-    from pathlib import Path
-
-    from ..demo import movielens_report
-    from ..errors import UnlearnError
-    from ..files import folder_lock
-    from ..study.runner import run_plan
-
-    for flag, given in (("--report-only", args.report_only), ("--records", args.records)):
-        if given:
-            raise UnlearnError(f"{flag}: not available for a MovieLens study ({study.path}) yet")
-    if study.cud is None:
-        raise UnlearnError(f"{study.path}: [cud]: a MovieLens study's report has the CUD-easy and -hard users' columns")
-    started = time.perf_counter()
-    plan, results = run_plan(
-        study,
-        out=out,
-        cache=cache,
-        workers=args.workers,
-        executor=args.executor,
-        scheduler=args.scheduler,
-        device=args.device,
-        threads=args.threads,
-    )
-    failed = [cell for cell, r in results.items() if r["status"] != "done"]
-    if failed:
-        print(
-            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
-            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
-            file=sys.stderr,
-        )
-        return 1
-    config = {"study": study.name, "path": study.path, "out": out, "model": study.model, "device": args.device}
-    with folder_lock(Path(out), f"--out {out}"):
-        _, table, files = movielens_report.study_report(
-            Path(out),
-            plan,
-            results,
-            config=config,
-            budget=movielens_report.study_budget(study),
-            train_dtype=study.target.finetune.get("dtype") or "library default",
-            wall_s=time.perf_counter() - started,
-        )
-    print(table)
-    print(f"report -> {out}/ ({', '.join(sorted(files))})")
-    return 0
 
 
 def run(args) -> int:
@@ -229,8 +177,10 @@ def run(args) -> int:
 
         # before any work: the executor itself is made once a cell is ready to run
         check_gpu_share(args.workers, len(visible_gpus(gpu_count())), study.workers_per_gpu)
-    if study.movielens is not None:
-        return _run_movielens(study, args, out, cache)
+    from ..host import benchmark_part
+
+    if (part := benchmark_part(study.source, "study")) is not None:  # a registered benchmark's study
+        return part.run(study, args, out, cache)
     if args.report_only:
         from ..study.runner import report_study
 

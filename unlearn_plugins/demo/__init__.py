@@ -8,12 +8,9 @@ reports:
   forget set, ReGLU and two baselines unlearning it, every model evaluated (`unlearn study demo
   --dry-run` shows its cells); :mod:`.report`: its terminal table, results.json, summary.md and
   the plots;
-- ``movielens.toml``: recommendation unlearning on MovieLens (``--benchmark movielens``): the
-  target and retrain models, CUD-easy / CUD-hard forget users, E2URec, NegGrad, Bad-T and
-  RecEraser, every model evaluated (`unlearn study demo-movielens --dry-run`);
-  :mod:`.movielens_report`: its report.
+- the MovieLens demo (``--benchmark movielens``) lives in its benchmark's folder
+  (unlearn_plugins/benchmarks/movielens/: ``demo.toml``, ``demo.py``, ``report.py``), reached
+  through the benchmark's ``demo`` part (`unlearn study demo-movielens --dry-run`).
 
-The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.data.tofu_benchmark`'s; the
-MovieLens benchmark and the stages a MovieLens study adds are :mod:`unlearn_plugins.study`'s
-(``movielens``, ``rec_cells``, ``rec_models``, ``rec_eval``, ``sharded``, ``cud``).
+The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.data.tofu_benchmark`'s.
 """

@@ -3,10 +3,10 @@ built in parallel as cached stages, reported with confidence intervals over the 
 
 - :mod:`.spec`: the study file's format, its validation and the grid of cells;
 - :mod:`.cells`: each cell as stages of the shared cache (:mod:`unlearn_plugins.stages`);
-- :mod:`.cud`: the CUD difficulty scores and strata of a forget set ([cud]), or its users';
-- a MovieLens study (``[benchmark] source = "movielens"``): :mod:`.movielens` (the benchmark
-  source), :mod:`.rec_models` (target and retrain models), :mod:`.rec_eval` (the recommendation
-  evaluation), :mod:`.sharded` (RecEraser / SISA, ``[sharded]``) and :mod:`.rec_cells` (its cells);
+- :mod:`.cud`: the CUD difficulty scores and strata of a forget set ([cud]);
+- a registered benchmark's study (``[benchmark] source = "movielens"``, say): its tables, cells,
+  stage kinds and report come from the benchmark's folder through its
+  :class:`unlearn_plugins.interfaces.Benchmark` (unlearn_plugins/benchmarks/movielens/);
 - :mod:`.executors`: local worker processes or a Dask cluster;
 - :mod:`.runner`: scheduling the cells, failures, resumption;
 - :mod:`.report`: intervals, the Pareto plot, Markdown and JSON.

@@ -32,6 +32,7 @@ from typing import Any, Callable
 from ..data import prompts
 from ..errors import UnlearnError
 from ..files import LockHeld, write_json
+from ..interfaces import Benchmark
 from ..models import merge_is_exact
 from ..process import PeakSampler, gpu_identity, quiet_libraries, release_memory
 from ..stages import DONE, Stages, digest
@@ -48,7 +49,19 @@ MIA_REFERENCE = "mia_reference.json"
 #: seconds between two looks at a stage that another process is building
 WAIT_POLL_S = 1.0
 #: the stage kinds that evaluate a model (a cell whose last one is finished is done)
-EVALUATIONS = ("evaluate", "rec_evaluate")
+EVALUATIONS = ("evaluate",)
+
+
+def is_evaluation(build: str) -> bool:
+    """Whether a stage of this builder evaluates a model: ``evaluate``, or a benchmark's
+    evaluation stage (a cell that ends in one is done once it is)."""
+    if build in EVALUATIONS:
+        return True
+    from ..host import benchmarks
+
+    return any(build in bench.evaluation_stages for bench in benchmarks().values())
+
+
 #: the device type and default dtype every study was run with before they were keyed
 CPU_FP32 = ("cpu", "float32")
 
@@ -86,7 +99,7 @@ class CellPlan:
         """Every stage built, or the cell's evaluation finished (its model stage may be gone:
         restored from records, :mod:`unlearn_plugins.study.records`)."""
         last = self.stages[-1]
-        return all(s.done for s in self.stages) or (last.build in EVALUATIONS and last.done)
+        return all(s.done for s in self.stages) or (is_evaluation(last.build) and last.done)
 
 
 @dataclass
@@ -713,43 +726,9 @@ def build_cud(tmp: Path, p: dict) -> None:
     build(tmp, p)
 
 
-def build_cud_users(tmp: Path, p: dict) -> None:
-    from .cud import build_cud_users as build
-
-    build(tmp, p)
-
-
 def build_sweep(tmp: Path, p: dict) -> None:
     from .trace import build_sweep as build  # an author-unit study's traced run
 
-    build(tmp, p)
-
-
-def build_rec_finetune(tmp: Path, p: dict) -> None:
-    from .rec_models import build_finetune
-
-    build_finetune(tmp, p)
-
-
-def build_rec_evaluate(tmp: Path, p: dict) -> None:
-    from .rec_eval import build_evaluate as build
-
-    for path, what in ((p["model"], "the model to evaluate"), (p["reference"], "the retrain model's JSD reference")):
-        if path:
-            _need(path, what)
-    build(tmp, p)
-
-
-def build_sharded_train(tmp: Path, p: dict) -> None:
-    from .sharded import build_train
-
-    build_train(tmp, p)
-
-
-def build_sharded_unlearn(tmp: Path, p: dict) -> None:
-    from .sharded import build_unlearn as build
-
-    _need(p["trained"], "the trained shards")
     build(tmp, p)
 
 
@@ -764,12 +743,6 @@ BUILDERS: dict[str, Callable[[Path, dict], None]] = {
     "unlearn": build_unlearn,
     "evaluate": build_evaluate,
     "cud": build_cud,
-    # a MovieLens study's (study/rec_cells.py)
-    "rec_finetune": build_rec_finetune,
-    "rec_evaluate": build_rec_evaluate,
-    "cud_users": build_cud_users,
-    "sharded_train": build_sharded_train,
-    "sharded_unlearn": build_sharded_unlearn,
     # an author-unit study's (study/design_plan.py)
     "sweep": build_sweep,
     "operating_point": build_operating_point,
@@ -777,13 +750,20 @@ BUILDERS: dict[str, Callable[[Path, dict], None]] = {
 
 
 def builder(name: str) -> Callable[[Path, dict], None]:
-    """The builder a stage names: one of :data:`BUILDERS`, or ``package.module:function`` for
-    a pipeline that runs its own stages on these executors."""
+    """The builder a stage names: one of :data:`BUILDERS`, a benchmark's stage kind
+    (:class:`..interfaces.Benchmark`), or ``package.module:function`` for a pipeline that runs
+    its own stages on these executors."""
     if name in BUILDERS:
         return BUILDERS[name]
+    from ..host import benchmarks
+
+    kinds = {k: ref for bench in benchmarks().values() for k, ref in bench.stage_kinds.items()}
+    if name in kinds:
+        return Benchmark.load(kinds[name])
     module, sep, function = name.partition(":")
     if not sep:
-        raise UnlearnError(f"stage builder {name!r}: neither one of {', '.join(BUILDERS)} nor module:function")
+        known = ", ".join([*BUILDERS, *kinds])
+        raise UnlearnError(f"stage builder {name!r}: neither one of {known} nor module:function")
     import importlib
 
     return getattr(importlib.import_module(module), function)
@@ -965,6 +945,7 @@ __all__ = [
     "cell_source",
     "STUDY_FORMAT",
     "EVALUATIONS",
+    "is_evaluation",
     "CPU_FP32",
     "stage_identity",
     "planned_as",

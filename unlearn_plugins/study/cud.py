@@ -10,12 +10,8 @@ the CUD cache as the ``cud`` scorer keeps them. The stage folder holds ``scores.
 ``.meta.json``: the anchor vote, the runs, the agreement between seeds), ``easy.json``,
 ``hard.json`` and ``anchors.json``.
 
-With a MovieLens benchmark (``cud_users``, :func:`build_cud_users`) the scored samples are the forget
-users' training prompts, the anchor pool the anchor users' prompts (``anchor_pool``, never
-scored) and the anchor runs retain the ``anchor_retain`` part; the EAP-IG metric is on the one
-Yes/No answer token. The strata are users: each forget user's mean score, the ``strata`` lowest
-and highest scored users the CUD-easy and CUD-hard users (``users.json``; ``easy.json`` and
-``hard.json`` hold their prompts)."""
+A benchmark scores its own units with the same pieces (MovieLens's ``cud_users`` stage scores
+users: ``unlearn_plugins.benchmarks.movielens.study.cud``)."""
 
 from __future__ import annotations
 
@@ -83,60 +79,6 @@ def build_cud(tmp: Path, p: dict) -> None:
     write_json(tmp / "anchors.json", dict(cud.last_anchors))
 
 
-def build_cud_users(tmp: Path, p: dict) -> None:
-    """Score the forget users' prompts of the MovieLens benchmark ``p["bench"]`` on ``p["model"]``
-    and write the CUD-easy and CUD-hard users into ``tmp``."""
-    from ..files import write_json, write_jsonl
-    from ..models import load_model
-    from ..recommendation.benchmark import load_part, part_path
-    from ..scorers.cud import CUDScorer
-    from ..scoring import score_samples
-    from ..stratify import group_scores, metadata_path, stratify_groups, write_split
-
-    bench = p["bench"]
-    options = dict(p["scorer"])
-    shared, by_objective = split_unlearn(p["unlearn"])
-    unlearn = {
-        **shared,
-        "retain": str(part_path(bench, "anchor_retain")),
-        "max_length": p["max_length"],
-        "save_steps": 0,
-    }
-    cud = CUDScorer(
-        anchor_data=load_part(bench, "anchor_pool"),
-        objectives=options.pop("objectives"),
-        seeds=options.pop("seeds"),
-        model_spec=p["model"],
-        unlearn_options=unlearn,
-        unlearn_by_objective=by_objective or None,
-        max_length=p["max_length"],
-        answer_tokens=1,  # the Yes/No token
-        progress=True,
-        **options,
-    )
-    samples = load_part(bench, "train_forget")
-    model, tok = load_model(p["model"], device=p["device"])
-    rows = score_samples(cud, samples, model=model, tokenizer=tok, scorer_name="cud")
-    del model
-    write_jsonl(tmp / "scores.jsonl", rows)
-    meta = {"scorer": "cud", "data": str(part_path(bench, "train_forget")), "rows": len(rows), **cud.last_metadata}
-    write_json(metadata_path(tmp / "scores.jsonl"), meta)
-    n = p["strata"]
-    easy, hard, easy_users, hard_users = stratify_groups(
-        rows, samples, "user_id", n, n, where=str(tmp / "scores.jsonl"), meta=meta
-    )
-    write_split(tmp / "easy.json", easy)
-    write_split(tmp / "hard.json", hard)
-    write_json(
-        tmp / "users.json",
-        {
-            "easy": [g["group"] for g in easy_users],
-            "hard": [g["group"] for g in hard_users],
-            "scores": group_scores(rows, samples, "user_id", meta=meta),
-        },
-    )
-
-
 def strata(folder: Path) -> tuple[list[int], list[int]]:
     """The forget-set positions of a ``cud`` stage's CUD-easy and CUD-hard samples."""
     from ..data.jsonl import iter_jsonl
@@ -148,4 +90,4 @@ def strata(folder: Path) -> tuple[list[int], list[int]]:
     )
 
 
-__all__ = ["anchor_split", "split_unlearn", "scorer", "build_cud", "build_cud_users", "strata"]
+__all__ = ["anchor_split", "split_unlearn", "scorer", "build_cud", "strata"]

@@ -18,10 +18,9 @@ from .. import tables
 from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE, unreadable
-from .cells import EVALUATIONS, CellTask, Plan, cell_source, plan_study, planned_as, stage_identity
+from .cells import CellTask, Plan, cell_source, is_evaluation, plan_study, planned_as, stage_identity
 from .design_plan import WaitingCellPlan, plan_design
 from .progress import Progress
-from .rec_cells import plan_movielens_study
 from .spec import Study
 
 #: the status of a test cell whose operating point was chosen after this pass planned it
@@ -53,12 +52,14 @@ def plan_cells(
     stream=None,
     records: Path | None = None,
 ) -> Plan:
-    """The study's cells and stages: :func:`.cells.plan_study`, for a MovieLens study
-    :func:`.rec_cells.plan_movielens_study`, for an author-unit study :func:`.design_plan.plan_design`
-    (``records``: a dry run keys test cells at the operating points recorded there, as a run
-    restoring them would)."""
-    if study.movielens is not None:
-        plan = plan_movielens_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+    """The study's cells and stages: :func:`.cells.plan_study`, for a study of a registered
+    benchmark (``[benchmark] source``) its study part's ``plan``, for an author-unit study
+    :func:`.design_plan.plan_design` (``records``: a dry run keys test cells at the operating
+    points recorded there, as a run restoring them would)."""
+    from ..host import benchmark_part
+
+    if (part := benchmark_part(study.source, "study")) is not None:
+        plan = part.plan(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
     elif study.design is not None:
         plan = plan_design(study, cache=cache, device=device, dry_run=dry_run, stream=stream, records=records)
     else:
@@ -117,7 +118,9 @@ def dry_run_plan(study: Study, *, cache: Path, device: str | None, records: Path
     """The plan a run would make, writing nothing: with ``records`` checked as a run checks them,
     and an author-unit study's test cells keyed at the operating points recorded there."""
     plan = plan_cells(study, cache=cache, device=device, dry_run=True)
-    if records is None or study.movielens is not None:
+    from ..host import benchmark_part
+
+    if records is None or benchmark_part(study.source, "study") is not None:
         return plan
     check_records(plan, records)
     waiting = {cid for cid, cp in plan.cells.items() if isinstance(cp, WaitingCellPlan)}
@@ -320,7 +323,7 @@ def unreadable_evaluation(folder: Path, build: str = "evaluate") -> str | None:
 def _evaluation_stages(plan: Plan):
     for cp in plan.cells.values():
         for stage in cp.stages:
-            if stage.build in EVALUATIONS:
+            if is_evaluation(stage.build):
                 yield cp, stage
 
 
@@ -625,7 +628,7 @@ def report_study(
         if not cp.cached:
             continue
         last = cp.stages[-1]
-        problem = unreadable_evaluation(Path(cp.result), last.build) if last.build in EVALUATIONS else None
+        problem = unreadable_evaluation(Path(cp.result), last.build) if is_evaluation(last.build) else None
         if problem:  # a report never averages it away; a run (not --report-only) rebuilds it
             results[cp.cell.id] = {
                 "status": "failed",

@@ -27,8 +27,6 @@ from ..evaluation.config import EvaluationConfig
 from ..options import config_defaults, config_field_of
 from ..options import config_field as option
 from . import design as author_design
-from .movielens import MovieLensSource
-from .sharded import Sharded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,8 +58,9 @@ TABLES = (
 TABLES += author_design.TABLES
 CI_METHODS = ("t", "bootstrap")
 #: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones;
-#: movielens: recommendation unlearning on MovieLens users (study/movielens.py)
-SOURCES = ("tofu", "generated", "auto", "movielens")
+#: and every registered benchmark with a study part (unlearn_plugins.interfaces.Benchmark): movielens,
+#: recommendation unlearning on MovieLens users (unlearn_plugins/benchmarks/movielens/)
+SOURCES = ("tofu", "generated", "auto")
 #: the tasks every study evaluates: Forget Quality, Model Utility, forget probability and ROUGE-L
 REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 EXTRACTION_TASK = "tofu_forget_extraction_strength"
@@ -254,9 +253,9 @@ class Study:
     #: the rest of its own, as the demo's ReGLU its weight decay and warmup)
     one_budget: bool = True
     #: [benchmark] source = "movielens": the MovieLens benchmark (authors and forget sizes unused)
-    movielens: MovieLensSource | None = None
+    movielens: Any = None
     #: [sharded] (MovieLens only): a sharded recommender (RecEraser / SISA) unlearning too
-    sharded: Sharded | None = None
+    sharded: Any = None
     #: an author-unit study's tables ([benchmark] unit = "author": :class:`.design.Design`)
     design: Any = None
     #: [model] prompt_format / date_string: the prompt format's definition (data/prompts.py;
@@ -312,6 +311,10 @@ def builtin_studies() -> dict[str, Path]:
     found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
     for p in sorted(DEMO_DIR.glob("*.toml")):
         found[p.stem if p.stem == "demo" else f"demo-{p.stem}"] = p
+    from ..host import benchmarks
+
+    for bench in benchmarks().values():
+        found.update({name: Path(path) for name, path in bench.studies.items()})
     return found
 
 
@@ -581,12 +584,16 @@ class _Reader:
         run_fields = {"prompt_format": prompt_format, "workers_per_gpu": workers_per_gpu}
 
         bench = self.table(data, "benchmark", required=True)
-        source = self.get("benchmark", bench, "source", "str", "tofu", choices=SOURCES)
-        if source == "movielens":
-            author_design.refuse_for_movielens(self, design_data)
-            return self.movielens_study(
+        from ..host import benchmark_part, benchmarks
+
+        sources = SOURCES + tuple(n for n, b in benchmarks().items() if b.study)
+        source = self.get("benchmark", bench, "source", "str", "tofu", choices=sources)
+        if (part := benchmark_part(source, "study")) is not None:  # a registered benchmark's study
+            return part.read(
+                self,
                 data,
                 bench,
+                design_data,
                 name=name,
                 description=description,
                 seeds=seeds,
@@ -649,49 +656,6 @@ class _Reader:
         )
         design = author_design.read_design(self, design_data, study)
         return study if design is None else dataclasses.replace(study, design=design)
-
-    def movielens_study(self, data: dict, bench: dict, **head) -> Study:
-        """A study on the MovieLens benchmark (study/movielens.py): target and retrain models
-        fine-tuned with the recommendation recipe, the methods, [cud] by user, [sharded]."""
-        from . import movielens
-        from . import sharded as sharded_table
-
-        rec = movielens.read(self, bench, strata="cud" in data)
-        target_t, retain_t = self.table(data, "target", required=True), self.table(data, "retain")
-        for table, values in (("target", target_t), ("retain", retain_t)):
-            if "given" in values:
-                raise self.error(
-                    table, "given", "a MovieLens study fine-tunes its models with the recommendation recipe; remove it"
-                )
-        for table, values in (("target", target_t), ("retain", retain_t)):
-            if "threads" in values:
-                raise self.error(table, "threads", "not available in a MovieLens study (its workers' threads are used)")
-        target = self.recipe("target", target_t, None)
-        retain = self.recipe("retain", retain_t, target)
-        budget = self.budget(data)
-        methods = self.methods(data, budget, head["max_length"], head["one_budget"])
-        sharded = None
-        if "sharded" in data:
-            sharded = sharded_table.read(self, self.table(data, "sharded"), users=rec.users - rec.forget_users)
-            if any(m.name == sharded.name for m in methods):
-                raise self.error("sharded", "name", f"{sharded.name!r} is used by a method")
-        return Study(
-            path=str(self.path),
-            source="movielens",
-            tofu_dir=None,
-            authors=0,
-            forget_sizes=(),
-            target=target,
-            retain=retain,
-            retain_given={},
-            budget=budget,
-            methods=methods,
-            evaluation=self.evaluation(data, movielens.TASKS),
-            cud=self.cud(data, movielens=True),
-            movielens=rec,
-            sharded=sharded,
-            **head,
-        )
 
     def prompt_format(self, model_t: dict) -> dict | None:
         """[model] prompt_format (a name or a Jinja file beside the study file) and date_string:
@@ -1048,10 +1012,12 @@ def _config_problem(message: str) -> tuple[str | None, str]:
 def expand(study: Study) -> list[Cell]:
     """Every cell of the grid, each after the cells it needs: the target, per forget size the
     retain model and the evaluations of both (the retain model's truth ratios are the Forget
-    Quality reference), then seed x forget size x method. A MovieLens study:
-    :func:`expand_movielens`; an author-unit study: :func:`.design.cells`."""
-    if study.movielens is not None:
-        return expand_movielens(study)
+    Quality reference), then seed x forget size x method. A registered benchmark's study: its
+    study part's ``expand``; an author-unit study: :func:`.design.cells`."""
+    from ..host import benchmark_part
+
+    if (part := benchmark_part(study.source, "study")) is not None:
+        return part.expand(study)
     if study.design is not None:  # authors as the unit
         return [Cell(**cell) for cell in author_design.cells(study)]
     cells: list[Cell] = []
@@ -1111,52 +1077,6 @@ def expand(study: Study) -> list[Cell]:
     return cells
 
 
-def expand_movielens(study: Study) -> list[Cell]:
-    """The cells of a MovieLens study: the target and the retrain model, CUD's users ([cud]),
-    the retrain model's evaluation (its forget predictions are the JSD reference) and the
-    target's, then seed x method, then the sharded recommender ([sharded]): its shards, and its
-    unlearning of the forget users with its evaluation."""
-    rec = study.movielens
-    cells = [
-        Cell("target", "target", f"fine-tune the target on the {rec.users} users' prompts"),
-        Cell("retrain", "retain", f"fine-tune the retrain model on the {rec.users - rec.forget_users} retained users"),
-    ]
-    if study.cud is not None:
-        cells.append(
-            Cell("cud", "cud", f"CUD scores of the {rec.forget_users} forget users' prompts", deps=("target",))
-        )
-    cells.append(
-        Cell("eval-retrain", "eval_retain", "evaluate the retrain model (the JSD reference)", deps=("retrain",))
-    )
-    cells.append(Cell("eval-target", "eval_full", "evaluate the target", deps=("target", "eval-retrain")))
-    for seed in study.seeds:
-        for method in study.methods:
-            cells.append(
-                Cell(
-                    f"{method.name}/seed{seed}",
-                    "method",
-                    f"{method.label}, seed {seed}",
-                    method=method.name,
-                    seed=seed,
-                    deps=("target", "eval-retrain"),
-                )
-            )
-    if study.sharded is not None:
-        s = study.sharded
-        shards = f"{s.name}/shards"
-        cells.append(Cell(shards, "sharded", f"{s.method}: train {s.shards} shards ({s.aggregator} aggregator)"))
-        cells.append(
-            Cell(
-                s.name,
-                "sharded_unlearn",
-                f"{s.method}: unlearn the {rec.forget_users} forget users",
-                method=s.name,
-                deps=(shards, "eval-retrain"),
-            )
-        )
-    return cells
-
-
 __all__ = [
     "Study",
     "Method",
@@ -1171,6 +1091,5 @@ __all__ = [
     "find_study",
     "builtin_studies",
     "expand",
-    "expand_movielens",
     "TINY_MODEL",
 ]

@@ -1,0 +1,169 @@
+"""A MovieLens study (``[benchmark] source = "movielens"``) as `unlearn study` reaches it, the
+study part of the benchmark (:class:`unlearn_plugins.interfaces.Benchmark`): :func:`read` its
+tables, :func:`expand` its cells, :func:`plan` their stages (:mod:`.study`), :func:`run` it with
+its report (:mod:`.report`), :func:`grid` for `unlearn study --list`."""
+
+from __future__ import annotations
+
+import sys
+
+from unlearn_plugins.study import design as author_design
+from unlearn_plugins.study.spec import Cell, Study
+
+from .study import sharded as sharded_table
+from .study import source as movielens
+
+
+def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
+    """A study on the MovieLens benchmark: target and retrain models fine-tuned with the
+    recommendation recipe, the methods, [cud] by user, [sharded] (``reader``: the study file's
+    reader, :mod:`unlearn_plugins.study.spec`; ``extra``: the author-unit tables, refused)."""
+    author_design.refuse_for_movielens(reader, extra)
+    rec = movielens.read(reader, bench, strata="cud" in data)
+    target_t, retain_t = reader.table(data, "target", required=True), reader.table(data, "retain")
+    for table, values in (("target", target_t), ("retain", retain_t)):
+        if "given" in values:
+            raise reader.error(
+                table, "given", "a MovieLens study fine-tunes its models with the recommendation recipe; remove it"
+            )
+    for table, values in (("target", target_t), ("retain", retain_t)):
+        if "threads" in values:
+            raise reader.error(table, "threads", "not available in a MovieLens study (its workers' threads are used)")
+    target = reader.recipe("target", target_t, None)
+    retain = reader.recipe("retain", retain_t, target)
+    budget = reader.budget(data)
+    methods = reader.methods(data, budget, head["max_length"], head["one_budget"])
+    sharded = None
+    if "sharded" in data:
+        sharded = sharded_table.read(reader, reader.table(data, "sharded"), users=rec.users - rec.forget_users)
+        if any(m.name == sharded.name for m in methods):
+            raise reader.error("sharded", "name", f"{sharded.name!r} is used by a method")
+    return Study(
+        path=str(reader.path),
+        source="movielens",
+        tofu_dir=None,
+        authors=0,
+        forget_sizes=(),
+        target=target,
+        retain=retain,
+        retain_given={},
+        budget=budget,
+        methods=methods,
+        evaluation=reader.evaluation(data, movielens.TASKS),
+        cud=reader.cud(data, movielens=True),
+        movielens=rec,
+        sharded=sharded,
+        **head,
+    )
+
+
+def expand(study: Study) -> list[Cell]:
+    """The cells of a MovieLens study: the target and the retrain model, CUD's users ([cud]),
+    the retrain model's evaluation (its forget predictions are the JSD reference) and the
+    target's, then seed x method, then the sharded recommender ([sharded]): its shards, and its
+    unlearning of the forget users with its evaluation."""
+    rec = study.movielens
+    cells = [
+        Cell("target", "target", f"fine-tune the target on the {rec.users} users' prompts"),
+        Cell("retrain", "retain", f"fine-tune the retrain model on the {rec.users - rec.forget_users} retained users"),
+    ]
+    if study.cud is not None:
+        cells.append(
+            Cell("cud", "cud", f"CUD scores of the {rec.forget_users} forget users' prompts", deps=("target",))
+        )
+    cells.append(
+        Cell("eval-retrain", "eval_retain", "evaluate the retrain model (the JSD reference)", deps=("retrain",))
+    )
+    cells.append(Cell("eval-target", "eval_full", "evaluate the target", deps=("target", "eval-retrain")))
+    for seed in study.seeds:
+        for method in study.methods:
+            cells.append(
+                Cell(
+                    f"{method.name}/seed{seed}",
+                    "method",
+                    f"{method.label}, seed {seed}",
+                    method=method.name,
+                    seed=seed,
+                    deps=("target", "eval-retrain"),
+                )
+            )
+    if study.sharded is not None:
+        s = study.sharded
+        shards = f"{s.name}/shards"
+        cells.append(Cell(shards, "sharded", f"{s.method}: train {s.shards} shards ({s.aggregator} aggregator)"))
+        cells.append(
+            Cell(
+                s.name,
+                "sharded_unlearn",
+                f"{s.method}: unlearn the {rec.forget_users} forget users",
+                method=s.name,
+                deps=(shards, "eval-retrain"),
+            )
+        )
+    return cells
+
+
+def plan(study: Study, **options):
+    """The cells' stages (:func:`.study.cells.plan_movielens_study`)."""
+    from .study.cells import plan_movielens_study
+
+    return plan_movielens_study(study, **options)
+
+
+def grid(study: Study) -> str:
+    """One forget request (a fraction of the users): methods x seeds, and the sharded recommender."""
+    runs = len(study.methods) * len(study.seeds)
+    out = f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs"
+    return out + (f", and {study.sharded.method}" if study.sharded else "")
+
+
+def run(study, args, out: str, cache) -> int:
+    """A MovieLens study: its cells, then the MovieLens demo's report (its table, results.json,
+    summary.md, the plots) of the study's first seed."""
+    import time
+    from pathlib import Path
+
+    from unlearn_plugins.errors import UnlearnError
+    from unlearn_plugins.files import folder_lock
+    from unlearn_plugins.study.runner import run_plan
+
+    from . import report as movielens_report
+
+    for flag, given in (("--report-only", args.report_only), ("--records", args.records)):
+        if given:
+            raise UnlearnError(f"{flag}: not available for a MovieLens study ({study.path}) yet")
+    if study.cud is None:
+        raise UnlearnError(f"{study.path}: [cud]: a MovieLens study's report has the CUD-easy and -hard users' columns")
+    started = time.perf_counter()
+    plan, results = run_plan(
+        study,
+        out=out,
+        cache=cache,
+        workers=args.workers,
+        executor=args.executor,
+        scheduler=args.scheduler,
+        device=args.device,
+        threads=args.threads,
+    )
+    failed = [cell for cell, r in results.items() if r["status"] != "done"]
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
+            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
+            file=sys.stderr,
+        )
+        return 1
+    config = {"study": study.name, "path": study.path, "out": out, "model": study.model, "device": args.device}
+    with folder_lock(Path(out), f"--out {out}"):
+        _, table, files = movielens_report.study_report(
+            Path(out),
+            plan,
+            results,
+            config=config,
+            budget=movielens_report.study_budget(study),
+            train_dtype=study.target.finetune.get("dtype") or "library default",
+            wall_s=time.perf_counter() - started,
+        )
+    print(table)
+    print(f"report -> {out}/ ({', '.join(sorted(files))})")
+    return 0

@@ -1,0 +1,1 @@
+"""MUSE's lm-eval tasks: the YAMLs and, beside them, :mod:`.utils` (their data and metrics)."""
