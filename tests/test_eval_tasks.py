@@ -156,6 +156,12 @@ def test_task_files_are_their_generators_output(folder, prefix):
 def test_print_tasks_dir(capsys):
     assert cli("eval", "--print-tasks-dir") == 0
     assert str((ROOT / "tasks").resolve()) in capsys.readouterr().out
+    assert cli("eval", "--print-tasks-dir", "movielens") == 0
+    printed = Path(capsys.readouterr().out.strip())
+    assert (printed / "movielens_rec.yaml").is_file()
+    assert cli("eval", "--print-tasks-dir", "nope") != 0
+    err = capsys.readouterr().err
+    assert "--print-tasks-dir nope: no such task folder" in err and "movielens" in err
 
 
 # ----------------------------------------------------------------------------- TOFU vs direct

@@ -74,9 +74,12 @@ def add_parser(sub) -> None:
     add_config_arguments(p, EvaluationConfig)
     p.add_argument(
         "--print-tasks-dir",
-        action="store_true",
-        help="print the installed TOFU/MMLU/WMDP task folder (for lm_eval --include_path) and exit; "
-        "plugins' folders are listed by `unlearn plugins`",
+        nargs="?",
+        const="unlearn",
+        default=None,
+        metavar="NAME",
+        help="print a task folder (for lm_eval --include_path) and exit: the built-in TOFU/MMLU/WMDP one, "
+        "or a benchmark's or plugin's by name (movielens, muse; `unlearn plugins` lists them)",
     )
     p.add_argument(
         "--print-model-dir",
@@ -149,11 +152,18 @@ def apply_model_args(args) -> None:
 def run(args) -> int:
     import math
 
-    from ..evaluation import lm_eval_runner as runner
     from ..evaluation import membership, robustness
 
     if args.print_tasks_dir:  # one line, for lm_eval --include_path "$(unlearn eval --print-tasks-dir)"
-        print(runner.builtin_task_dir())
+        from ..host import get_component, list_components
+        from ..interfaces import LM_EVAL_TASK_DIR
+
+        names = [c.name for c in list_components(LM_EVAL_TASK_DIR)]
+        if args.print_tasks_dir not in names:
+            raise UnlearnError(
+                f"--print-tasks-dir {args.print_tasks_dir}: no such task folder; known: {', '.join(names)}"
+            )
+        print(Path(get_component(LM_EVAL_TASK_DIR, args.print_tasks_dir)).resolve())
         return 0
     apply_model_args(args)
     if args.print_model_dir:  # one line, for lm_eval --model_args pretrained="$(unlearn eval --print-model-dir)"
