@@ -54,9 +54,16 @@ def _device_is_chosen(request, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _test_cache(tmp_path_factory):
     """A cache folder for the whole run (UNLEARN_CACHE_DIR set by CI is kept, so the
-    embedded model is converted once per machine, not once per test)."""
+    embedded model is converted once per machine, not once per test). Under pytest-xdist the
+    workers' caches share one ``models`` folder, so the embedded model is converted once per
+    run, not once per worker (its conversion is safe between processes)."""
     if not os.environ.get("UNLEARN_CACHE_DIR"):
-        os.environ["UNLEARN_CACHE_DIR"] = str(tmp_path_factory.mktemp("unlearn-cache"))
+        cache = tmp_path_factory.mktemp("unlearn-cache")
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent / "unlearn-models"
+            shared.mkdir(exist_ok=True)
+            (cache / "models").symlink_to(shared, target_is_directory=True)
+        os.environ["UNLEARN_CACHE_DIR"] = str(cache)
     yield
 
 
@@ -126,9 +133,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M converted once into the test cache."""
     pytest.importorskip("gguf")
-    from unlearn_plugins.models import embedded_model_dir
+    import fcntl
 
-    try:
-        return embedded_model_dir("smollm2-135m")
-    except Exception as exc:  # the package is part of the test set-up; say so loudly
-        pytest.fail(f"embedded model unavailable: {exc}")
+    from unlearn_plugins.models import cache_dir, embedded_model_dir
+
+    models = cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    # one process converts while another pytest-xdist worker waits for it, instead of both converting
+    with open(models / ".tests-convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return embedded_model_dir("smollm2-135m")
+        except Exception as exc:  # the package is part of the test set-up; say so loudly
+            pytest.fail(f"embedded model unavailable: {exc}")
