@@ -259,30 +259,30 @@ def test_a_bad_worker_growth_limit_is_a_one_line_error(tmp_path, capsys, monkeyp
 
 
 def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
-    path = study_file(tmp_path, [5, 6, 7], methods=["grad_diff"])
+    path = study_file(tmp_path, [5, 6], methods=["grad_diff"])
     out = tmp_path / "report"
     args = (path, "--workers", "1", "--out", out, "--cache-dir", cache)
     proc = run_cli(*args)
-    # one worker builds the seeds in order: kill it (SIGKILL) while it builds the second one
-    building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed6-*.tmp-*")), None), 600, proc)
+    # one worker builds the seeds in order: kill it (SIGKILL) while it builds the first one
+    building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed5-*.tmp-*")), None), 600, proc)
     pid = int(building.name.rsplit("-", 1)[1])  # <folder>.tmp-<host>-<pid>
     assert pid != proc.pid
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
-    assert f"FAILED  grad_diff/forget1/seed6: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
+    assert f"FAILED  grad_diff/forget1/seed5: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
     # the study's own line is the last one, not multiprocessing's resource_tracker warning (issue 32 item 11)
     assert err.strip().splitlines()[-1].startswith("error: 1 of "), err[-1000:]
     assert "resource_tracker" not in err
     first = report(out)
-    assert first["failed"] == ["grad_diff/forget1/seed6"]
-    assert first["cells"]["grad_diff/forget1/seed7"]["status"] == "done"  # a new worker went on
+    assert first["failed"] == ["grad_diff/forget1/seed5"]
+    assert first["cells"]["grad_diff/forget1/seed6"]["status"] == "done"  # a new worker went on
 
     proc = run_cli(*args)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     sources = {cid: c["source"] for cid, c in report(out)["cells"].items()}
-    assert sources.pop("grad_diff/forget1/seed6") == "built"
+    assert sources.pop("grad_diff/forget1/seed5") == "built"
     assert set(sources.values()) == {"cached"}  # nothing that had finished was built again
     assert not list(cache.glob("*.tmp-*"))  # the killed stage's temporary folder is gone
 
