@@ -17,11 +17,17 @@ SHARED_MMLU = Path(os.environ.get("UNLEARN_TEST_MMLU_DIR", ROOT.parent / "shared
 #: module begun last keeps a worker busy long after the other has finished.
 SLOW_MODULES = (
     "test_study_run.py",
-    "test_example_plugin.py",
     "test_demo.py",
-    "test_demo_movielens.py",
+    "test_example_plugin.py",
+    "test_eval_tasks.py",
+    "test_trainer.py",
     "test_study_signals.py",
+    "test_bad_input_round4.py",
+    "test_demo_movielens.py",
+    "test_muse_tasks.py",
     "test_study_corrupt_records.py",
+    "test_bench_quick.py",
+    "test_faults.py",
 )
 
 
