@@ -12,17 +12,43 @@ SHARED_TOFU = Path(os.environ.get("UNLEARN_TEST_TOFU_DIR", ROOT.parent / "shared
 SHARED_MMLU = Path(os.environ.get("UNLEARN_TEST_MMLU_DIR", ROOT.parent / "shared" / "data" / "mmlu"))
 
 
+#: The slowest modules, slowest first (``pytest --durations`` on a 2-core machine). They are handed
+#: out first: under ``-n 2 --dist loadscope`` each module runs whole on one worker, and one long
+#: module begun last keeps a worker busy long after the other has finished.
+SLOW_MODULES = (
+    "test_study_run.py",
+    "test_demo.py",
+    "test_example_plugin.py",
+    "test_eval_tasks.py",
+    "test_trainer.py",
+    "test_study_signals.py",
+    "test_bad_input_round4.py",
+    "test_demo_movielens.py",
+    "test_muse_tasks.py",
+    "test_study_corrupt_records.py",
+    "test_bench_quick.py",
+    "test_faults.py",
+)
+
+
 def pytest_configure(config):
     """Under pytest-xdist (``-n 2``), one torch thread per worker process, set before any test
     module imports torch: two workers each spinning two OpenMP threads on two cores make tiny
-    ops many times slower. Subprocesses that tests start inherit it."""
+    ops many times slower. Subprocesses that tests start inherit it. ``--dist loadscope``
+    hands modules out in the order collected (SLOW_MODULES first), not sorted by their number
+    of tests, which would put the few long tests of the slowest modules last."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[name] = "1"
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests skip, saying why, where no CUDA device is usable."""
+    """SLOW_MODULES first, each module's tests in their order; ``gpu`` tests skip, saying why,
+    where no CUDA device is usable."""
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -54,9 +80,16 @@ def _device_is_chosen(request, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _test_cache(tmp_path_factory):
     """A cache folder for the whole run (UNLEARN_CACHE_DIR set by CI is kept, so the
-    embedded model is converted once per machine, not once per test)."""
+    embedded model is converted once per machine, not once per test). Under pytest-xdist the
+    workers' caches share one ``models`` folder, so the embedded model is converted once per
+    run, not once per worker (its conversion is safe between processes)."""
     if not os.environ.get("UNLEARN_CACHE_DIR"):
-        os.environ["UNLEARN_CACHE_DIR"] = str(tmp_path_factory.mktemp("unlearn-cache"))
+        cache = tmp_path_factory.mktemp("unlearn-cache")
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent / "unlearn-models"
+            shared.mkdir(exist_ok=True)
+            (cache / "models").symlink_to(shared, target_is_directory=True)
+        os.environ["UNLEARN_CACHE_DIR"] = str(cache)
     yield
 
 
@@ -126,9 +159,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def embedded_model_dir() -> Path:
     """The embedded SmolLM2-135M converted once into the test cache."""
     pytest.importorskip("gguf")
-    from unlearn_plugins.models import embedded_model_dir
+    import fcntl
 
-    try:
-        return embedded_model_dir("smollm2-135m")
-    except Exception as exc:  # the package is part of the test set-up; say so loudly
-        pytest.fail(f"embedded model unavailable: {exc}")
+    from unlearn_plugins.models import cache_dir, embedded_model_dir
+
+    models = cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    # one process converts while another pytest-xdist worker waits for it, instead of both converting
+    with open(models / ".tests-convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return embedded_model_dir("smollm2-135m")
+        except Exception as exc:  # the package is part of the test set-up; say so loudly
+            pytest.fail(f"embedded model unavailable: {exc}")

@@ -295,7 +295,16 @@ def sequential_numbers(demo_run):
 def parallel_run(tmp_path_factory, tiny_model_dir, sequential_numbers):
     """The demo above with two worker processes, each pinned to one thread as this process is
     (so the numbers are identical, not just close), with caches of its own (its CUD cache too:
-    nothing is reused from the run above)."""
+    nothing is reused from the run above). Built cold in a process of its own that Ctrl-C stops
+    (SIGINT to the process group, as a terminal sends it) once an unlearning run has finished
+    while the workers build the other stages, then resumed in this process: ``first`` is the
+    stopped run (its exit code, stderr, the stages it finished and the temporary folders it
+    left), the rest is the resumed run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
     root = tmp_path_factory.mktemp("demo-parallel")
     args = [
         "demo",
@@ -312,28 +321,53 @@ def parallel_run(tmp_path_factory, tiny_model_dir, sequential_numbers):
         str(root / "report"),
     ]
     env = {"OMP_NUM_THREADS": "1", "UNLEARN_CACHE_DIR": str(root / "unlearn-cache")}
+    cache = root / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unlearn_plugins.cli", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # a terminal's Ctrl-C: SIGINT handled, even where pytest itself runs with it ignored (a
+        # background job, as CI may start it), which the demo would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 900
+    while not any((p / "stage.json").is_file() for p in cache.glob("run-*")):  # one run finished, others building
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, first_err = proc.communicate(timeout=300)
+    first = SimpleNamespace(
+        code=proc.returncode,
+        err=first_err,
+        finished={p: (p / "stage.json").stat().st_mtime_ns for p in cache.iterdir() if (p / "stage.json").is_file()},
+        temporary=list(cache.glob("*.tmp-*")),
+    )
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
         code, out, err = run_main(args)
-    return SimpleNamespace(root=root, args=args, env=env, code=code, out=out, err=err)
+    return SimpleNamespace(root=root, args=args, env=env, code=code, out=out, err=err, first=first)
 
 
 def test_two_workers_build_stages_side_by_side_and_give_the_same_numbers(parallel_run, demo_run, sequential_numbers):
     run = parallel_run
     assert run.code == 0, run.err[-3000:]
     logs = run.root / "report" / "logs"
-    assert "executor: local: 2 worker process(es), 1 thread(s) each" in run.err
+    # (the cold run, before its Ctrl-C)
+    assert "executor: local: 2 worker process(es), 1 thread(s) each" in run.first.err
     # full || retain: the retain model started before the full model was done, in another process
-    assert run.err.index("start   retain/forget1 on worker") < run.err.index("done    target in")
+    assert run.first.err.index("start   retain/forget1 on worker") < run.first.err.index("done    target in")
     cache = run.root / "cache"
     pids = [json.loads(p.read_text())["pid"] for p in cache.glob("*/resources.json")]
     assert len(pids) == 11  # every stage but the benchmark (built here: every other stage reads it)
     # two workers at a time (a worker whose memory grew retires and a fresh one takes its slot)
     assert len(set(pids)) >= 2 and os.getpid() not in pids
     assert not list(cache.glob("*.tmp-*"))
-    # the sequential run's cells, each cell's output in its log
-    assert sorted(cells_said(run.err, "done")) == sorted(CELLS)
+    # the sequential run's cells (the resumed run builds those the stopped one left), each cell's output in its log
+    assert sorted(cells_said(run.err, "cached") + cells_said(run.err, "done")) == sorted(CELLS)
     assert {p.name for p in logs.iterdir()} == {c.replace("/", "_") + ".log" for c in CELLS}
     # the same table and numbers as one stage after the other
     assert _table(run.out) == _table(demo_run.out) and len(_table(run.out)) == 5
@@ -352,50 +386,22 @@ def test_a_warm_parallel_rerun_starts_no_worker(parallel_run, capsys, monkeypatc
     assert _numbers(run.root / "report") == before and _table(out) == _table(run.out)
 
 
-def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numbers, capsys, monkeypatch):
+def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numbers):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while both workers build:
     each removes its stage's temporary folder, the run exits 130, and the rerun builds only
-    the stages that had not finished (the others are left as they were)."""
-    import shutil
-    import signal
-    import subprocess
-    import sys
-    import time
+    the stages that had not finished (the others are left as they were), giving the numbers
+    of one stage after the other."""
+    run, first = parallel_run, parallel_run.first
+    assert first.code == 130 and "interrupted" in first.err.splitlines(), first.err[-3000:]
+    assert first.temporary == []  # the interrupted stages left no temporary folder
+    finished = first.finished
+    assert any(p.name.startswith("run-") for p in finished) and any(p.name.startswith("target-full-") for p in finished)
+    assert len(finished) < 12  # the benchmark, the target, an unlearning run, ...: not all 12 stages
 
-    run = parallel_run
-    cache = run.root / "cache"
-    for folder in [*cache.glob("run-*"), *cache.glob("eval-*")]:
-        if not folder.name.startswith("eval-retain-"):
-            shutil.rmtree(folder)  # the unlearning runs and the evaluations after them: to build again
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "unlearn_plugins.cli", *run.args],
-        env={**os.environ, **run.env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # a terminal's Ctrl-C: SIGINT handled, even where pytest itself runs with it ignored (a
-        # background job, as CI may start it), which the demo would inherit
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 600
-    while not any((p / "stage.json").is_file() for p in cache.glob("run-*")):  # one run finished, others building
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130 and "interrupted" in err.splitlines(), err[-3000:]
-    assert not list(cache.glob("*.tmp-*"))  # the interrupted stages left no temporary folder
-    finished = {p: (p / "stage.json").stat().st_mtime_ns for p in cache.iterdir() if (p / "stage.json").is_file()}
-    assert 6 <= len(finished) < 12  # the benchmark, targets, CUD, retain evaluation and 1-2 unlearning runs
-
-    for name, value in run.env.items():
-        monkeypatch.setenv(name, value)
-    code, out, err = _run(run.args, capsys)
-    assert code == 0, err[-3000:]
-    cached, built = cells_said(err, "cached"), cells_said(err, "done")
-    assert set(CELLS[:4]) <= set(cached) and sorted(cached + built) == sorted(CELLS)  # models, CUD, retain eval
-    assert {"reglu/forget1/seed0", "grad_diff/forget1/seed0", "ihl_fila/forget1/seed0"} <= set(built)
+    assert run.code == 0, run.err[-3000:]
+    cached, built = cells_said(run.err, "cached"), cells_said(run.err, "done")
+    assert "target" in cached and built and sorted(cached + built) == sorted(CELLS)
+    assert set(cells_said(first.err, "done")) <= set(cached)  # the cells the stopped run finished
     assert {p: (p / "stage.json").stat().st_mtime_ns for p in finished} == finished  # not built again
     assert _numbers(run.root / "report") == sequential_numbers
 

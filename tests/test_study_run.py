@@ -1,6 +1,7 @@
 """`unlearn study` end to end on the tiny model and generated authors: two local workers, a
-fully cached rerun, a failed cell, a worker killed with SIGKILL and the resumed run, two
-concurrent runs of one study, and the Dask executor on a LocalCluster.
+fully cached rerun, a failed cell, a worker killed with SIGKILL and the resumed run, and the
+Dask executor on a LocalCluster (a study stopped from outside and two concurrent runs of one
+study: test_study_signals.py).
 
 The tests share one stage cache (module scope), so the target and retain models are built
 once; each test that must build method cells uses seeds of its own."""
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -238,15 +238,16 @@ def _wait_for(predicate, timeout: float, proc: subprocess.Popen):
 
 def test_a_worker_whose_memory_grew_retires_and_a_fresh_one_takes_the_next_cell(cache, tmp_path, capsys, monkeypatch):
     """UNLEARN_WORKER_GROWTH_MB: a worker that holds more after a cell than after its first one
-    (here: any growth at all) hands its slot to a fresh process; every cell is still built."""
+    (here: any growth at all) hands its slot to a fresh process; every cell is still built. One
+    slot and four cells: its second or third cell retires it, so a fresh process builds a later one."""
     monkeypatch.setenv("UNLEARN_WORKER_GROWTH_MB", "0.001")
     out = tmp_path / "report"
-    study = study_file(tmp_path, seeds=[20, 21, 22, 23, 24, 25], methods=("grad_diff",))
-    code, _, err = run(capsys, study, "--workers", "2", "--out", out, "--cache-dir", cache)
+    study = study_file(tmp_path, seeds=[20, 21, 22, 23], methods=("grad_diff",))
+    code, _, err = run(capsys, study, "--workers", "1", "--out", out, "--cache-dir", cache)
     assert code == 0, err[-3000:]
     starts = [line.split(" on ")[1] for line in err.splitlines() if " start " in line]
     slots = {w.split(" (pid")[0] for w in starts}
-    assert slots <= {"worker 0", "worker 1"} and len(set(starts)) > len(slots)  # fresh processes
+    assert slots == {"worker 0"} and len(set(starts)) > len(slots)  # fresh processes
     assert all(c["status"] == "done" for c in report(out)["cells"].values())
 
 
@@ -258,116 +259,32 @@ def test_a_bad_worker_growth_limit_is_a_one_line_error(tmp_path, capsys, monkeyp
 
 
 def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
-    path = study_file(tmp_path, [5, 6, 7], methods=["grad_diff"])
+    path = study_file(tmp_path, [5, 6], methods=["grad_diff"])
     out = tmp_path / "report"
     args = (path, "--workers", "1", "--out", out, "--cache-dir", cache)
     proc = run_cli(*args)
-    # one worker builds the seeds in order: kill it (SIGKILL) while it builds the second one
-    building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed6-*.tmp-*")), None), 600, proc)
+    # one worker builds the seeds in order: kill it (SIGKILL) while it builds the first one
+    building = _wait_for(lambda: next(iter(cache.glob("*-grad_diff-forget1-seed5-*.tmp-*")), None), 600, proc)
     pid = int(building.name.rsplit("-", 1)[1])  # <folder>.tmp-<host>-<pid>
     assert pid != proc.pid
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
-    assert f"FAILED  grad_diff/forget1/seed6: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
+    assert f"FAILED  grad_diff/forget1/seed5: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
     # the study's own line is the last one, not multiprocessing's resource_tracker warning (issue 32 item 11)
     assert err.strip().splitlines()[-1].startswith("error: 1 of "), err[-1000:]
     assert "resource_tracker" not in err
     first = report(out)
-    assert first["failed"] == ["grad_diff/forget1/seed6"]
-    assert first["cells"]["grad_diff/forget1/seed7"]["status"] == "done"  # a new worker went on
+    assert first["failed"] == ["grad_diff/forget1/seed5"]
+    assert first["cells"]["grad_diff/forget1/seed6"]["status"] == "done"  # a new worker went on
 
     proc = run_cli(*args)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     sources = {cid: c["source"] for cid, c in report(out)["cells"].items()}
-    assert sources.pop("grad_diff/forget1/seed6") == "built"
+    assert sources.pop("grad_diff/forget1/seed5") == "built"
     assert set(sources.values()) == {"cached"}  # nothing that had finished was built again
     assert not list(cache.glob("*.tmp-*"))  # the killed stage's temporary folder is gone
-
-
-def _gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
-def test_a_stopped_study_leaves_no_worker_behind(how, tmp_path):
-    """`kill` (SIGTERM) stops the study as Ctrl-C does: its workers interrupt their cells, whose
-    temporary folders go, and it exits 143. Killed outright (SIGKILL), its workers notice within
-    seconds and stop too: no orphan goes on computing a cell no one will collect."""
-    cache = tmp_path / "cache"
-    path = study_file(tmp_path, [0], methods=["grad_diff"])
-    proc = run_cli(path, "--workers", "1", "--out", tmp_path / "report", "--cache-dir", cache)
-    building = _wait_for(lambda: next(iter(cache.glob("target-*.tmp-*")), None), 600, proc)  # in a worker
-    worker = int(building.name.rsplit("-", 1)[1])  # <folder>.tmp-<host>-<pid>
-    assert worker != proc.pid
-    os.kill(proc.pid, getattr(signal, how))
-    _, err = proc.communicate(timeout=120)
-    if how == "SIGTERM":
-        assert proc.returncode == 143 and err.splitlines()[-1] == "terminated", err[-3000:]
-    else:
-        assert proc.returncode == -signal.SIGKILL
-    assert _gone(worker, 30), f"worker {worker} still running after the study stopped ({how})"
-    assert not list(cache.glob("*.tmp-*"))
-
-
-def test_a_ctrl_c_that_reaches_only_the_workers_stops_the_study(tmp_path):
-    """Issue 32, item 11: a script's background study ignores SIGINT (no job control), its
-    workers do not; a Ctrl-C of the script stopped the workers, and the study went on reporting
-    their cells as "died: exit code 0". The study now stops as on its own Ctrl-C: exit 130,
-    one line naming the interrupted worker, no temporary stage folder left."""
-    cache = tmp_path / "cache"
-    path = study_file(tmp_path, [0], methods=["grad_diff"])
-    proc = run_cli(
-        path,
-        "--workers",
-        "2",
-        "--out",
-        tmp_path / "report",
-        "--cache-dir",
-        cache,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    _wait_for(lambda: next(iter(cache.glob("target-*.tmp-*")), None), 600, proc)
-    time.sleep(1)  # the worker is inside the stage, its SIGINT handler set
-    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole process group
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err and "died: exit code" not in err, err[-3000:]
-    assert re.fullmatch(r"interrupted \(in worker \d \(pid \d+\)\)", err.strip().splitlines()[-1]), err[-1000:]
-    assert not list(cache.glob("*.tmp-*"))
-
-
-def test_two_concurrent_runs_build_each_cell_once(tmp_path):
-    cache = tmp_path / "cache"
-    path = study_file(tmp_path, [0], methods=["grad_diff"])
-    procs = [run_cli(path, "--workers", "1", "--out", tmp_path / f"report{i}", "--cache-dir", cache) for i in (0, 1)]
-    errs = [p.communicate(timeout=600)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
-    runs = [report(tmp_path / f"report{i}") for i in (0, 1)]
-    cells = list(runs[0]["cells"])
-    assert cells == ["target", "retain/forget1", "eval-retain/forget1", "eval-full/forget1", "grad_diff/forget1/seed0"]
-    waited = 0
-    for cell in cells:
-        # each stage is built by exactly one run; the other finds it cached or waits for it (a
-        # cell of two stages may have its first built by one run and its second by the other)
-        per_stage = zip(*(r["cells"][cell]["sources"] for r in runs))
-        for i, stage_sources in enumerate(per_stage):
-            sources = sorted(stage_sources)
-            assert sources in (["built", "cached"], ["built", "waited"]), (cell, i, sources)
-            waited += sources.count("waited")
-        assert "built" in [r["cells"][cell]["source"] for r in runs], cell
-    assert waited >= 1  # one run waited for a stage the other was building, then used it
-    assert any(" wait " in line and "is in use by pid" in line for err in errs for line in err.splitlines())
-    assert runs[0]["groups"] == runs[1]["groups"]
 
 
 def test_dask_executor_runs_a_grid_on_a_local_cluster(cache, tmp_path, capsys):
