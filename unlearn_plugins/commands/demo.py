@@ -187,7 +187,7 @@ def check_args(args) -> None:
     check_out_folder("--cache-dir", args.cache_dir)
 
 
-def _raise_failed(plan, results: dict) -> None:
+def raise_failed(plan, results: dict) -> None:
     failed = [(cell, r) for cell, r in results.items() if r["status"] != "done"]
     if failed:
         cell, result = failed[0]
@@ -317,7 +317,7 @@ def run_tofu(args) -> int:
         # --workers 1: every cell in this process, one after the other (no worker to start)
         executor = "local" if workers > 1 else "inline"
         plan, results = run_plan(study, out=out, cache=cache, workers=workers, executor=executor, device=args.device)
-        _raise_failed(plan, results)
+        raise_failed(plan, results)
         print(f"report -> {out}", file=sys.stderr, flush=True)
         _, table, files = report.study_report(
             out,

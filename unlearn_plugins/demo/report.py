@@ -73,7 +73,7 @@ def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: 
     }
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -93,7 +93,7 @@ VALUES = (
 
 
 def _cells(r: dict) -> list[str]:
-    return [r["label"], *(_fmt(r[k]) for k in VALUES)]
+    return [r["label"], *(format_value(r[k]) for k in VALUES)]
 
 
 def format_table(rows: Sequence[dict]) -> str:

@@ -44,12 +44,12 @@ from .mia_reference import HINT, MIAReference, mismatch, read_mia_reference
 from .reference import sample_key
 from .tofu_tasks import (
     TofuTask,
-    _decode,
-    _encode,
     _refuse_control_tokens,
-    _request_metadata,
     _score_plan,
     _split_path,
+    decode_ids,
+    encode_ids,
+    request_metadata,
     resolve_tokenizer,
 )
 
@@ -112,12 +112,12 @@ def _answer_tokens(tok, prompt: str, continuation: str, where: str) -> tuple[str
     prompt's token ids a prefix of the whole sequence's; when the prompt's trailing whitespace
     merges into the answer (a plain ``Answer: `` prompt), that whitespace joins the continuation."""
     n, ws_sub = _score_plan(tok, prompt, continuation, where)
-    p = _encode(tok, prompt)
-    full = _encode(tok, prompt + continuation)
+    p = encode_ids(tok, prompt)
+    full = encode_ids(tok, prompt + continuation)
     if full[: len(p)] != p or len(full) - len(p) != n:
         cut = len(prompt.rstrip())
         prompt, continuation = prompt[:cut], prompt[cut:] + continuation
-        p = _encode(tok, prompt)
+        p = encode_ids(tok, prompt)
     return prompt, continuation, full[len(p) :], ws_sub
 
 
@@ -125,14 +125,14 @@ def _prefix_offsets(tok, prompt: str, continuation: str, answer: list[int]) -> l
     """For each k in 0..n, the length of the continuation's text that is answer[:k] when
     ``prompt + continuation[:offset]`` re-tokenises to exactly the prompt and answer[:k] (None
     where it does not, e.g. a cut inside a character or a merge the tokenizer makes)."""
-    p = _encode(tok, prompt)
+    p = encode_ids(tok, prompt)
     out: list[int | None] = []
     for k in range(len(answer) + 1):
-        text = _decode(tok, answer[:k])
+        text = decode_ids(tok, answer[:k])
         if not continuation.startswith(text):
             out.append(None)
             continue
-        ok = k == 0 or _encode(tok, prompt + text) == p + answer[:k]
+        ok = k == 0 or encode_ids(tok, prompt + text) == p + answer[:k]
         out.append(len(text) if ok else None)
     return out
 
@@ -144,15 +144,15 @@ def token_plan(tok, prompt: str, continuation: str, where: str) -> dict[str, Any
     the continuation: those tokens are covered too, negative positions being the prompt's)."""
     prompt, continuation, answer, ws_sub = _answer_tokens(tok, prompt, continuation, where)
     n = len(answer)
-    p = _encode(tok, prompt)
+    p = encode_ids(tok, prompt)
     offsets = _prefix_offsets(tok, prompt, continuation, answer)
     singles: list[list[int]] = []  # [position, first position covered, text start, text end]
     for k in range(n - 1):
         lo, hi = offsets[k], offsets[k + 1]
-        if lo is None or hi is None or continuation[lo:hi] != _decode(tok, answer[k : k + 1]):
+        if lo is None or hi is None or continuation[lo:hi] != decode_ids(tok, answer[k : k + 1]):
             continue
         context = (prompt + continuation[:lo]).rstrip()
-        kept = _encode(tok, context)
+        kept = encode_ids(tok, context)
         if kept != (p + answer)[: len(kept)]:
             continue  # lm-eval would not split the tokens here
         singles.append([k, len(kept) - len(p), lo, hi])
@@ -217,7 +217,7 @@ def memorization_plan(tok, prompt: str, continuation: str, where: str) -> dict[s
         "score_continuation": continuation,
         "n_tokens": [len(answer)],
         "em_offsets": [offsets[k] for k in positions],
-        "em_targets": [_decode(tok, answer[k : k + 1]) for k in positions],
+        "em_targets": [decode_ids(tok, answer[k : k + 1]) for k in positions],
     }
 
 
@@ -311,7 +311,7 @@ class TofuMIATask(TofuTask):
 
     def construct_requests(self, doc, ctx, **kwargs):
         self._check_context(doc, ctx)
-        return mia_requests(doc, _request_metadata(kwargs))
+        return mia_requests(doc, request_metadata(kwargs))
 
     def process_results(self, doc, results):
         logps, shared = token_logprobs(doc, results)
@@ -376,7 +376,7 @@ class TofuExactMemorizationTask(TofuTask):
 
     def construct_requests(self, doc, ctx, **kwargs):
         self._check_context(doc, ctx)
-        meta = _request_metadata(kwargs)
+        meta = request_metadata(kwargs)
         prompt, cont = doc["score_prompt"], doc["score_continuation"]
         return [
             Instance("generate_until", doc, (prompt + cont[:offset], dict(GREEDY)), i, metadata=meta)

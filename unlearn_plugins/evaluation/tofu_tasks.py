@@ -85,11 +85,11 @@ def resolve_tokenizer(tokenizer: Any = None, pretrained: Any = None, trust_remot
     return _load_tokenizer(str(source), bool(trust_remote_code in (True, "True", "true", "1", 1)))
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def encode_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _decode(tokenizer, ids: Sequence[int]) -> str:
+def decode_ids(tokenizer, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
@@ -100,10 +100,10 @@ def _score_plan(tokenizer, prompt: str, continuation: str, where: str) -> tuple[
     for chat templates). Otherwise (a plain "Answer: " prompt whose space merges into the
     answer) lm-eval's joint tokenisation is scored as is.
     """
-    full = _encode(tokenizer, prompt + continuation)
-    p = _encode(tokenizer, prompt)
+    full = encode_ids(tokenizer, prompt + continuation)
+    p = encode_ids(tokenizer, prompt)
     stripped = prompt.rstrip()
-    ps = _encode(tokenizer, stripped) if stripped != prompt else p
+    ps = encode_ids(tokenizer, stripped) if stripped != prompt else p
     if full[: len(p)] == p and len(full) > len(p):
         if stripped == prompt:
             return len(full) - len(p), False
@@ -124,19 +124,19 @@ def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list
     suffix start each request measures (negative: the request also covers the prompt's trailing
     whitespace), the text of the first answer token and the answer's token count n.
     """
-    p = _encode(tokenizer, prompt)
-    full = _encode(tokenizer, prompt + continuation)
+    p = encode_ids(tokenizer, prompt)
+    full = encode_ids(tokenizer, prompt + continuation)
     answer = full[len(p) :]
     if not answer:
         return [], [], [], "", 0
     contexts, conts, starts = [], [], []
     seen = set()
     for k in range(len(answer)):
-        ctx = prompt + _decode(tokenizer, answer[:k])
-        rest = _decode(tokenizer, answer[k:])
+        ctx = prompt + decode_ids(tokenizer, answer[:k])
+        rest = decode_ids(tokenizer, answer[k:])
         if ctx + rest != prompt + continuation:
             continue  # the split falls inside a multi-byte character
-        stripped = _encode(tokenizer, ctx.rstrip())
+        stripped = encode_ids(tokenizer, ctx.rstrip())
         if full[: len(stripped)] != stripped or len(stripped) >= len(full):
             continue  # lm-eval would not score the true token sequence
         start = len(stripped) - len(p)
@@ -280,7 +280,7 @@ def tofu_dataset(
 # ----------------------------------------------------------------------------- tasks
 
 
-def _request_metadata(kwargs: dict) -> tuple:
+def request_metadata(kwargs: dict) -> tuple:
     """lm-eval's (task, doc_id, repeats) for each Instance; lm-eval's own task tests call
     construct_requests without it (then Instance's default, no names)."""
     return kwargs.get("metadata") or (None, None, None)
@@ -312,7 +312,7 @@ class TofuTask(ConfigurableTask):
             )
 
     def _loglik_requests(self, doc, kwargs, start_idx: int = 0) -> list[Instance]:
-        meta = _request_metadata(kwargs)
+        meta = request_metadata(kwargs)
         reqs = [
             Instance("loglikelihood", doc, (doc["prompt"], cont), start_idx + i, metadata=meta)
             for i, cont in enumerate(doc["continuations"])
@@ -439,7 +439,7 @@ class TofuRougeTask(TofuTask):
             "do_sample": False,
             "temperature": 0.0,
         }
-        return [Instance("generate_until", doc, (doc["prompt"], gen), 0, metadata=_request_metadata(kwargs))]
+        return [Instance("generate_until", doc, (doc["prompt"], gen), 0, metadata=request_metadata(kwargs))]
 
     def process_results(self, doc, results):
         return tm.rouge_recall(results[0].strip(), doc["answer"])
@@ -460,7 +460,7 @@ class TofuExtractionStrengthTask(TofuTask):
 
     def construct_requests(self, doc, ctx, **kwargs):
         self._check_context(doc, ctx)
-        meta = _request_metadata(kwargs)
+        meta = request_metadata(kwargs)
         reqs = [
             Instance("loglikelihood", doc, (c, r), i, metadata=meta)
             for i, (c, r) in enumerate(zip(doc["es_contexts"], doc["es_continuations"]))

@@ -593,7 +593,7 @@ def build_unlearn(tmp: Path, p: dict) -> None:
     the TOFU benchmark folder's ``forget.json`` and ``retain.json``."""
     from ..training import UnlearnConfig, run_unlearning
 
-    _need(p["model"], "the target model")
+    need_stage(p["model"], "the target model")
     forget = p.get("forget") or str(Path(p["bench"]) / "forget.json")
     retain = p["retain"] if "retain" in p else str(Path(p["bench"]) / "retain.json")
     run_unlearning(
@@ -616,9 +616,9 @@ def build_evaluate(tmp: Path, p: dict) -> None:
     from ..models import load_tokenizer
 
     ev = p["evaluation"]
-    _need(p["model"], "the model to evaluate")
+    need_stage(p["model"], "the model to evaluate")
     for ref in p["references"]:
-        _need(ref, "the retain model's Forget Quality reference")
+        need_stage(ref, "the retain model's Forget Quality reference")
     bench = load_benchmark(p["bench"])
     if bench is None:
         raise UnlearnError(f"{p['bench']}: benchmark folder missing or unreadable; run the study again")
@@ -645,7 +645,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         from ..evaluation import really_forgotten
 
         if robust["mia_reference"]:
-            _need(robust["mia_reference"], "the retain model's MIA reference")
+            need_stage(robust["mia_reference"], "the retain model's MIA reference")
         really_forgotten.measure(
             p["model"],
             p["adapter"],
@@ -674,7 +674,7 @@ def build_evaluate(tmp: Path, p: dict) -> None:
         )
 
 
-def _need(path: str, what: str) -> None:
+def need_stage(path: str, what: str) -> None:
     if path.startswith(("/", ".")) and not Path(path).exists():
         raise UnlearnError(f"{what} is missing ({path}); its cell did not finish: run the study again")
 

@@ -184,7 +184,7 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from unlearn_plugins.commands.demo import _raise_failed
+    from unlearn_plugins.commands.demo import raise_failed
     from unlearn_plugins.files import folder_lock
     from unlearn_plugins.models import cache_dir, native_dtype
     from unlearn_plugins.process import quiet_libraries
@@ -199,7 +199,7 @@ def run(args) -> int:
     with folder_lock(out, f"--out {out}"), quiet_libraries():
         started = time.perf_counter()
         plan, results = run_plan(study, out=out, cache=cache, workers=1, executor="inline", device=args.device)
-        _raise_failed(plan, results)
+        raise_failed(plan, results)
         print(f"report -> {out}", file=sys.stderr, flush=True)
         _, table, files = movielens_report.study_report(
             out,

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from unlearn_plugins import tables
 from unlearn_plugins.data.jsonl import iter_jsonl
-from unlearn_plugins.demo.report import _fmt
+from unlearn_plugins.demo.report import format_value
 from unlearn_plugins.files import atomic_open, write_json, write_jsonl
 from unlearn_plugins.plots import pyplot, save_png
 
@@ -100,7 +100,7 @@ def _cells(r: dict) -> list[str]:
     cells = [r["label"]]
     for k in KEYS:
         value = r[k]
-        cells.append(f"{value:.0f}" if k == "seconds" and value is not None else _fmt(value))
+        cells.append(f"{value:.0f}" if k == "seconds" and value is not None else format_value(value))
     return cells
 
 

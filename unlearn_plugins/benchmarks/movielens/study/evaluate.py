@@ -17,11 +17,11 @@ REFERENCE = "reference.json"
 
 
 def build_evaluate(tmp: Path, p: dict) -> None:
-    from unlearn_plugins.study.cells import _need
+    from unlearn_plugins.study.cells import need_stage
 
     for path, what in ((p["model"], "the model to evaluate"), (p["reference"], "the retrain model's JSD reference")):
         if path:
-            _need(path, what)
+            need_stage(path, what)
     from lm_eval.models.huggingface import HFLM
 
     from unlearn_plugins.evaluation import lm_eval_runner as runner

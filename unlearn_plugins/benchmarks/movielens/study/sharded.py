@@ -95,9 +95,9 @@ def build_train(tmp: Path, p: dict) -> None:
 def build_unlearn(tmp: Path, p: dict) -> None:
     """A copy of the trained shards (``p["trained"]``) with the forget users unlearned."""
     from unlearn_plugins.files import write_json
-    from unlearn_plugins.study.cells import _need
+    from unlearn_plugins.study.cells import need_stage
 
-    _need(p["trained"], "the trained shards")
+    need_stage(p["trained"], "the trained shards")
     from ..sharded import copy_sharded
 
     report = copy_sharded(Path(p["trained"]) / "sharded", tmp / "sharded").unlearn(p["users"], device=p["device"])

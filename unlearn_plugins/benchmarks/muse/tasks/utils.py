@@ -26,7 +26,7 @@ from lm_eval.api.task import ConfigurableTask
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import mia
 from unlearn_plugins.evaluation.mia_tasks import mia_requests, token_logprobs, token_plan
-from unlearn_plugins.evaluation.tofu_tasks import _decode, _encode, _request_metadata, resolve_tokenizer
+from unlearn_plugins.evaluation.tofu_tasks import decode_ids, encode_ids, request_metadata, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +140,12 @@ def privleak_dataset(
 
 
 def _privleak_doc(tok, member: str, where: str, text: str) -> dict:
-    ids = _encode(tok, text)
+    ids = encode_ids(tok, text)
     if len(ids) < 2:
         raise DataError(f"{where}: a privleak passage needs at least two tokens")
     # The first token is the context (lm-eval cannot score a token without one, and an empty
     # context gets a different prefix token); every later token is scored.
-    first = _decode(tok, ids[:1])
+    first = decode_ids(tok, ids[:1])
     if not text.startswith(first):
         raise DataError(f"{where}: the passage's first token does not decode to its first characters")
     plan = token_plan(tok, first, text[len(first) :], where)
@@ -214,7 +214,7 @@ class MusePrivLeakTask(ConfigurableTask):
         return doc["score_continuation"]
 
     def construct_requests(self, doc, ctx, **kwargs):
-        return mia_requests(doc, _request_metadata(kwargs))
+        return mia_requests(doc, request_metadata(kwargs))
 
     def process_results(self, doc, results):
         logps, _ = token_logprobs(doc, results)
