@@ -42,6 +42,11 @@ def pytest_configure(config):
             os.environ[name] = "1"
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    # transformers and datasets install a stderr handler when first imported, bound to the
+    # sys.stderr of that moment: imported here, not inside a test whose captured stderr closes
+    # after it (a later test's log record would hit the closed file: "--- Logging error ---")
+    import datasets  # noqa: F401
+    import transformers  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items):
