@@ -12,36 +12,13 @@ SHARED_TOFU = Path(os.environ.get("UNLEARN_TEST_TOFU_DIR", ROOT.parent / "shared
 SHARED_MMLU = Path(os.environ.get("UNLEARN_TEST_MMLU_DIR", ROOT.parent / "shared" / "data" / "mmlu"))
 
 
-#: The slowest modules, slowest first (``pytest --durations`` on a 2-core machine). They are handed
-#: out first: under ``-n 2 --dist loadscope`` each module runs whole on one worker, and one long
-#: module begun last keeps a worker busy long after the other has finished.
-SLOW_MODULES = (
-    "test_study_run.py",
-    "test_demo.py",
-    "test_example_plugin.py",
-    "test_eval_tasks.py",
-    "test_trainer.py",
-    "test_study_signals.py",
-    "test_bad_input_round4.py",
-    "test_demo_movielens.py",
-    "test_muse_tasks.py",
-    "test_study_corrupt_records.py",
-    "test_bench_quick.py",
-    "test_faults.py",
-)
-
-
 def pytest_configure(config):
     """Under pytest-xdist (``-n 2``), one torch thread per worker process, set before any test
     module imports torch: two workers each spinning two OpenMP threads on two cores make tiny
-    ops many times slower. Subprocesses that tests start inherit it. ``--dist loadscope``
-    hands modules out in the order collected (SLOW_MODULES first), not sorted by their number
-    of tests, which would put the few long tests of the slowest modules last."""
+    ops many times slower. Subprocesses that tests start inherit it."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[name] = "1"
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
     # transformers and datasets install a stderr handler when first imported, bound to the
     # sys.stderr of that moment: imported here, not inside a test whose captured stderr closes
     # after it (a later test's log record would hit the closed file: "--- Logging error ---")
@@ -50,10 +27,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """SLOW_MODULES first, each module's tests in their order; ``gpu`` tests skip, saying why,
+    """``gpu`` tests skip, saying why,
     where no CUDA device is usable."""
-    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
