@@ -162,6 +162,21 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(demo_run, capsys):
     assert after == before
 
 
+def test_methods_adds_the_peer_methods_rows_to_the_demos_table(demo_run, tmp_path, capsys):
+    root, args = demo_run.root, demo_run.args
+    before = json.loads((root / "report" / "results.json").read_text())["models"]
+    out = tmp_path / "report"
+    code, stdout, err = _run([*args[:-1], str(out), "--methods", "task_vector,grad_diff"], capsys)
+    assert code == 0, err[-3000:]
+    said = {cell: word for word, cell in re.findall(rf"^\[ *\d+/{len(CELLS) + 1}\] (cached|done) +(\S+)", err, re.M)}
+    # the demo's own cells are not built again; grad_diff is the demo's own method
+    assert said == {**{cell: "cached" for cell in CELLS}, "task_vector/forget1/seed0": "done"}
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["models"]}
+    assert [r for r in rows.values() if r["name"] != "task_vector"] == before
+    assert 0 <= rows["task_vector"]["forget_quality"] <= 1
+    assert "Task Vector" in stdout
+
+
 def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
     """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback (the report
     read it); the evaluation is now rebuilt, with a warning naming it, and the report is the same."""
@@ -412,6 +427,9 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
         (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
         (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
         (["--eval-dtype", "bf16", "--benchmark", "movielens"], "--eval-dtype: not an option of --benchmark movielens"),
+        (["--methods", "npo,nop"], "--methods: no method 'nop' in the peer_methods study; known: grad_ascent, "),
+        (["--methods", "npo,"], "--methods 'npo,': give method names separated by commas, or 'all'"),
+        (["--methods", "npo", "--benchmark", "movielens"], "--methods: not an option of --benchmark movielens"),
     ],
 )
 def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir, tmp_path, capsys):

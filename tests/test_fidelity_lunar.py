@@ -228,13 +228,26 @@ def test_lunar_weights_equal_the_reference(net_dtype, layers, tiny_model, tiny_t
     assert rows["forget_rows"] == 15 and rows["retain_rows"] == 20
 
 
-def test_lunar_refuses_lora_and_a_missing_prompt_file(tiny_model, tiny_tokenizer, data, tmp_path):
-    from peft import LoraConfig, get_peft_model
+def test_lunar_reads_the_shipped_prompts_by_default(tiny_model, tiny_tokenizer, data):
+    from unlearn_plugins.objectives.lunar import SHIPPED_PROMPTS, read_prompts
 
     prompts, forget, retain, samples = data
     objective = create(UNLEARNING_OBJECTIVE, "lunar", layer_idx_list=[0])
     context = ObjectiveContext(model=tiny_model, tokenizer=tiny_tokenizer, forget_samples=samples, forget=forget)
-    with pytest.raises(UnlearnError, match="needs direction_prompts"):
+    objective.prepare(context)
+    shipped = read_prompts(SHIPPED_PROMPTS)
+    assert len(shipped) == 24 and len(set(shipped)) == 24
+    assert context.info["lunar"]["direction_prompts"] == 24
+
+
+def test_lunar_refuses_lora_and_a_missing_prompt_file(tiny_model, tiny_tokenizer, data, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    prompts, forget, retain, samples = data
+    context = ObjectiveContext(model=tiny_model, tokenizer=tiny_tokenizer, forget_samples=samples, forget=forget)
+    missing = tmp_path / "harmful.json"
+    objective = create(UNLEARNING_OBJECTIVE, "lunar", layer_idx_list=[0], direction_prompts=str(missing))
+    with pytest.raises(UnlearnError, match="cannot read direction_prompts"):
         objective.prepare(context)
     objective = create(UNLEARNING_OBJECTIVE, "lunar", layer_idx_list=[5], direction_prompts=str(prompts))
     with pytest.raises(UnlearnError, match="names layer 5, but the model has 2 layers"):

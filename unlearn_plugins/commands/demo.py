@@ -25,12 +25,15 @@ from .common import check_int, check_out_folder, device_option
 #: the TOFU demo's study (unlearn_plugins/demo/demo.toml) and its variant for --fast
 STUDY = "demo"
 FAST = "fast"
+#: the study whose methods --methods adds to the demo's table (every built-in objective)
+PEERS = "peer_methods"
 
 EXAMPLE = """examples:
   unlearn demo --out demo-report                    # about 13 minutes on 2 CPU cores
   unlearn demo --fast --out smoke                   # every stage, minimal work
   unlearn demo --robustness --out demo-report       # + membership inference and attacks per model
   unlearn demo --authors 5 --forget-authors 2 --tofu-dir ../shared/data/tofu
+  unlearn demo --methods npo,rmu,lunar --out demo-report   # + those methods of the peer_methods study
   unlearn demo --benchmark movielens --out demo-movielens
 """
 
@@ -44,6 +47,7 @@ TOFU_ONLY = (
     ("--eval-dtype", "eval_dtype"),
     ("--scoring", "scoring"),
     ("--robustness", "robustness"),
+    ("--methods", "methods"),
 )
 
 
@@ -134,6 +138,12 @@ def add_parser(sub) -> None:
         "paraphrase and format probes and after the relearn and int4 attacks, for every model "
         "(about 6 more minutes a model on 2 CPU cores)",
     )
+    tofu.add_argument(
+        "--methods",
+        default=None,
+        help="more rows in the demo's table: methods of the peer_methods study (`unlearn study peer_methods "
+        "--dry-run`), comma-separated, or 'all', each on the demo's budget (default: none)",
+    )
     for name in demos:
         _demo(name).add_arguments(p)
     p.set_defaults(func=run)
@@ -183,8 +193,31 @@ def check_args(args) -> None:
         )
     if args.workers is not None:
         check_int("--workers", args.workers, 1)
+    peer_methods(args.methods)
     check_out_folder("--out", args.out)
     check_out_folder("--cache-dir", args.cache_dir)
+
+
+def peer_methods(value: str | None) -> list[dict]:
+    """The method tables of the peer_methods study that ``--methods`` names ('all': every one),
+    in the study's order."""
+    if value is None:
+        return []
+    from ..study.spec import read_study_data
+
+    _, data = read_study_data(PEERS, None)
+    known = {m["name"]: m for m in data["methods"]}
+    names = [n.strip() for n in value.split(",")]
+    if value.strip() == "all":
+        return list(known.values())
+    if not all(names):
+        raise UnlearnError(f"--methods {value!r}: give method names separated by commas, or 'all'")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnlearnError(
+            f"--methods: no method {unknown[0]!r} in the peer_methods study; known: {', '.join(known)} (or 'all')"
+        )
+    return [known[n] for n in known if n in names]
 
 
 def raise_failed(plan, results: dict) -> None:
@@ -255,6 +288,8 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
         data["evaluation"]["scoring"] = args.scoring
     if args.robustness:
         data["evaluation"]["robustness"] = True
+    own = {m["name"] for m in data["methods"]}  # grad_diff is in both, on the same budget
+    data["methods"] += [m for m in peer_methods(getattr(args, "methods", None)) if m["name"] not in own]
     study = load_study(STUDY, data=data)
     ev = study.evaluation
     budget.update(
@@ -301,6 +336,7 @@ def run_tofu(args) -> int:
         "train_dtype": args.train_dtype or "auto",
         "eval_dtype": args.eval_dtype or "auto",
         "robustness": bool(args.robustness),
+        "methods": args.methods,
     }
     with folder_lock(out, f"--out {out}"), quiet_libraries():
         started = time.perf_counter()

@@ -33,6 +33,9 @@ from ..errors import UnlearnError
 from .base import check_option, mean_nll
 
 NET_DTYPES = ("bfloat16", "float32")
+#: the refusal prompts used when ``direction_prompts`` is not given: 24 requests of the kind the
+#: reference's ``harmful.json`` (AdvBench-style) holds, written for this package
+SHIPPED_PROMPTS = Path(__file__).with_name("lunar_refusal_prompts.txt")
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -206,6 +209,7 @@ class LUNAR:
     redirected by ``coeff * direction`` and retain activations are kept (module docstring)."""
 
     name = "lunar"
+    revision = 2  # direction_prompts defaults to the shipped prompts (before: required)
     regularizer = False
     needs_reference_model = False
     needs_retain_data = True
@@ -219,7 +223,8 @@ class LUNAR:
         ] = None,
         direction_prompts: Annotated[
             str | None,
-            "file of prompts the model refuses (the reference's harmful.json): JSON list, JSON lines or one per line",
+            "file of prompts the model refuses (the reference's harmful.json): JSON list, JSON lines or one per "
+            "line (None: the 24 shipped in objectives/lunar_refusal_prompts.txt)",
         ] = None,
         lr: Annotated[float, "learning rate of the down-projection refit (AdamW)"] = 1e-3,
         num_epochs: Annotated[int, "epochs of the refit over all forget and retain token rows"] = 100,
@@ -276,12 +281,7 @@ class LUNAR:
                 "objective 'lunar' rewrites MLP down-projection weights of the model itself (the "
                 "reference trains no adapter): run it with --full-finetune"
             )
-        if not self.direction_prompts:
-            raise UnlearnError(
-                "objective 'lunar' needs direction_prompts: a file of prompts the model refuses (the "
-                "reference's harmful.json), e.g. --objective-option direction_prompts=harmful.json"
-            )
-        self._prompts = read_prompts(self.direction_prompts)
+        self._prompts = read_prompts(self.direction_prompts or SHIPPED_PROMPTS)
         layers = decoder_layers(model)
         for i in self.layer_idx_list:
             if i >= len(layers):

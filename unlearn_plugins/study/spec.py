@@ -722,11 +722,11 @@ class _Reader:
         seed = self.get(table, values, "seed", "int", inherited.seed, minimum=0)
         threads = self.get(table, values, "threads", "int", inherited.threads, minimum=1)
         finetune_t = self.get(table, values, "finetune", "table", None)
-        finetune = dict(base.finetune) if base else {}
+        finetune = {k: v for k, v in base.finetune.items() if k != "record_trajectory"} if base else {}
         if finetune_t is not None:
             finetune.update(
                 self.training_options(
-                    f"{table}.finetune", finetune_t, FinetuneConfig, SCHEDULE_FIELDS + ("full_finetune",)
+                    f"{table}.finetune", finetune_t, FinetuneConfig, SCHEDULE_FIELDS + ("full_finetune", "record_trajectory")
                 )
             )
         if finetune_t is not None or base is None:

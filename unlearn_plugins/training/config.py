@@ -38,6 +38,7 @@ LATER_OPTIONS = {
     "gradient_checkpointing": False,
     "reference_dtype": None,
     "device_memory": None,
+    "record_trajectory": False,
 }
 
 
@@ -335,6 +336,7 @@ class FinetuneConfig(TrainingConfig):
 
     data: str = "tofu:full"
     authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
+    record_trajectory: bool = False
 
     def validate(self) -> None:
         super().validate()
