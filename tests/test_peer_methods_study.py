@@ -5,9 +5,9 @@ to end on the tiny model."""
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
+import tomllib
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.host import get_host

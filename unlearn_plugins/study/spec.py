@@ -726,7 +726,10 @@ class _Reader:
         if finetune_t is not None:
             finetune.update(
                 self.training_options(
-                    f"{table}.finetune", finetune_t, FinetuneConfig, SCHEDULE_FIELDS + ("full_finetune", "record_trajectory")
+                    f"{table}.finetune",
+                    finetune_t,
+                    FinetuneConfig,
+                    SCHEDULE_FIELDS + ("full_finetune", "record_trajectory"),
                 )
             )
         if finetune_t is not None or base is None:
