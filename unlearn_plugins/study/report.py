@@ -681,6 +681,13 @@ def _ci_text(stat: dict, key: str) -> str:
     return f"{_fmt(stat['mean'], key)} [{_fmt(stat['low'], key)}, {_fmt(stat['high'], key)}]"
 
 
+def source_used(plan: Plan) -> str:
+    """The study's benchmark source as its benchmark folders resolved it (``auto``: TOFU where
+    it was found, else the generated authors)."""
+    found = {bench.get("source") for bench in plan.benches.values()}
+    return found.pop() if plan.study.source == "auto" and len(found) == 1 else plan.study.source
+
+
 def markdown(report: dict, plan: Plan) -> str:
     study, data = plan.study, report["data"]
     columns = reported_metrics(plan)
@@ -694,7 +701,7 @@ def markdown(report: dict, plan: Plan) -> str:
     if study.description:
         lines += [study.description, ""]
     lines += [
-        f"Model `{study.model}`; benchmark: {study.authors} {'TOFU' if study.source == 'tofu' else 'generated'} "
+        f"Model `{study.model}`; benchmark: {study.authors} {'TOFU' if source_used(plan) == 'tofu' else 'generated'} "
         f"authors (20 QA each), forgetting the last {', '.join(map(str, study.forget_sizes))}; seeds "
         f"{', '.join(map(str, study.seeds))}; one unlearning budget for every method: {budget}.",
         "",
