@@ -14,8 +14,10 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import tomllib
 
 from unlearn_plugins.cli import main
+from unlearn_plugins.study import builtin_studies
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -31,6 +33,10 @@ CELLS = [
     "grad_diff/forget1/seed0",
     "ihl_fila/forget1/seed0",
 ]
+
+
+#: the methods --methods may name, in the peer_methods study's order
+PEERS = ", ".join(m["name"] for m in tomllib.loads(builtin_studies()["peer_methods"].read_text())["methods"])
 
 
 def cells_said(err: str, word: str) -> list[str]:
@@ -427,7 +433,7 @@ def test_a_parallel_demo_stopped_by_ctrl_c_resumes(parallel_run, sequential_numb
         (["--workers", "0"], "--workers must be an integer >= 1, got 0"),
         (["--workers", "2", "--benchmark", "movielens"], "--workers: not an option of --benchmark movielens"),
         (["--eval-dtype", "bf16", "--benchmark", "movielens"], "--eval-dtype: not an option of --benchmark movielens"),
-        (["--methods", "npo,nop"], "--methods: no method 'nop' in the peer_methods study; known: grad_ascent, "),
+        (["--methods", "npo,nop"], f"--methods: no method 'nop' in the peer_methods study; known: {PEERS} (or 'all')"),
         (["--methods", "npo,"], "--methods 'npo,': give method names separated by commas, or 'all'"),
         (["--methods", "npo", "--benchmark", "movielens"], "--methods: not an option of --benchmark movielens"),
     ],
