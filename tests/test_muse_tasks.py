@@ -51,8 +51,54 @@ def test_verbmem_rouge_l_on_known_strings():
     s = mu.rouge_l("alpha beta gamma delta", "alpha gamma")
     assert s["rougeL_recall"] == pytest.approx(0.5)
     assert s["rougeL_f1"] == pytest.approx(2 / 3)
-    assert mu.verbmem_results({"gt": "alpha beta gamma delta"}, ["alpha gamma"])["rougeL_f1"] == pytest.approx(2 / 3)
     assert mu.rouge_l("alpha beta", "gamma")["rougeL_f1"] == 0.0
+
+
+def test_rouge_is_unstemmed_as_the_reference():
+    """metrics/logger.py (swj0419/muse_bench@fcd6651) scores with RougeScorer(use_stemmer=False):
+    "cats"/"cat" and "running"/"runs" differ; only "the" and "dogs" are common (LCS 2 of 4)."""
+    s = mu.rouge_l("the cats chase dogs", "the cat catches dogs")
+    assert s["rougeL_f1"] == pytest.approx(0.5)
+    # stemmed (metadata rouge_stemmer, open-unlearning's setting): cats -> cat, so LCS 3 of 4
+    assert mu.rouge_l("the cats chase dogs", "the cat catches dogs", stemmer=True)["rougeL_f1"] == pytest.approx(0.75)
+
+
+def test_verbmem_truth_is_cut_to_the_generation_length(tiny_tokenizer):
+    """metrics/verbmem.py: tokenizer(gt, add_special_tokens=True).input_ids[:, :max_new_tokens],
+    decoded without special tokens."""
+    gt = " ".join(f"word{i}" for i in range(200))
+    ids = list(tiny_tokenizer(gt, add_special_tokens=True).input_ids)
+    assert len(ids) > 128
+    cut = mu.verbmem_truth(tiny_tokenizer, ids, 128)
+    assert cut == tiny_tokenizer.decode(ids[:128], skip_special_tokens=True, clean_up_tokenization_spaces=True)
+    assert gt.startswith(cut) and len(cut) < len(gt)
+    # a continuation shorter than the cut is kept whole
+    assert mu.verbmem_truth(tiny_tokenizer, list(tiny_tokenizer("a b c").input_ids), 128) == "a b c"
+
+
+def test_knowmem_answer_cut_as_the_reference():
+    """metrics/knowmem.py get_prefix_before_words_occur(output, ["\\n\\n", "\\nQuestion", "Question:"])."""
+    assert mu.knowmem_answer("By the river\n\nQuestion: next?") == "By the river"
+    assert mu.knowmem_answer("By the river\nQuestion") == "By the river"
+    assert mu.knowmem_answer("By the river Question: x") == "By the river "
+    # a single newline does not end the answer (it did before: until ["\\n"])
+    assert mu.knowmem_answer("line one\nline two") == "line one\nline two"
+
+
+def test_privleak_scores_the_first_token_only_after_a_bos():
+    """metrics/privleak.py scores tokenizer.encode(text)[1:]: with a BOS every text token."""
+
+    class Tok:
+        def __init__(self, bos):
+            self.bos = bos
+
+        def encode(self, text, add_special_tokens=True):
+            ids = [ord(c) for c in text]
+            return ([1] if self.bos and add_special_tokens else []) + ids
+
+    ids = [ord(c) for c in "abc"]
+    assert mu.scores_first_token(Tok(True), "abc", ids)
+    assert not mu.scores_first_token(Tok(False), "abc", ids)
 
 
 def test_privleak_auc_and_normalisation_on_fixed_scores():
@@ -84,7 +130,9 @@ def test_retain_auc_sources(monkeypatch):
 
 def test_knowmem_prompt_format():
     prompt = mu.knowmem_prompt("Q3?", [("Q1?", "A1"), ("Q2?", "A2")])
-    assert prompt == "Question: Q1?\nAnswer: A1\n\nQuestion: Q2?\nAnswer: A2\n\nQuestion: Q3?\nAnswer:"
+    # metrics/knowmem.py: f"Question: {question}\\nAnswer: {answer}\\n\\n" per pair, then
+    # f"Question: {question}\\nAnswer: " (trailing space)
+    assert prompt == "Question: Q1?\nAnswer: A1\n\nQuestion: Q2?\nAnswer: A2\n\nQuestion: Q3?\nAnswer: "
 
 
 def test_missing_data_names_download_and_place(monkeypatch, tmp_path):
@@ -135,8 +183,8 @@ def test_knowmem_task_scores_its_generations(tiny_model, tiny_tokenizer, muse_di
     rows = ev.samples["muse_news_knowmem_retain"]
     assert len(rows) == 2
     for r in rows:
-        assert r["doc"]["prompt"].startswith("Question: ") and r["doc"]["prompt"].endswith("\nAnswer:")
-        out = r["filtered_resps"][0]
+        assert r["doc"]["prompt"].startswith("Question: ") and r["doc"]["prompt"].endswith("\nAnswer: ")
+        out = mu.knowmem_answer(r["filtered_resps"][0])
         assert r["rougeL_f1"] == pytest.approx(mu.rouge_l(r["doc"]["answer"], out)["rougeL_f1"])
 
 
@@ -175,8 +223,12 @@ def test_lm_eval_cli_runs_muse_news_verbmem(tiny_model_dir, muse_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     samples = [json.loads(line) for f in out.rglob("samples_muse_news_verbmem_*.jsonl") for line in f.open()]
     assert len(samples) == 2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for s in samples:
-        assert s["rougeL_f1"] == pytest.approx(mu.rouge_l(s["doc"]["gt"], s["filtered_resps"][0])["rougeL_f1"])
+        truth = mu.verbmem_truth(tok, s["doc"]["gt_ids"], 16)  # --gen_kwargs max_gen_toks=16 cuts the truth too
+        assert s["rougeL_f1"] == pytest.approx(mu.rouge_l(truth, s["filtered_resps"][0])["rougeL_f1"])
     results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["muse_news_verbmem"]
     assert math.isfinite(results["rougeL_f1,none"])
 
