@@ -70,7 +70,7 @@ def test_verbmem_truth_is_cut_to_the_generation_length(tiny_tokenizer):
     ids = list(tiny_tokenizer(gt, add_special_tokens=True).input_ids)
     assert len(ids) > 128
     cut = mu.verbmem_truth(tiny_tokenizer, ids, 128)
-    assert cut == tiny_tokenizer.decode(ids[:128], skip_special_tokens=True, clean_up_tokenization_spaces=True)
+    assert cut == tiny_tokenizer.decode(ids[:128], skip_special_tokens=True)
     assert gt.startswith(cut) and len(cut) < len(gt)
     # a continuation shorter than the cut is kept whole
     assert mu.verbmem_truth(tiny_tokenizer, list(tiny_tokenizer("a b c").input_ids), 128) == "a b c"
@@ -262,33 +262,82 @@ def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
     assert "muse-bench/MUSE-News" in proc.stderr and "UNLEARN_MUSE_DIR" in proc.stderr
 
 
-def test_unlearn_eval_runs_the_muse_news_group(tiny_model_dir, muse_dir, tmp_path):
-    out = tmp_path / "eval"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "unlearn_plugins.cli",
-            "eval",
-            "--model",
-            str(tiny_model_dir),
-            "--tasks",
-            "muse_news",
-            "--limit",
-            "2",
-            "--max-gen-toks",
-            "8",
-            "--out",
-            str(out),
-        ],
+def _unlearn_eval(model_dir, muse_dir, out, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "unlearn_plugins.cli", "eval", "--model", str(model_dir), "--tasks", "muse_news"]
+        + ["--limit", "8", "--max-gen-toks", "8", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir), mu.RETAIN_AUC_ENV: "0.4"},
     )
+
+
+def test_unlearn_eval_six_way_table_with_the_retrained_reference(tiny_model_dir, tmp_path):
+    """The retain model's evaluation saves its MUSE metrics (--save-reference); the next
+    evaluation reads them (--retain-reference): PrivLeak's retain AUC and the table's Retrained
+    column. The same model on both sides: PrivLeak 0 and each row equal to its reference.
+    8 privleak passages (4 forget, 4 holdout): the retain AUC must lie strictly inside (0, 1)."""
+    muse_dir = write_muse_fixture(tmp_path / "muse", corpora=("news",), n=4)
+    ref = tmp_path / "retain_ref.json"
+    proc = _unlearn_eval(tiny_model_dir, muse_dir, tmp_path / "retain", "--save-reference", str(ref))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
-    for task in ("verbmem", "knowmem_forget", "knowmem_retain"):
-        assert 0.0 <= results[f"muse_news_{task}"]["rougeL_f1,none"] <= 1.0
-    priv = results["muse_news_privleak"]
+    first = json.loads(next((tmp_path / "retain").rglob("results_*.json")).read_text())["results"]
+    priv = first["muse_news_privleak"]  # no reference yet: the environment's AUC
     assert priv["privleak,none"] == pytest.approx(((1 - priv["auc_min_k,none"]) - 0.6) / 0.6 * 100)
+    saved = json.loads(ref.read_text())
+    assert saved["format"] == "unlearn-plugins/retain-metrics-reference" and saved["limit"] == 8
+    values = {s["key"]: s["value"] for s in saved["samples"]}
+    assert values["muse_news_privleak/auc_min_k"] == pytest.approx(priv["auc_min_k,none"])
+    for task in ("verbmem", "knowmem_forget", "knowmem_retain"):
+        assert 0.0 <= first[f"muse_news_{task}"]["rougeL_f1,none"] <= 1.0
+        assert values[f"muse_news_{task}/rougeL_f1"] == pytest.approx(first[f"muse_news_{task}"]["rougeL_f1,none"])
+
+    proc = _unlearn_eval(tiny_model_dir, muse_dir, tmp_path / "eval", "--retain-reference", str(ref))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(next((tmp_path / "eval").rglob("results_*.json")).read_text())
+    assert second["results"]["muse_news_privleak"]["privleak,none"] == pytest.approx(0.0, abs=1e-6)
+    rows = {r["row"]: r for r in second["unlearn_summary"]["retain_table"]}
+    assert list(rows) == ["VerbMem on forget", "KnowMem on forget", "KnowMem on retain", "PrivLeak"]
+    for r in rows.values():
+        assert r["retrained"] == pytest.approx(r["value"], abs=1e-6)
+    table = proc.stdout[proc.stdout.index("MUSE news") :]
+    assert "|VerbMem on forget" in table and "|PrivLeak" in table and "Retrained" in table
+    # another --limit: refused before the model loads, in one line naming the file
+    proc = _unlearn_eval(
+        tiny_model_dir, muse_dir, tmp_path / "eval3", "--retain-reference", str(ref), "--limit", "3"
+    )  # the later --limit wins
+    assert proc.returncode != 0 and "--limit" in proc.stderr and str(ref) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_retain_table_rows_and_text():
+    from unlearn_plugins.evaluation import metrics_reference as mr
+
+    rows = [
+        {"table": "MUSE news", "row": "VerbMem on forget", "task": "muse_news_verbmem", "metric": "rougeL_f1"}
+        | {"scale": 100.0, "value": 0.25, "retrained": 0.125, "saves": {}, "reference": "r.json"},
+        {"table": "MUSE news", "row": "PrivLeak", "task": "muse_news_privleak", "metric": "privleak"}
+        | {"scale": 1.0, "value": -42.0, "retrained": 0.0, "saves": {}, "reference": "by definition"},
+    ]
+    text = mr.retain_tables(rows)
+    assert "25.00" in text and "12.50" in text and "-42.00" in text and "note" not in text
+    rows[0]["retrained"] = None
+    assert "no retain reference" in mr.retain_tables(rows)
+
+
+def test_metrics_reference_round_trip_and_bad_files(tmp_path):
+    from unlearn_plugins.evaluation import metrics_reference as mr
+
+    path = tmp_path / "ref.json"
+    rows = [{"task": "muse_news_privleak", "saves": {"auc_min_k": 0.625}}]
+    assert mr.write_metrics_reference(path, rows, limit=2) == ["muse_news_privleak"]
+    ref = mr.read_metrics_reference(path)
+    assert ref.values == {"muse_news_privleak": {"auc_min_k": 0.625}} and ref.limit == 2
+    assert mr.reference_value([str(path)], "muse_news_privleak", "auc_min_k") == (0.625, str(path))
+    assert mu.retain_auc("news", {"retain_reference": [str(path)]}, "muse_news_privleak")[0] == 0.625
+    data = json.loads(path.read_text())
+    data["samples"][0]["value"] = "x"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"samples\[0\]: field 'value'"):
+        mr.read_metrics_reference(path)
