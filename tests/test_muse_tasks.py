@@ -178,6 +178,32 @@ def test_privleak_task_equals_direct_min_k(tiny_model, tiny_tokenizer, muse_dir)
     assert metrics["privleak,none"] == pytest.approx(((1 - auc) - 0.5) / 0.5 * 100)
 
 
+def test_privleak_with_a_bos_tokenizer_scores_every_text_token(tiny_model, muse_dir):
+    """A tokenizer that adds a BOS (Llama's, MUSE's model): metrics/privleak.py scores every text
+    token after the BOS (``tokenizer.encode(text)[1:]``), the first one included."""
+    from tokenizers import processors
+
+    from unlearn_plugins.evaluation import mia
+    from unlearn_plugins.testing import tiny_tokenizer as make_tokenizer
+
+    tiny_tokenizer = make_tokenizer()  # its own: the session's tokenizer is shared
+    bos = tiny_tokenizer.bos_token_id
+    tiny_tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tiny_tokenizer.bos_token} $A", special_tokens=[(tiny_tokenizer.bos_token, bos)]
+    )
+    assert tiny_tokenizer.encode("river stone")[0] == bos
+    ev = _run(tiny_model, tiny_tokenizer, ["muse_news_privleak"], muse_dir, 2, retain_auc=0.5)
+    rows = sorted(ev.samples["muse_news_privleak"], key=lambda s: s["doc_id"])
+    assert len(rows) == 2 and all(r["doc"]["score_first"] for r in rows)
+    for r in rows:
+        ids = tiny_tokenizer.encode(r["doc"]["text"])  # [BOS, t1, ..., tn]
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([ids])).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+        assert len(logp) == len(tiny_tokenizer.encode(r["doc"]["text"], add_special_tokens=False))
+        assert r["auc_min_k"][1] == pytest.approx(mia.min_k_score(logp, 0.4), abs=1e-4)
+
+
 def test_knowmem_task_scores_its_generations(tiny_model, tiny_tokenizer, muse_dir):
     ev = _run(tiny_model, tiny_tokenizer, ["muse_news_knowmem_retain"], muse_dir, 2)
     rows = ev.samples["muse_news_knowmem_retain"]
