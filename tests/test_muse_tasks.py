@@ -288,29 +288,30 @@ def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
     assert "muse-bench/MUSE-News" in proc.stderr and "UNLEARN_MUSE_DIR" in proc.stderr
 
 
-def _unlearn_eval(model_dir, muse_dir, out, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "unlearn_plugins.cli", "eval", "--model", str(model_dir), "--tasks", "muse_news"]
-        + ["--limit", "8", "--max-gen-toks", "8", "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir), mu.RETAIN_AUC_ENV: "0.4"},
-    )
+def _unlearn_eval(capsys, model_dir, out, *extra) -> tuple[int, str, str]:
+    """`unlearn eval --tasks muse_news` in this process (no interpreter start per run)."""
+    from unlearn_plugins.cli import main
+
+    args = ["eval", "--model", model_dir, "--tasks", "muse_news", "--limit", "8", "--max-gen-toks", "8"]
+    code = main([str(a) for a in [*args, "--out", out, *extra]])
+    got = capsys.readouterr()
+    return code, got.out, got.err
 
 
-def test_unlearn_eval_six_way_table_with_the_retrained_reference(tiny_model_dir, tmp_path):
+def test_unlearn_eval_six_way_table_with_the_retrained_reference(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """The retain model's evaluation saves its MUSE metrics (--save-reference); the next
     evaluation reads them (--retain-reference): PrivLeak's retain AUC and the table's Retrained
     column. The same model on both sides: PrivLeak 0 and each row equal to its reference.
     8 privleak passages (4 forget, 4 holdout): the retain AUC must lie strictly inside (0, 1)."""
-    muse_dir = write_muse_fixture(tmp_path / "muse", corpora=("news",), n=4)
+    monkeypatch.setenv(mu.ENV, str(write_muse_fixture(tmp_path / "muse", corpora=("news",), n=4)))
+    monkeypatch.setenv(mu.RETAIN_AUC_ENV, "0.4")
     ref = tmp_path / "retain_ref.json"
-    proc = _unlearn_eval(tiny_model_dir, muse_dir, tmp_path / "retain", "--save-reference", str(ref))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, out, err = _unlearn_eval(capsys, tiny_model_dir, tmp_path / "retain", "--save-reference", ref)
+    assert code == 0, err[-3000:]
     first = json.loads(next((tmp_path / "retain").rglob("results_*.json")).read_text())["results"]
     priv = first["muse_news_privleak"]  # no reference yet: the environment's AUC
     assert priv["privleak,none"] == pytest.approx(((1 - priv["auc_min_k,none"]) - 0.6) / 0.6 * 100)
+    assert "no retain reference" in out  # the table without its Retrained column's values
     saved = json.loads(ref.read_text())
     assert saved["format"] == "unlearn-plugins/retain-metrics-reference" and saved["limit"] == 8
     values = {s["key"]: s["value"] for s in saved["samples"]}
@@ -319,22 +320,22 @@ def test_unlearn_eval_six_way_table_with_the_retrained_reference(tiny_model_dir,
         assert 0.0 <= first[f"muse_news_{task}"]["rougeL_f1,none"] <= 1.0
         assert values[f"muse_news_{task}/rougeL_f1"] == pytest.approx(first[f"muse_news_{task}"]["rougeL_f1,none"])
 
-    proc = _unlearn_eval(tiny_model_dir, muse_dir, tmp_path / "eval", "--retain-reference", str(ref))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, out, err = _unlearn_eval(capsys, tiny_model_dir, tmp_path / "eval", "--retain-reference", ref)
+    assert code == 0, err[-3000:]
     second = json.loads(next((tmp_path / "eval").rglob("results_*.json")).read_text())
     assert second["results"]["muse_news_privleak"]["privleak,none"] == pytest.approx(0.0, abs=1e-6)
     rows = {r["row"]: r for r in second["unlearn_summary"]["retain_table"]}
     assert list(rows) == ["VerbMem on forget", "KnowMem on forget", "KnowMem on retain", "PrivLeak"]
     for r in rows.values():
         assert r["retrained"] == pytest.approx(r["value"], abs=1e-6)
-    table = proc.stdout[proc.stdout.index("MUSE news") :]
+    table = out[out.index("MUSE news") :]
     assert "|VerbMem on forget" in table and "|PrivLeak" in table and "Retrained" in table
+    assert "no retain reference" not in out
     # another --limit: refused before the model loads, in one line naming the file
-    proc = _unlearn_eval(
-        tiny_model_dir, muse_dir, tmp_path / "eval3", "--retain-reference", str(ref), "--limit", "3"
-    )  # the later --limit wins
-    assert proc.returncode != 0 and "--limit" in proc.stderr and str(ref) in proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, out, err = _unlearn_eval(capsys, tiny_model_dir, tmp_path / "eval3", "--retain-reference", ref, "--limit", 3)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert "--limit" in lines[0] and str(ref) in lines[0]
 
 
 def test_retain_table_rows_and_text():
@@ -347,7 +348,10 @@ def test_retain_table_rows_and_text():
         | {"scale": 1.0, "value": -42.0, "retrained": 0.0, "saves": {}, "reference": "by definition"},
     ]
     text = mr.retain_tables(rows)
-    assert "25.00" in text and "12.50" in text and "-42.00" in text and "note" not in text
+    cells = {line.split("|")[1].strip(): line.split("|")[3:5] for line in text.splitlines()[2:]}
+    assert [float(v) for v in cells["VerbMem on forget"]] == [25.0, 12.5]  # x 100 (scale)
+    assert [float(v) for v in cells["PrivLeak"]] == [-42.0, 0.0]
+    assert "note" not in text
     rows[0]["retrained"] = None
     assert "no retain reference" in mr.retain_tables(rows)
 
