@@ -254,8 +254,8 @@ def test_save_reference_without_a_truth_ratio_task_is_refused_before_the_model_l
     )
     assert code == 1
     assert error_line(err) == (
-        "error: --save-reference needs exactly one forget truth-ratio task in the run (found: none); "
-        "e.g. --tasks tofu_forget01_truth_ratio"
+        "error: --save-reference needs exactly one forget truth-ratio task in the run (found: none), or tasks "
+        "that keep a retain reference (MUSE's) without one; e.g. --tasks tofu_forget01_truth_ratio or --tasks muse_news"
     )
     assert tree(tmp_path) == {}
 

@@ -41,12 +41,15 @@ class EvaluationConfig:
     )
     retain_reference: list[str] = option(
         list,
-        "retain model's per-sample truth ratios for Forget Quality (repeatable: one per forget split)",
+        "retain model's reference: its per-sample truth ratios for Forget Quality (repeatable: one per forget "
+        "split), or its MUSE metrics for the six-way table and PrivLeak",
         parse="append",
         metavar="FILE",
     )
     save_reference: str | None = option(
-        None, "write this model's forget-split truth ratios as a retain reference", metavar="FILE"
+        None,
+        "write this model's forget-split truth ratios (or, without a TOFU forget task, its MUSE metrics) as a retain reference",
+        metavar="FILE",
     )
     open_unlearning_log: bool = option(
         False, "also write open-unlearning's TOFU_EVAL.json / MUSE_EVAL.json (and _SUMMARY.json) into --out"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import DataError, UnlearnError
 from .lm_eval_summary import Evaluation, json_safe
+from .metrics_reference import write_metrics_reference
 from .reference import write_reference
 
 
@@ -40,6 +41,13 @@ def reference_rows(evaluation: Evaluation) -> tuple[str, str, list[str], list[fl
 def save_reference(
     evaluation: Evaluation, path: str | Path, *, model: str | None = None, adapter: str | None = None
 ) -> str:
+    """The retain reference of the run: TOFU's forget truth ratios, else the metrics of the tasks
+    that keep one (:mod:`.metrics_reference`, MUSE's); returns what it holds."""
+    has_tofu = any(s and "forget_quality" in s[0] for s in evaluation.samples.values())
+    rows = evaluation.summary.get("retain_table")
+    if rows and not has_tofu:
+        tasks = write_metrics_reference(path, rows, limit=evaluation.summary.get("limit"), model=model, adapter=adapter)
+        return ", ".join(tasks)
     task, split, keys, ratios = reference_rows(evaluation)
     write_reference(path, task=task, split=split, keys=keys, truth_ratios=ratios, model=model, adapter=adapter)
     return task

@@ -81,8 +81,12 @@ def _n_evaluated(task, limit: int | float | None) -> int:
 def check_references(tasks: dict[str, Any], paths: Sequence[str], limit: int | float | None) -> None:
     """Before any compute: every reference must belong to a forget truth-ratio task of the
     run, and cover exactly the documents that --limit selects."""
+    from .metrics_reference import check_metrics_references, is_metrics_reference
     from .tofu_tasks import TofuForgetTruthRatioTask
 
+    metric_refs = [p for p in paths if is_metrics_reference(p)]
+    check_metrics_references(tasks, metric_refs, limit)
+    paths = [p for p in paths if p not in metric_refs]
     forget = {n: t for n, t in tasks.items() if isinstance(t, TofuForgetTruthRatioTask)}
     if paths and not forget:
         raise DataError(
@@ -138,13 +142,16 @@ def prepare(
     specs, leaves = load_tasks(manager, names)
     check_references(leaves, [str(p) for p in retain_references], limit)
     if save_reference:
+        from .metrics_reference import spec_of
         from .tofu_tasks import TofuForgetTruthRatioTask
 
         forget = sorted(n for n, t in leaves.items() if isinstance(t, TofuForgetTruthRatioTask))
-        if len(forget) != 1:
+        kept = [n for n, t in leaves.items() if spec_of(t) is not None]
+        if len(forget) != 1 and not (kept and not forget):
             raise DataError(
                 f"--save-reference needs exactly one forget truth-ratio task in the run (found: "
-                f"{', '.join(forget) or 'none'}); e.g. --tasks tofu_forget01_truth_ratio"
+                f"{', '.join(forget) or 'none'}), or tasks that keep a retain reference (MUSE's) without "
+                "one; e.g. --tasks tofu_forget01_truth_ratio or --tasks muse_news"
             )
     return Prepared(manager, specs, leaves, limit)
 

@@ -52,6 +52,7 @@ def summarize(
     results: dict[str, Any], leaves: dict[str, Any] | None = None, *, describe: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Task metrics plus Forget Quality (per forget truth-ratio task) and Model Utility."""
+    from .metrics_reference import table_rows
     from .tofu_tasks import TofuForgetTruthRatioTask
 
     metrics = metrics_of(results)
@@ -73,12 +74,14 @@ def summarize(
     if missing and (parts or any(t.startswith("tofu_") for t in metrics)):
         mu["missing"] = missing
         mu["note"] = "unavailable: add the tasks of the tag tofu_model_utility (they include ROUGE generation)"
+    retain_table = table_rows(metrics, leaves or {})
     return {
         **(describe or {}),
         "tasks": sorted(metrics),
         "metrics": metrics,
         "forget_quality": fq,
         "model_utility": mu,
+        **({"retain_table": retain_table} if retain_table else {}),
         "versions": {
             "lm_eval": results.get("versions", {}),
             "lm_eval_package": _version("lm_eval"),

@@ -1,11 +1,12 @@
 """An evaluation as text: lm-eval's own tables (``make_table``), then TOFU's Forget Quality and
-Model Utility."""
+Model Utility, then the tables of tasks beside their retain reference (MUSE's six-way table)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .lm_eval_summary import Evaluation
+from .metrics_reference import retain_tables
 
 
 def format_tables(evaluation: Evaluation) -> str:
@@ -17,7 +18,8 @@ def format_tables(evaluation: Evaluation) -> str:
     if evaluation.results.get("groups"):
         tables.append(make_table(evaluation.results, "groups"))
     tofu = tofu_table(evaluation.summary)
-    return "\n".join(tables + ([tofu] if tofu else []))
+    rows = evaluation.summary.get("retain_table")
+    return "\n".join(tables + ([tofu] if tofu else []) + ([retain_tables(rows)] if rows else []))
 
 
 def tofu_table(summary: dict[str, Any]) -> str:
