@@ -38,6 +38,7 @@ LATER_OPTIONS = {
     "gradient_checkpointing": False,
     "reference_dtype": None,
     "device_memory": None,
+    "record_trajectory": False,
 }
 
 
@@ -335,9 +336,17 @@ class FinetuneConfig(TrainingConfig):
 
     data: str = "tofu:full"
     authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
+    #: write each optimizer step's update, lr and batches to OUT/trajectory (training/trajectory.py;
+    #: what the lmcleaner objective replays); the last field, so older configs keep their keys
+    record_trajectory: bool = False
 
     def validate(self) -> None:
         super().validate()
+        if self.record_trajectory and self.resume:
+            raise ConfigError(
+                "option 'record_trajectory' cannot be used with --resume: the steps before the "
+                "checkpoint were not recorded; start the run again with --overwrite"
+            )
         if self.authors is not None and (
             not self.authors or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)
         ):
