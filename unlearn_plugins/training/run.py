@@ -548,7 +548,9 @@ def _train_locked(
             from .trajectory import FOLDER, IndexedCollator, IndexedExamples, TrajectoryRecorder
 
             if args.world_size > 1:
-                raise ConfigError("option 'record_trajectory' records a run of one process; run it without accelerate launch")
+                raise ConfigError(
+                    "option 'record_trajectory' records a run of one process; run it without accelerate launch"
+                )
             dataset, collator = IndexedExamples(dataset), IndexedCollator(collator)
             recorder = TrajectoryRecorder(out / FOLDER, samples["train"], encoded["train"])
             callbacks = [*callbacks, recorder]
