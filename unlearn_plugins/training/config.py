@@ -332,12 +332,13 @@ class UnlearnConfig(TrainingConfig):
 
 @dataclass
 class FinetuneConfig(TrainingConfig):
-    """`unlearn finetune`: plain NLL training on a TOFU split (to build target models)."""
+    """`unlearn finetune`: plain NLL training on a TOFU split (to build target models).
+    ``record_trajectory`` (the last field, in LATER_OPTIONS: older configs keep their keys) writes
+    each optimizer step's update, lr and batches to OUT/trajectory (training/trajectory.py), what
+    the lmcleaner objective replays."""
 
     data: str = "tofu:full"
     authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
-    #: write each optimizer step's update, lr and batches to OUT/trajectory (training/trajectory.py;
-    #: what the lmcleaner objective replays); the last field, so older configs keep their keys
     record_trajectory: bool = False
 
     def validate(self) -> None:
