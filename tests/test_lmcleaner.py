@@ -426,7 +426,10 @@ def test_bad_input_is_one_line(recorded, tiny_model_dir, tofu_dir, tmp_path):
     )
     for option in ({"K": -1}, {"hessian_mode": "exact"}, {"apply_mode": "x"}, {"damping": -1.0}):
         _one_line_error(
-            lambda: run_unlearning(unlearn_config(tmp_path / "f", full, tofu_dir, objective_options=option)), "must be"
+            lambda option=option: run_unlearning(
+                unlearn_config(tmp_path / "f", full, tofu_dir, objective_options=option)
+            ),
+            "must be",
         )
     _one_line_error(
         lambda: FinetuneConfig(out=str(tmp_path / "g"), record_trajectory=True, resume=True).validate(),
