@@ -431,11 +431,28 @@ def test_bad_input_is_one_line(recorded, tiny_model_dir, tofu_dir, tmp_path):
             ),
             "must be",
         )
+    # a damaged trajectory
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(full / "trajectory", damaged)
+    step = damaged / "steps" / "000003.safetensors"
+    step.write_bytes(step.read_bytes()[:100])
+    options = {"trajectory": str(damaged)}
+    _one_line_error(
+        lambda: run_unlearning(unlearn_config(tmp_path / "h", full, tofu_dir, objective_options=options)),
+        "000003.safetensors: cannot read",
+    )
+    (damaged / "trajectory.json").write_text('{"format": "unlearn-trajectory/1", "steps": 6}')
+    _one_line_error(
+        lambda: run_unlearning(unlearn_config(tmp_path / "i", full, tofu_dir, objective_options=options)),
+        "malformed",
+    )
     _one_line_error(
         lambda: FinetuneConfig(out=str(tmp_path / "g"), record_trajectory=True, resume=True).validate(),
         "cannot be used with --resume",
     )
-    assert not any((tmp_path / x / "run.json").exists() for x in "abcdef")
+    assert not any((tmp_path / x / "run.json").exists() for x in "abcdefhi")
 
 
 def test_cli_finetune_record_trajectory_then_lmcleaner_run(tiny_model_dir, tofu_dir, tmp_path, capsys):

@@ -194,10 +194,15 @@ class Trajectory:
             got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
             raise TrajectoryError(f"{path}: format {got!r}, expected {FORMAT!r}")
         self.meta = meta
-        self.steps = int(meta["steps"])
-        self.lora = bool(meta["lora"])
-        self.parameters: dict[str, list[int]] = dict(meta["parameters"])
-        self.records = sorted(meta["records"], key=lambda r: r["step"])
+        try:
+            self.steps = int(meta["steps"])
+            self.lora = bool(meta["lora"])
+            self.parameters: dict[str, list[int]] = dict(meta["parameters"])
+            self.records = sorted(meta["records"], key=lambda r: r["step"])
+            for r in self.records:
+                float(r["lr"]), [[int(i) for i in b] for b in r["batches"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrajectoryError(f"{path}: malformed ({type(exc).__name__}: {exc})") from None
         if [r["step"] for r in self.records] != list(range(self.steps)):
             raise TrajectoryError(f"{path}: records do not cover steps 0..{self.steps - 1}")
         for t in range(self.steps):
@@ -214,6 +219,13 @@ class Trajectory:
                 self._examples = [json.loads(line) for line in lines if line.strip()]
             except (OSError, ValueError) as exc:
                 raise TrajectoryError(f"{path}: cannot read the training examples: {exc}") from None
+            top = max((i for r in self.records for b in r["batches"] for i in b), default=-1)
+            if top >= len(self._examples) or not all(isinstance(e, dict) and "input_ids" in e for e in self._examples):
+                raise TrajectoryError(
+                    f"{path}: {len(self._examples)} examples, but the steps' batches name example {top}"
+                    if top >= len(self._examples)
+                    else f"{path}: an example without input_ids"
+                )
         return self._examples
 
     def lr(self, t: int) -> float:
@@ -225,7 +237,15 @@ class Trajectory:
     def update(self, t: int) -> dict[str, Any]:
         from safetensors.torch import load_file
 
-        return load_file(str(step_file(self.folder, t)))
+        path = step_file(self.folder, t)
+        try:
+            tensors = load_file(str(path))
+        except Exception as exc:  # a truncated or garbled file: safetensors' own error
+            raise TrajectoryError(f"{path}: cannot read: {exc}") from None
+        missing = [n for n in self.parameters if n not in tensors]
+        if missing:
+            raise TrajectoryError(f"{path}: no update of {missing[0]!r} ({len(missing)} parameters missing)")
+        return tensors
 
     def final(self) -> dict[str, Any]:
         from safetensors.torch import load_file
@@ -233,7 +253,10 @@ class Trajectory:
         path = self.folder / "final.safetensors"
         if not path.is_file():
             raise TrajectoryError(f"{path}: missing (the trajectory is incomplete)")
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # a truncated or garbled file: safetensors' own error
+            raise TrajectoryError(f"{path}: cannot read: {exc}") from None
 
     def adapter_config(self) -> dict[str, Any]:
         path = self.folder / "adapter_config.json"
