@@ -251,6 +251,7 @@ SETTINGS = [
     dict(K=800, mode="ggn", damping=1e-4, apply_mode="sum_then_apply", historical=True),  # the defaults
     dict(K=2, mode="ggn", damping=0.5, apply_mode="sequential", historical=True),
     dict(K=3, mode="fisher", damping=0.0, apply_mode="sum_then_apply", historical=False),
+    dict(K=5, mode="fisher", damping=0.5, apply_mode="sum_then_apply", historical=False),
 ]
 
 
@@ -298,6 +299,10 @@ def test_full_correction_equals_the_reference_formula(setting, recorded):
     finally:
         space.close()
     assert audit["hvp_calls"] > 0
+    # no window truncated (K >= tau-1-tz for every forget step), summed: the sum propagated once
+    fused = setting["apply_mode"] == "sum_then_apply" and all(tz + setting["K"] >= trajectory.steps - 1 for tz in steps)
+    assert audit["fused"] is fused
+    assert fused or setting["apply_mode"] == "sequential" or setting["K"] == 3
     expected = dict(reference.named_parameters())
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in ours.named_parameters())
     assert moved > 1e-5

@@ -158,6 +158,7 @@ class LMCleaner:
             "forget_samples": len(context.forget),
             "forget_steps": steps,
             "hvp_calls": audit["hvp_calls"],
+            "fused": audit["fused"],
             "v_norms": audit["v_norms"],
             "seconds": round(time.time() - started, 3),
         }
@@ -435,6 +436,10 @@ def correct(
         return [u[n].to(device=device, dtype=dtype) for n in space.names]
 
     theta = space.get()
+    if apply_mode == "sum_then_apply" and steps and all(tz + K >= tau - 1 for tz in steps):
+        return _correct_fused(
+            space, trajectory, steps, update, theta, hessian_mode, damping, use_historical_params, pad_token_id
+        )
     total: list[Any] | None = None
     calls, norms = 0, []
     for tz in steps:
@@ -468,7 +473,49 @@ def correct(
     if total is not None:
         space.set([t + vi for t, vi in zip(theta, total)])
     space.write()
-    return {"hvp_calls": calls, "v_norms": norms}
+    return {"hvp_calls": calls, "v_norms": norms, "fused": False}
+
+
+def _correct_fused(space, trajectory, steps, update, theta, hessian_mode, damping, historical, pad_token_id):
+    """The summed correction when no window is truncated (``K >= tau-1-tz`` for every forget
+    step): every ``v`` goes through the same maps ``A_s v = v - lr_s H_s v - lr_s damping v`` at
+    the same ``theta[s]`` (``sum_then_apply`` computes each from ``theta[tau]``), and they are
+    linear, so their sum is propagated once (Horner: ``w <- A_s w``, then ``w -= u[s]`` when step
+    ``s`` held a forget sample): ``tau-1-tz_first`` products instead of one run per forget step.
+    The same sum, up to float rounding (tests/test_lmcleaner.py checks it against the reference)."""
+    import torch
+
+    tau = trajectory.steps
+    examples = trajectory.examples
+    forget = set(steps)
+    first = min(steps)
+    w = [-u for u in update(first)]
+    start = first + 1
+    if historical and start <= tau - 1:
+        current = [t.clone() for t in theta]
+        for t in range(start, tau):
+            for c, u in zip(current, update(t)):
+                c.sub_(u)
+        space.set(current)
+    calls = 0
+    for s in range(start, tau):
+        hv = hvp(space, examples, trajectory.batches(s), w, hessian_mode, pad_token_id)
+        lr = trajectory.lr(s)
+        w = [wi - lr * hi for wi, hi in zip(w, hv)]
+        if damping > 0:
+            w = [wi - lr * damping * wi for wi in w]
+        calls += 1
+        u_s = update(s)
+        if historical:
+            for c, u in zip(current, u_s):
+                c.add_(u)
+            space.set(current)
+        if s in forget:
+            w = [wi - u for wi, u in zip(w, u_s)]
+    space.set([t + wi for t, wi in zip(theta, w)])
+    space.write()
+    norm = float(torch.sqrt(sum((wi.double() ** 2).sum() for wi in w)))
+    return {"hvp_calls": calls, "v_norms": [norm], "fused": True}
 
 
 def _pad_id(tokenizer) -> int:
