@@ -163,9 +163,10 @@ class UnlearningObjective(Protocol):
     * ``weight: float`` - a regulariser's coefficient;
     * ``prepare(context) -> dict | None`` - called once before training with an
       :class:`unlearn_plugins.objectives.base.ObjectiveContext` (model, tokenizer, samples,
-      encoded examples, the initializer's InitResult, seed); may return extra per-forget-example
-      encodings (name -> sequence, item i for forget example i) that every batch then carries
-      under that name;
+      encoded examples, the initializer's InitResult, seed, ``model_path``: where the model was
+      loaded from); may return extra per-forget-example encodings (name -> sequence, item i for
+      forget example i) that every batch then carries under that name; may change the weights
+      in place before training (LMCleaner's correction);
     * ``last_terms: dict[str, Tensor]`` - detached parts of the last loss, logged as ``loss_<name>``;
     * ``leaves_parameters_unused: bool`` - the loss does not reach every trainable parameter
       (multi-process training then asks DDP to look for unused ones).

@@ -13,6 +13,7 @@ from .training_options import S, add_training_options, dry_run, int_list, report
 EXAMPLE = """examples:
   unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
   unlearn finetune --data tofu:retain99 --full-finetune --out retain99
+  unlearn finetune --data tofu:full --full-finetune --record-trajectory --out ft   # for --objective lmcleaner
   unlearn finetune --data movielens/train.json --merge --out ml-target   # files of `unlearn movielens`
   unlearn finetune --config ft.toml --lr 2e-4 --out ft --show-config      # the merged options; trains nothing
 """
@@ -36,6 +37,12 @@ def add_parser(sub) -> None:
         help="train on these TOFU authors of the split only (20 QA each, 0-based)",
     )
     g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+    g.add_argument(
+        "--record-trajectory",
+        action="store_true",
+        default=S,
+        help="write each optimizer step's update, lr and batches to OUT/trajectory (what lmcleaner replays)",
+    )
     add_training_options(p)
     p.set_defaults(func=run)
 

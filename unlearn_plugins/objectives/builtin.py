@@ -7,6 +7,7 @@ from .ceu import CEU
 from .gradient import WGA, GradAscent, GradDiff, SatImp
 from .gru import GRU
 from .ihl import IHL
+from .lmcleaner import LMCleaner
 from .lunar import LUNAR
 from .pdu import PDU
 from .preference import NPO, IdkDPO, SimNPO
@@ -38,4 +39,5 @@ def register_unlearning_objectives(register):
     register("altpo", AltPO)
     register("lunar", LUNAR)
     register("t3", T3)
+    register("lmcleaner", LMCleaner)
     register("rol", ROL)

@@ -332,7 +332,10 @@ class UnlearnConfig(TrainingConfig):
 
 @dataclass
 class FinetuneConfig(TrainingConfig):
-    """`unlearn finetune`: plain NLL training on a TOFU split (to build target models)."""
+    """`unlearn finetune`: plain NLL training on a TOFU split (to build target models).
+    ``record_trajectory`` (the last field, in LATER_OPTIONS: older configs keep their keys) writes
+    each optimizer step's update, lr and batches to OUT/trajectory (training/trajectory.py), what
+    the lmcleaner objective replays."""
 
     data: str = "tofu:full"
     authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
@@ -340,6 +343,11 @@ class FinetuneConfig(TrainingConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.record_trajectory and self.resume:
+            raise ConfigError(
+                "option 'record_trajectory' cannot be used with --resume: the steps before the "
+                "checkpoint were not recorded; start the run again with --overwrite"
+            )
         if self.authors is not None and (
             not self.authors or not all(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in self.authors)
         ):

@@ -30,6 +30,9 @@ class ObjectiveContext:
     max_length: int = 512
     seed: int = 0
     system_prompt: str | None = None
+    #: where the model was loaded from (its folder, or a hub id): what the objective may find
+    #: next to it (LMCleaner: the target's recorded trajectory)
+    model_path: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # objectives may record what they chose
 
 

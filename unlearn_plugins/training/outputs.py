@@ -7,6 +7,7 @@ Layout::
       or config.json, model.safetensors              the model, with full_finetune
     tokenizer files
     merged/                                          base + adapter folded in (merge = true)
+    trajectory/                                      per-step updates (finetune --record-trajectory)
     run.json                                         config, versions, seed, steps, losses, wall time
     checkpoints/                                     Trainer checkpoints while running (removed at
                                                      the end unless keep_checkpoints), run_config.json
@@ -147,6 +148,7 @@ def clear_previous_run(out: Path) -> None:
     before training starts, once everything else has been checked)."""
     shutil.rmtree(checkpoint_dir(out), ignore_errors=True)
     shutil.rmtree(out / "merged", ignore_errors=True)
+    shutil.rmtree(out / "trajectory", ignore_errors=True)  # --record-trajectory's (training/trajectory.py)
     (out / RUN_JSON).unlink(missing_ok=True)
 
 

@@ -360,6 +360,7 @@ def _train(
     samples: dict[str, Sequence[Any]],
     callbacks: Iterable[Any] = (),
     check_loss: bool = False,
+    trajectory: bool = False,
 ) -> RunResult:
     """Load, wrap, initialise, train with the Trainer, save; write run.json. The main process
     holds the lock on ``config.out`` from the first check to the last write. ``check_loss``:
@@ -388,6 +389,7 @@ def _train(
             samples=samples,
             callbacks=callbacks,
             check_loss=check_loss,
+            trajectory=trajectory,
         )
 
 
@@ -466,6 +468,7 @@ def _train_locked(
     samples: dict[str, Sequence[Any]],
     callbacks: Iterable[Any],
     check_loss: bool = False,
+    trajectory: bool = False,
 ) -> RunResult:
     from transformers import set_seed
 
@@ -530,6 +533,7 @@ def _train_locked(
             max_length=config.max_length,
             seed=config.seed,
             system_prompt=config.system_prompt,
+            model_path=base.get("name_or_path"),
         )
         wrap = getattr(objective, "wrap_model", None)
         if wrap is not None:  # the model the run trains and saves instead (T3: a head around the frozen model)
@@ -539,6 +543,17 @@ def _train_locked(
         dataset = build_dataset(encoded, views)
 
         collator = PaddingCollator(tokenizer.pad_token_id)
+        recorder = None
+        if trajectory:  # --record-trajectory: each micro-batch's dataset indices reach the recorder
+            from .trajectory import FOLDER, IndexedCollator, IndexedExamples, TrajectoryRecorder
+
+            if args.world_size > 1:
+                raise ConfigError(
+                    "option 'record_trajectory' records a run of one process; run it without accelerate launch"
+                )
+            dataset, collator = IndexedExamples(dataset), IndexedCollator(collator)
+            recorder = TrajectoryRecorder(out / FOLDER, samples["train"], encoded["train"])
+            callbacks = [*callbacks, recorder]
         trainer = UnlearningTrainer(
             model=train_model,
             args=args,
@@ -547,6 +562,7 @@ def _train_locked(
             objective=objective,
             reference_model=reference,
             callbacks=list(callbacks),
+            trajectory=recorder,
         )
         if isinstance(reference, lora.SharedWeightsReference) and (
             trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
@@ -863,6 +879,7 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
         initializer=None if config.full_finetune else DefaultInit(),
         samples={"train": data},
         callbacks=callbacks,
+        trajectory=config.record_trajectory,
     )
 
 

@@ -105,9 +105,10 @@ class UnlearningTrainer(Trainer):
 
     loss_is_scaled_for_ga = False
 
-    def __init__(self, *args, objective, reference_model=None, **kwargs):
+    def __init__(self, *args, objective, reference_model=None, trajectory=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.objective = objective
+        self.trajectory = trajectory  # a training.trajectory.TrajectoryRecorder (--record-trajectory)
         self.own_step = own_training_step(objective)  # refuses regularizers on such an objective, before training
         self.reference_model = reference_model
         if isinstance(reference_model, torch.nn.Module):  # a frozen copy (a LoRA run's shares the weights)
@@ -130,6 +131,11 @@ class UnlearningTrainer(Trainer):
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        from .trajectory import INDEX_KEY
+
+        indices = inputs.pop(INDEX_KEY, None) if isinstance(inputs, dict) else None
+        if indices is not None and self.trajectory is not None:
+            self.trajectory.micro_batch(indices)
         own = self.own_step
         if own is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
