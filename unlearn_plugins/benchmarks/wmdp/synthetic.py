@@ -154,9 +154,9 @@ RETAIN_TOPICS = {
 class Settings:
     """The generator's parameters (all that the folder's content depends on, with the seed)."""
 
-    pathogens: int = 12
-    compounds: int = 8
-    retain_documents: int = 24
+    pathogens: int = 8
+    compounds: int = 4
+    retain_documents: int = 12
     seed: int = 0
 
 

@@ -31,7 +31,7 @@ MMLU_PER_SUBJECT = 25
 
 def synthetic_questions(folder: str | None = None) -> list[dict[str, Any]]:
     """The synthetic questions (cais/wmdp schema) of ``folder``, else generated."""
-    from ..synthetic import QUESTIONS, generate
+    from unlearn_plugins.benchmarks.wmdp.synthetic import QUESTIONS, generate
 
     chosen = folder or os.environ.get("UNLEARN_WMDP_SYNTHETIC_DIR")
     if not chosen:
@@ -59,15 +59,18 @@ def mmlu_subset(
     mmlu_dir: str | None = None, subjects: tuple[str, ...] | list[str] = MMLU_SUBJECTS, per_subject: int = MMLU_PER_SUBJECT
 ) -> list[dict[str, Any]]:
     """The first ``per_subject`` test questions of each subject (with ``subject_name``)."""
-    from unlearn_plugins.evaluation.local_data import _folder, read_mmlu_csv
+    from unlearn_plugins.errors import DataError
+    from unlearn_plugins.evaluation.local_data import read_mmlu_csv
 
-    folder = _folder(
-        mmlu_dir,
-        "UNLEARN_MMLU_DIR",
-        "mmlu_dir",
-        "wmdp_mmlu",
-        "a folder with test/<subject>_test.csv (MMLU's CSVs: docs/data.md)",
-    )
+    chosen = mmlu_dir or os.environ.get("UNLEARN_MMLU_DIR")
+    if not chosen:
+        raise DataError(
+            "wmdp_mmlu: no MMLU folder; set UNLEARN_MMLU_DIR (or task metadata 'mmlu_dir') to a folder with "
+            "test/<subject>_test.csv (MMLU's CSVs from cais/mmlu or the original tarball: docs/data.md)"
+        )
+    folder = Path(chosen).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"wmdp_mmlu: MMLU folder not found: {folder}")
     rows = []
     for subject in subjects:
         for row in read_mmlu_csv(folder / "test" / f"{subject}_test.csv", subject)[:per_subject]:
