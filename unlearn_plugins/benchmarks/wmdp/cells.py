@@ -65,7 +65,8 @@ def prepare_data(study: Study, cache: Path, stages: Stages | None, scratch: Path
         metadata = {"wmdp_dir": str(questions)}
     else:
         settings = synthetic.Settings(**wmdp.synthetic)
-        key = digest(STUDY_FORMAT, "wmdp-synthetic", wmdp.synthetic, _source_digest(Path(synthetic.__file__)))
+        # keyed by what the generator writes (not its source: a reformatted file keeps the key)
+        key = digest(STUDY_FORMAT, "wmdp-synthetic", wmdp.synthetic, synthetic.generate(settings))
         folder = cache / f"wmdp-synthetic-{key}"
         if stages is not None:
             run_stage(
@@ -85,7 +86,9 @@ def prepare_data(study: Study, cache: Path, stages: Stages | None, scratch: Path
     return {"forget": forget, "retain": retain, "content": content, "metadata": metadata, "key": key}
 
 
-def plan_wmdp_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
+def plan_wmdp_study(
+    study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
+) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
     stream = stream or sys.stderr
     stages = None if dry_run else Stages(cache, total=2, stream=stream)

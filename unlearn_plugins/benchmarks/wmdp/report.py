@@ -105,7 +105,10 @@ def write_report(out: Path, plan, results: dict, *, wall_s: float | None = None)
             a, b = (reference["tasks"] or {}).get(col), row["tasks"].get(col)
             if a and b:
                 row["paired"][col] = {"delta": b["acc"] - a["acc"], "mcnemar_p": mcnemar(a["correct"], b["correct"])}
-    head = ["model", *[LABELS.get(c.split(":")[0], c) + (" acc_norm" if c.endswith(":acc_norm") else "") for c in columns]]
+    head = [
+        "model",
+        *[LABELS.get(c.split(":")[0], c) + (" acc_norm" if c.endswith(":acc_norm") else "") for c in columns],
+    ]
     head += ["wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:

@@ -56,7 +56,9 @@ def synthetic_dataset(*, wmdp_synthetic_dir: str | None = None, **_metadata: Any
 
 
 def mmlu_subset(
-    mmlu_dir: str | None = None, subjects: tuple[str, ...] | list[str] = MMLU_SUBJECTS, per_subject: int = MMLU_PER_SUBJECT
+    mmlu_dir: str | None = None,
+    subjects: tuple[str, ...] | list[str] = MMLU_SUBJECTS,
+    per_subject: int = MMLU_PER_SUBJECT,
 ) -> list[dict[str, Any]]:
     """The first ``per_subject`` test questions of each subject (with ``subject_name``)."""
     from unlearn_plugins.errors import DataError
@@ -79,7 +81,11 @@ def mmlu_subset(
 
 
 def mmlu_dataset(
-    *, mmlu_dir: str | None = None, mmlu_subjects: list[str] | None = None, mmlu_per_subject: int | None = None, **_m: Any
+    *,
+    mmlu_dir: str | None = None,
+    mmlu_subjects: list[str] | None = None,
+    mmlu_per_subject: int | None = None,
+    **_m: Any,
 ):
     """lm-eval ``custom_dataset``: :func:`mmlu_subset` as {"test": ...}."""
     import datasets
