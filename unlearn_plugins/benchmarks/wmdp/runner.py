@@ -43,7 +43,7 @@ class WmdpBench:
     wmdp_dir: str | None  # corpus = "real": the local folder (None: $UNLEARN_WMDP_DIR)
     forget_corpus: str | None = None  # corpus = "real": a corpus name of .data or a text: spec
     retain_corpus: str | None = None
-    mmlu_per_subject: int = 25
+    mmlu_per_subject: int = 20
 
 
 def _refuse_author_unit(reader, extra: dict) -> None:
@@ -65,7 +65,7 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
     _refuse_author_unit(reader, extra)
     reader.keys("benchmark", bench, KEYS)
     corpus = reader.get("benchmark", bench, "corpus", "str", "synthetic", choices=("synthetic", "real"))
-    per_subject = reader.get("benchmark", bench, "mmlu_per_subject", "int", 25, minimum=1)
+    per_subject = reader.get("benchmark", bench, "mmlu_per_subject", "int", 20, minimum=1)
     if corpus == "synthetic":
         for key in ("wmdp_dir", "forget_corpus", "retain_corpus"):
             if key in bench:

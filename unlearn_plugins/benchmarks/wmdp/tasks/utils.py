@@ -15,18 +15,19 @@ from typing import Any
 
 #: the MMLU subset: WMDP's paper reports MMLU's college biology, virology, college computer
 #: science and computer security beside full MMLU (the subjects nearest the forget topics); four
-#: unrelated subjects complete it
+#: unrelated subjects with short questions complete it (high school US history's passages would
+#: make up a third of the subset's tokens)
 MMLU_SUBJECTS = (
     "college_biology",
     "virology",
     "college_computer_science",
     "computer_security",
     "high_school_geography",
-    "high_school_us_history",
+    "world_religions",
     "marketing",
     "nutrition",
 )
-MMLU_PER_SUBJECT = 25
+MMLU_PER_SUBJECT = 20
 
 
 def synthetic_questions(folder: str | None = None) -> list[dict[str, Any]]:
