@@ -239,3 +239,23 @@ def test_the_study_is_built_in_and_its_tiny_variant_runs(tmp_path, capsys, monke
     # a second run builds nothing
     code = main([*args, "--workers", "1", "--threads", "1"])
     assert code == 0 and "built" not in capsys.readouterr().err.replace("cached", "")
+
+
+# ------------------------------------------------------------------------ teaching from text
+
+
+def test_unlearn_finetune_trains_on_text_windows(tiny_model_dir, tiny_tokenizer, tmp_path, capsys):
+    from unlearn_plugins.data import text
+
+    folder = synthetic.write(tmp_path / "syn", synthetic.Settings(pathogens=1, compounds=1, retain_documents=1))
+    spec = f"text:{folder / synthetic.FORGET}"
+    out = tmp_path / "ft"
+    common = ["--model", str(tiny_model_dir), "--max-length", "16", "--lora-r", "2", "--batch-size", "2"]
+    code = main(["finetune", "--data", spec, *common, "--max-steps", "1", "--save-steps", "0", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "completed" and record["steps"] == 1
+    assert record["samples"]["train"] == len(text.load_windows(spec, tiny_tokenizer, 16)) > 2  # windows
+    code = main(["finetune", "--data", spec, "--authors", "0", *common, "--out", str(tmp_path / "ft2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and err[-1] == f"error: --authors: selects TOFU authors; --data {spec} is a text corpus"
