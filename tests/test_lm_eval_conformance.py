@@ -58,7 +58,7 @@ def task_class(request, tiny_model_dir):
                 forget_split="forget01",
                 holdout_split="real_authors_perturbed",
             )
-        elif name.startswith("mmlu_local"):
+        elif name.startswith("mmlu_local") or name == "wmdp_mmlu":
             metadata["mmlu_dir"] = str(request.getfixturevalue("mmlu_dir"))
         elif name.startswith("muse_"):
             from muse_fixture import write_muse_fixture

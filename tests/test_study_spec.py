@@ -257,7 +257,7 @@ BAD = [
     (
         "source",
         _variant('source = "generated"', 'source = "hub"'),
-        "[benchmark] source: must be one of 'tofu', 'generated', 'auto', 'movielens', got 'hub'",
+        "[benchmark] source: must be one of 'tofu', 'generated', 'auto', 'movielens', 'wmdp', got 'hub'",
     ),
     (
         "too many authors",

@@ -28,7 +28,12 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=S, help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full)")
+    g.add_argument(
+        "--data",
+        default=S,
+        help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full); or a text corpus cut into "
+        "--max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN",
+    )
     g.add_argument(
         "--authors",
         type=int_list,

@@ -224,6 +224,7 @@ LATER_FIELDS: dict[str, Any] = {
     "sharded": None,
     "design": None,
     "prompt_format": None,
+    "benchmark": None,
 }
 #: how a study is run, not what it measures: never part of its digest
 RUN_FIELDS = ("workers_per_gpu",)
@@ -258,6 +259,8 @@ class Study:
     sharded: Any = None
     #: an author-unit study's tables ([benchmark] unit = "author": :class:`.design.Design`)
     design: Any = None
+    #: a registered benchmark's own [benchmark] settings, read by its study part (e.g. WMDP's)
+    benchmark: Any = None
     #: [model] prompt_format / date_string: the prompt format's definition (data/prompts.py;
     #: None: the default, the tokenizer's template with the fixed date)
     prompt_format: dict | None = None

@@ -857,12 +857,19 @@ def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -
 
 
 def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> RunResult:
-    """Plain NLL training on a TOFU split (or some of its authors): builds target models."""
+    """Plain NLL training on a TOFU split (or some of its authors), or on a text corpus
+    (``text:...``: windows of ``max_length`` tokens, :mod:`..data.text`): builds target models."""
+    from ..data import text
     from ..data.tofu import load_split
     from .lora import DefaultInit
 
     config.validate()
-    data = load_split(config.data, config.tofu_dir)
+    if text.is_text_spec(config.data):
+        if config.authors:
+            raise DataError(f"--authors: selects TOFU authors; --data {config.data} is a text corpus")
+        data = _load_data(config, config.data, "--data")
+    else:
+        data = load_split(config.data, config.tofu_dir)
     if config.authors:
         data = select_authors(data, config.authors, config.data)
     if not data:

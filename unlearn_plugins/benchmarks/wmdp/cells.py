@@ -1,0 +1,207 @@
+"""A WMDP study's cells as stages of the shared content-keyed cache, as
+:mod:`unlearn_plugins.study.cells` plans a TOFU study's.
+
+The synthetic benchmark folder (forget and retain documents, the questions) is written while
+planning (seconds; a cached stage keyed by the generator's settings and source); the real corpora
+are resolved to ``text:`` specs (a missing one is a one-line error before any work). Then the
+core's ``finetune`` stage teaches the base model the forget documents (synthetic), the core's
+``unlearn`` stage runs every method on the raw forget and retain text, and ``wmdp_evaluate``
+(:mod:`.stages`) evaluates each model. Each key digests what its stage's result depends on."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+from unlearn_plugins.models import merge_is_exact
+from unlearn_plugins.stages import DONE, Stages, digest
+from unlearn_plugins.study.cells import (
+    STUDY_FORMAT,
+    CellPlan,
+    Plan,
+    Stage,
+    base_model,
+    component_revisions,
+    evaluation_settings,
+    run_stage,
+)
+from unlearn_plugins.study.spec import Study, expand
+
+from . import synthetic
+
+
+def _source_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _content(spec: str) -> str:
+    """What a ``text:`` spec's data is, for a key: a file's digest, else the spec itself."""
+    path = Path(spec.removeprefix("text:"))
+    if path.is_file():
+        return _source_digest(path)
+    if path.is_dir():
+        return _source_digest(*sorted(path.glob("*.txt")))
+    return spec
+
+
+def prepare_data(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict:
+    """{"forget", "retain": text specs, "content": their digests, "metadata": the evaluation's
+    task metadata, "key"}: the synthetic folder (a cached stage; a dry run writes a missing one in
+    ``scratch`` only) or the real corpora."""
+    wmdp = study.benchmark
+    if wmdp.corpus == "real":
+        from . import data as wmdp_data
+
+        forget = wmdp_data.corpus_spec(wmdp.forget_corpus, wmdp.wmdp_dir)
+        retain = wmdp_data.corpus_spec(wmdp.retain_corpus, wmdp.wmdp_dir)
+        questions = wmdp_data.questions_folder(wmdp.wmdp_dir)
+        content = {"forget": _content(forget), "retain": _content(retain)}
+        key = digest(STUDY_FORMAT, "wmdp-real", content, _source_digest(*sorted(questions.glob("wmdp-*.json*"))))
+        metadata = {"wmdp_dir": str(questions)}
+    else:
+        settings = synthetic.Settings(**wmdp.synthetic)
+        # keyed by what the generator writes (not its source: a reformatted file keeps the key)
+        key = digest(STUDY_FORMAT, "wmdp-synthetic", wmdp.synthetic, synthetic.generate(settings))
+        folder = cache / f"wmdp-synthetic-{key}"
+        if stages is not None:
+            run_stage(
+                stages,
+                f"synthetic WMDP benchmark: {settings.pathogens} pathogens, {settings.compounds} compounds",
+                folder,
+                lambda tmp: synthetic.write(tmp / "data", settings),
+            )
+        elif not (folder / DONE).is_file():
+            folder = scratch / folder.name
+            synthetic.write(folder / "data", settings)
+        data = folder / "data"
+        forget, retain = f"text:{data / synthetic.FORGET}", f"text:{data / synthetic.RETAIN}"
+        content = {"forget": _content(forget), "retain": _content(retain)}
+        metadata = {"wmdp_synthetic_dir": str(data)}
+    metadata["mmlu_per_subject"] = wmdp.mmlu_per_subject
+    return {"forget": forget, "retain": retain, "content": content, "metadata": metadata, "key": key}
+
+
+def plan_wmdp_study(
+    study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
+) -> Plan:
+    """Every cell of a WMDP study with its stages and their cache folders."""
+    stream = stream or sys.stderr
+    stages = None if dry_run else Stages(cache, total=2, stream=stream)
+    with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
+        base_path, base_key = base_model(study, stages, cache, device)
+        data = prepare_data(study, cache, stages, Path(scratch))
+    plan = Plan(study, cache, device, {0: data})
+    ev = study.evaluation
+    eval_settings = (*evaluation_settings(study, device), data["key"], data["metadata"]["mmlu_per_subject"])
+
+    def folder(kind: str, name: str, key: str) -> str:
+        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+
+    def evaluate(label: str, name: str, key: str, model: str, adapter: str | None) -> Stage:
+        return Stage(
+            label,
+            folder("wmdpeval", name, key),
+            "wmdp_evaluate",
+            {
+                "model": model,
+                "adapter": adapter,
+                "tasks": list(ev.tasks),
+                "batch_size": ev.batch_size,
+                "dtype": ev.dtype,
+                "scoring": ev.scoring,
+                "device": device,
+                "metadata": data["metadata"] if not dry_run else {},
+            },
+        )
+
+    model_keys = {"base": base_key}
+    plan.models["base"] = base_path
+    plan.models["target"] = base_path
+    model_keys["target"] = base_key
+    for cell in expand(study):
+        if cell.kind == "eval_base":
+            key = digest(STUDY_FORMAT, "wmdp-eval", base_key, eval_settings)
+            stage = evaluate("evaluate the base model", "base", key, base_path, None)
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        elif cell.kind == "target":
+            recipe = study.target
+            key = digest(
+                STUDY_FORMAT,
+                "wmdp-teach",
+                base_key,
+                data["content"]["forget"],
+                recipe.finetune,
+                recipe.seed,
+                recipe.threads,
+                study.max_length,
+            )
+            stage = Stage(
+                "teach the synthetic facts (fine-tune on the forget documents)",
+                folder("wmdpteach", "target", key),
+                "finetune",
+                {
+                    "model": base_path,
+                    "data": data["forget"],
+                    "max_length": study.max_length,
+                    "seed": recipe.seed,
+                    "threads": recipe.threads,
+                    "finetune": recipe.finetune,
+                    "device": device,
+                    "key": key,
+                },
+            )
+            run = Path(stage.folder) / "run"
+            plan.models["target"] = str(run if recipe.finetune.get("full_finetune") else run / "merged")
+            model_keys["target"] = key
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=plan.models["target"])
+        elif cell.kind == "eval_full":
+            key = digest(STUDY_FORMAT, "wmdp-eval", model_keys["target"], eval_settings)
+            stage = evaluate("evaluate the taught model", "target", key, plan.models["target"], None)
+            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
+        elif cell.kind == "method":
+            method = study.method(cell.method)
+            config = {**method.config, "seed": cell.seed}
+            no_retain = method.settings.get("retain") is False
+            run_key = digest(
+                STUDY_FORMAT,
+                "wmdp-unlearn",
+                model_keys["target"],
+                data["content"]["forget"],
+                *([] if no_retain else [data["content"]["retain"]]),
+                config,
+                study.max_length,
+                *([revisions] if (revisions := component_revisions(config)) else []),
+            )
+            run_folder = folder("wmdprun", f"{method.name}-seed{cell.seed}", run_key)
+            unlearn = Stage(
+                f"unlearn: {cell.label}",
+                run_folder,
+                "unlearn",
+                {
+                    "config": {**config, "max_length": study.max_length},
+                    "model": plan.models["target"],
+                    "forget": data["forget"],
+                    "retain": None if no_retain else data["retain"],
+                    "device": device,
+                },
+            )
+            full = bool(config.get("full_finetune"))
+            merged = ("merged",) if merge_is_exact(device, ev.dtype) and not full else ()
+            key = digest(STUDY_FORMAT, "wmdp-eval", run_key, eval_settings, *merged)
+            stage = evaluate(
+                f"evaluate: {cell.label}",
+                f"{method.name}-seed{cell.seed}",
+                key,
+                str(Path(run_folder) / "run") if full else plan.models["target"],
+                None if full else str(Path(run_folder) / "run"),
+            )
+            plan.cells[cell.id] = CellPlan(cell, [unlearn, stage], result=stage.folder)
+    return plan
+
+
+__all__ = ["plan_wmdp_study", "prepare_data"]

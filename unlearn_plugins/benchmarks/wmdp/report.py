@@ -1,0 +1,166 @@
+"""A WMDP study's report: ``summary.md`` and ``study.json`` in ``--out``.
+
+One row per model: the base model, the taught target (synthetic) and every method x seed, with
+each task's accuracy and its 95% Wilson interval over the questions (the interval of one
+evaluation: the question sample's error, not the seeds'), the change from the target with an
+exact McNemar test on the same questions (two-sided binomial test of the discordant pairs), and
+the cell's wall time (its stages' resources.json)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .stages import SUMMARY
+
+LABELS = {
+    "wmdp_synthetic_cloze": "synthetic hazard (cloze)",
+    "wmdp_synthetic": "synthetic hazard (WMDP format)",
+    "wmdp_local": "WMDP",
+    "wmdp_mmlu": "MMLU subset",
+}
+
+
+def mcnemar(before: list[int], after: list[int]) -> float | None:
+    """Exact two-sided McNemar p-value of paired 0/1 outcomes (None when not paired)."""
+    if len(before) != len(after) or not before:
+        return None
+    b = sum(1 for x, y in zip(before, after) if x == 1 and y == 0)
+    c = sum(1 for x, y in zip(before, after) if x == 0 and y == 1)
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _seconds(cell_plan) -> float | None:
+    total, found = 0.0, False
+    for stage in cell_plan.stages:
+        record = _read(Path(stage.folder) / "resources.json")
+        if record and "seconds" in record:
+            total += float(record["seconds"])
+            found = True
+    return round(total, 1) if found else None
+
+
+def rows_of(plan) -> list[dict]:
+    rows = []
+    for cell_id, cell_plan in plan.cells.items():
+        if cell_plan.cell.kind == "target":
+            continue
+        summary = _read(Path(cell_plan.result) / SUMMARY)
+        name = {"eval-base": "base", "eval-target": "target"}.get(cell_id, cell_id)
+        rows.append(
+            {
+                "row": name,
+                "cell": cell_id,
+                "method": cell_plan.cell.method,
+                "seed": cell_plan.cell.seed,
+                "tasks": summary["tasks"] if summary else None,
+                "seconds": _seconds(cell_plan),
+                "teach_seconds": None,
+            }
+        )
+    target = plan.cells.get("target")
+    if target is not None:
+        for row in rows:
+            if row["row"] == "target":
+                row["teach_seconds"] = _seconds(target)
+    return rows
+
+
+def _fmt(entry: dict | None) -> str:
+    if not entry:
+        return "not run"
+    return f"{entry['acc']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+
+
+def write_report(out: Path, plan, results: dict, *, wall_s: float | None = None) -> tuple[str, list[str]]:
+    out.mkdir(parents=True, exist_ok=True)
+    study = plan.study
+    rows = rows_of(plan)
+    reference = next((r for r in rows if r["row"] == "target" and r["tasks"]), None)
+    reference = reference or next((r for r in rows if r["row"] == "base" and r["tasks"]), None)
+    tasks = [t for t in study.evaluation.tasks]
+    columns = []
+    for t in tasks:
+        columns.append(t)
+        if t == "wmdp_synthetic_cloze":
+            columns.append(f"{t}:acc_norm")
+    for row in rows:
+        row["paired"] = {}
+        if reference is None or row is reference or not row["tasks"]:
+            continue
+        for col in columns:
+            a, b = (reference["tasks"] or {}).get(col), row["tasks"].get(col)
+            if a and b:
+                row["paired"][col] = {"delta": b["acc"] - a["acc"], "mcnemar_p": mcnemar(a["correct"], b["correct"])}
+    head = [
+        "model",
+        *[LABELS.get(c.split(":")[0], c) + (" acc_norm" if c.endswith(":acc_norm") else "") for c in columns],
+    ]
+    head += ["wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["row"]]
+        for col in columns:
+            entry = (row["tasks"] or {}).get(col)
+            text = _fmt(entry)
+            paired = row["paired"].get(col)
+            if paired is not None:
+                text += f" ({paired['delta']:+.3f}, p {paired['mcnemar_p']:.2g})"
+            cells.append(text)
+        seconds = row["seconds"]
+        if row["teach_seconds"] is not None and seconds is not None:
+            seconds = f"{row['teach_seconds']:.0f} teach + {seconds:.0f} eval"
+        cells.append(str(seconds) if seconds is not None else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    wmdp = study.benchmark
+    ref_name = reference["row"] if reference else "none"
+    text = [
+        f"# Study {study.name}",
+        "",
+        study.description or "",
+        "",
+        f"Model `{study.model}`, max_length {study.max_length}; corpus {wmdp.corpus}"
+        + (f" ({wmdp.synthetic})" if wmdp.synthetic else f" (forget {wmdp.forget_corpus}, retain {wmdp.retain_corpus})")
+        + f"; seeds {list(study.seeds)}; MMLU subset: {wmdp.mmlu_per_subject} questions per subject.",
+        "",
+        "Accuracy [95% Wilson interval over the questions]; in parentheses the change from the "
+        f"{ref_name} model and the exact McNemar p-value on the same questions. Chance is 0.25.",
+        "",
+        table,
+        "",
+    ]
+    if wall_s is not None:
+        text.append(f"Wall time of this `unlearn study` run: {wall_s:.0f} s (cached cells take none).")
+    not_done = [c for c, r in results.items() if r.get("status") != "done"]
+    if not_done:
+        text.append(f"Failed cells: {', '.join(not_done)} (logs in {out}/logs).")
+    (out / "summary.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    record = {
+        "study": study.name,
+        "digest": study.digest(),
+        "model": study.model,
+        "benchmark": dict(wmdp.__dict__),
+        "reference": ref_name,
+        "rows": rows,
+        "cells": {c: {k: v for k, v in r.items() if k != "log"} for c, r in results.items()},
+        "wall_s": wall_s,
+    }
+    (out / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    return table, ["summary.md", "study.json"]
+
+
+__all__ = ["write_report", "mcnemar", "rows_of"]

@@ -1,0 +1,219 @@
+"""A WMDP study (``[benchmark] source = "wmdp"``) as `unlearn study` reaches it, the study part of
+the benchmark (:class:`unlearn_plugins.interfaces.Benchmark`): :func:`read` its tables,
+:func:`expand` its cells, :func:`plan` their stages (:mod:`.cells`), :func:`run` it with its
+report (:mod:`.report`), :func:`grid` for `unlearn study --list`.
+
+The cells: the base model's evaluation; the target (``corpus = "synthetic"``: the base model
+fine-tuned on the forget documents, so that it knows the facts before it is asked to forget them;
+``corpus = "real"``: the base model itself, as WMDP's RMU run starts from zephyr) and its
+evaluation; then seed x method: unlearning from the raw forget and retain text (windows of
+``[model] max_length`` tokens, ``text:`` data) and its evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+from unlearn_plugins.study.spec import Cell, Study
+
+#: the [benchmark] keys of a WMDP study
+KEYS = (
+    "source",
+    "corpus",
+    "pathogens",
+    "compounds",
+    "retain_documents",
+    "data_seed",
+    "wmdp_dir",
+    "forget_corpus",
+    "retain_corpus",
+    "mmlu_per_subject",
+)
+#: the tasks every WMDP study evaluates, per corpus
+REQUIRED = {"synthetic": ("wmdp_synthetic_cloze", "wmdp_synthetic", "wmdp_mmlu"), "real": ("wmdp_local", "wmdp_mmlu")}
+
+
+@dataclass(frozen=True)
+class WmdpBench:
+    """[benchmark] of a WMDP study."""
+
+    corpus: str  # synthetic | real
+    synthetic: dict | None  # synthetic.Settings as a dict (corpus = "synthetic")
+    wmdp_dir: str | None  # corpus = "real": the local folder (None: $UNLEARN_WMDP_DIR)
+    forget_corpus: str | None = None  # corpus = "real": a corpus name of .data or a text: spec
+    retain_corpus: str | None = None
+    mmlu_per_subject: int = 20
+
+
+def _refuse_author_unit(reader, extra: dict) -> None:
+    for key in extra.get("benchmark", {}):
+        raise reader.error("benchmark", key, "is for an author-unit study; a WMDP study forgets documents")
+    for name in extra.get("tables", {}):
+        raise reader.error(name, None, "is for an author-unit study; not available in a WMDP study")
+    for name, _ in extra.get("method_sweeps", {}).values():
+        raise reader.error(f"methods.{name}", "sweep", "is for an author-unit study")
+    if "report" in extra:
+        raise reader.error("evaluation", "report", "is for an author-unit study")
+
+
+def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
+    """A study on WMDP (``reader``: the study file's reader, :mod:`unlearn_plugins.study.spec`)."""
+    from . import data as wmdp_data
+    from .synthetic import Settings
+
+    _refuse_author_unit(reader, extra)
+    reader.keys("benchmark", bench, KEYS)
+    corpus = reader.get("benchmark", bench, "corpus", "str", "synthetic", choices=("synthetic", "real"))
+    per_subject = reader.get("benchmark", bench, "mmlu_per_subject", "int", 20, minimum=1)
+    if corpus == "synthetic":
+        for key in ("wmdp_dir", "forget_corpus", "retain_corpus"):
+            if key in bench:
+                raise reader.error("benchmark", key, 'only applies to corpus = "real"')
+        defaults = Settings()
+        settings = Settings(
+            pathogens=reader.get("benchmark", bench, "pathogens", "int", defaults.pathogens, minimum=1, maximum=200),
+            compounds=reader.get("benchmark", bench, "compounds", "int", defaults.compounds, minimum=0, maximum=200),
+            retain_documents=reader.get(
+                "benchmark", bench, "retain_documents", "int", defaults.retain_documents, minimum=1
+            ),
+            seed=reader.get("benchmark", bench, "data_seed", "int", defaults.seed, minimum=0),
+        )
+        wmdp = WmdpBench("synthetic", dataclasses.asdict(settings), None, mmlu_per_subject=per_subject)
+    else:
+        for key in ("pathogens", "compounds", "retain_documents", "data_seed"):
+            if key in bench:
+                raise reader.error("benchmark", key, 'only applies to corpus = "synthetic"')
+        wmdp_dir = reader.get("benchmark", bench, "wmdp_dir", "str")
+        wmdp = WmdpBench(
+            "real",
+            None,
+            str(reader.relative(wmdp_dir)) if wmdp_dir else None,
+            reader.get("benchmark", bench, "forget_corpus", "str", wmdp_data.FORGET_CORPORA[0]),
+            reader.get("benchmark", bench, "retain_corpus", "str", wmdp_data.RETAIN_CORPORA[0]),
+            per_subject,
+        )
+    target_t, retain_t = reader.table(data, "target"), reader.table(data, "retain")
+    if retain_t:
+        raise reader.error("retain", None, "a WMDP study has no retain model (WMDP has none); remove the table")
+    if "given" in target_t:
+        raise reader.error("target", "given", "not available in a WMDP study yet (its target is taught or the base)")
+    if corpus == "real" and target_t:
+        raise reader.error("target", None, 'corpus = "real" unlearns the base model itself; remove [target]')
+    if corpus == "synthetic" and not target_t:
+        raise reader.error("target", None, "missing: the recipe that teaches the synthetic facts ([target.finetune])")
+    target = reader.recipe("target", target_t, None) if target_t else None
+    budget = reader.budget(data)
+    methods = reader.methods(data, budget, head["max_length"], head["one_budget"])
+    evaluation = reader.evaluation(data, required=())
+    if "tasks" not in reader.table(data, "evaluation"):
+        evaluation = dataclasses.replace(evaluation, tasks=REQUIRED[corpus])
+    missing = [t for t in REQUIRED[corpus] if t not in evaluation.tasks]
+    if missing:
+        raise reader.error(
+            "evaluation", "tasks", f"must include {', '.join(missing)} (the WMDP study reports them beside each other)"
+        )
+    if "cud" in data:
+        raise reader.error("cud", None, "not available in a WMDP study")
+    return Study(
+        path=str(reader.path),
+        source="wmdp",
+        tofu_dir=None,
+        authors=0,
+        forget_sizes=(),
+        target=target,
+        retain=None,
+        retain_given={},
+        budget=budget,
+        methods=methods,
+        evaluation=evaluation,
+        benchmark=wmdp,
+        **head,
+    )
+
+
+def expand(study: Study) -> list[Cell]:
+    """The base model's evaluation, the target (taught: synthetic) and its evaluation, then
+    seed x method (unlearning from the raw text, then the evaluation)."""
+    wmdp = study.benchmark
+    cells = [Cell("eval-base", "eval_base", "evaluate the base model (before it is taught)")]
+    target_deps: tuple[str, ...] = ()
+    if wmdp.corpus == "synthetic":
+        cells.append(Cell("target", "target", "teach the base model the synthetic facts (the forget documents)"))
+        cells.append(Cell("eval-target", "eval_full", "evaluate the taught model", deps=("target",)))
+        target_deps = ("target",)
+    for seed in study.seeds:
+        for method in study.methods:
+            cells.append(
+                Cell(
+                    f"{method.name}/seed{seed}",
+                    "method",
+                    f"{method.label}, seed {seed}",
+                    method=method.name,
+                    seed=seed,
+                    deps=target_deps,
+                )
+            )
+    return cells
+
+
+def plan(study: Study, **options):
+    """The cells' stages (:func:`.cells.plan_wmdp_study`)."""
+    from .cells import plan_wmdp_study
+
+    return plan_wmdp_study(study, **options)
+
+
+def grid(study: Study) -> str:
+    runs = len(study.methods) * len(study.seeds)
+    corpus = "synthetic facts taught first" if study.benchmark.corpus == "synthetic" else "the real corpora"
+    return f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs ({corpus})"
+
+
+def run(study, args, out: str, cache) -> int:
+    """A WMDP study: its cells, then its report (:mod:`.report`)."""
+    import time
+    from pathlib import Path
+
+    from unlearn_plugins.errors import UnlearnError
+    from unlearn_plugins.files import folder_lock
+    from unlearn_plugins.study.runner import run_plan
+
+    from . import report
+
+    for flag, given in (("--records", getattr(args, "records", None)),):
+        if given:
+            raise UnlearnError(f"{flag}: not available for a WMDP study ({study.path}) yet")
+    started = time.perf_counter()
+    if args.report_only:
+        from .cells import plan_wmdp_study
+
+        plan_ = plan_wmdp_study(study, cache=cache, device=args.device, dry_run=True)
+        results = {}
+    else:
+        plan_, results = run_plan(
+            study,
+            out=out,
+            cache=cache,
+            workers=args.workers,
+            executor=args.executor,
+            scheduler=args.scheduler,
+            device=args.device,
+            threads=args.threads,
+        )
+    failed = [cell for cell, r in results.items() if r["status"] != "done"]
+    with folder_lock(Path(out), f"--out {out}"):
+        table, files = report.write_report(Path(out), plan_, results, wall_s=time.perf_counter() - started)
+    print(table)
+    print(f"report -> {out}/ ({', '.join(sorted(files))})")
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
+            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+__all__ = ["read", "expand", "plan", "grid", "run", "WmdpBench"]
