@@ -25,15 +25,15 @@ def child(mode: str, model: str, forget: str, retain: str, max_length: int, save
     import time
 
     import torch
-    from peft import LoraConfig, get_peft_model
 
     from unlearn_plugins.data.tofu import encode_samples, load_split
     from unlearn_plugins.initializers.fila import FILAInit
     from unlearn_plugins.models import load_model
+    from unlearn_plugins.training.lora import build_lora_model
 
     torch.set_num_threads(1)
     base, tok = load_model(model, device="cpu", dtype="float32")
-    peft_model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32.0, lora_dropout=0.0))
+    peft_model = build_lora_model(base, r=16, alpha=32.0, dropout=0.0, target_modules=None)
     f = encode_samples(tok, load_split(forget), max_length=max_length)
     r = encode_samples(tok, load_split(retain), max_length=max_length)
     init = FILAInit()

@@ -193,13 +193,14 @@ def test_importance_is_the_same_with_the_blocks_recomputed(tiny_model, tiny_toke
     checked; the blocks really ran twice, and their forwards are restored after."""
     import copy
 
-    from unlearn_plugins.initializers.fila import FILAInit, decoder_blocks
+    from unlearn_plugins.initializers.fila import FILAInit
     from unlearn_plugins.initializers.vila import VILAInit
+    from unlearn_plugins.training.lora import decoder_blocks
 
     tok = tiny_tokenizer
     forget, retain = examples(tok, QUESTIONS[:3]), examples(tok, QUESTIONS[3:])
     model = peft_model(tiny_model)
-    blocks = decoder_blocks(model)
+    _, blocks = decoder_blocks(model)
     assert blocks is not None and len(blocks) == tiny_model.config.num_hidden_layers
     for block in blocks:
         block.self_attn.attention_dropout = 0.1
@@ -208,10 +209,10 @@ def test_importance_is_the_same_with_the_blocks_recomputed(tiny_model, tiny_toke
         init = FILAInit(batch_size=2) if name == "fila" else VILAInit(passes=2, batch_size=2)
         init.checkpointing = checkpointing
         measured = copy.deepcopy(model)
-        mlp, calls = decoder_blocks(measured)[0].mlp, []  # (the recompute runs no module hooks)
+        mlp, calls = decoder_blocks(measured)[1][0].mlp, []  # (the recompute runs no module hooks)
         mlp.forward = lambda *a, _f=mlp.forward, **k: calls.append(1) or _f(*a, **k)
         out = init.importance(measured, forget, retain, tok.pad_token_id)
-        assert all("forward" not in block.__dict__ for block in decoder_blocks(measured))
+        assert all("forward" not in block.__dict__ for block in decoder_blocks(measured)[1])
         return out, len(calls)
 
     plain, n_plain = importance(False)

@@ -19,10 +19,10 @@ from contextlib import contextmanager
 from typing import Annotated
 
 from ..data.tofu import pad_batch
-from ..errors import UnlearnError
+from ..errors import ModelError, UnlearnError
 from ..interfaces import InitResult
 from ..likelihood import token_nll
-from ..training.lora import lora_layers
+from ..training.lora import decoder_blocks, lora_layers
 from .residual import model_device, sync_from_rank0, write_residual
 
 EPS = 1e-5
@@ -95,32 +95,20 @@ def sample_batches(n_forget: int, n_retain: int, *, batch_size: int, passes: int
     return forget, kept
 
 
-def decoder_blocks(model):
-    """The model's decoder blocks: its longest ModuleList of modules of one type (as
-    :func:`unlearn_plugins.memory_plan.model_shape` finds them); None when there is none."""
-    import torch.nn as nn
-
-    blocks = None
-    for _, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) and len({type(m) for m in module}) == 1:
-            if blocks is None or len(module) > len(blocks):
-                blocks = module
-    return blocks
-
-
 @contextmanager
 def recomputed_blocks(model, on: bool = True):
     """Each decoder block's forward under non-reentrant activation checkpointing for the block
     (torch.utils.checkpoint, ``use_reentrant=False``): its activations are dropped after the
     forward and recomputed in the backward, with the forward's RNG state (dropout draws the same
     masks) and autocast state. The gradients are the same; the model's forwards are restored
-    after. The caller passes ``use_cache=False`` (a cache would be written twice)."""
+    after. The caller passes ``use_cache=False`` (a cache would be written twice). The blocks are
+    :func:`..training.lora.decoder_blocks`'; a model without them runs as it is."""
     from torch.utils.checkpoint import checkpoint
 
-    blocks = decoder_blocks(model) if on else None
-    if blocks is None:
-        yield
-        return
+    try:
+        blocks = decoder_blocks(model)[1] if on else []
+    except ModelError:  # no repeated blocks to recompute: the plain pass
+        blocks = []
 
     def wrap(forward):
         def run(*args, **kwargs):
