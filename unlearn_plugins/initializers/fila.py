@@ -10,7 +10,7 @@ the reference's (``niter=2, oversample=0`` restores it); see docs/methods.md, "F
 
 The gradients are taken with the decoder blocks recomputed in the backward pass (non-reentrant
 activation checkpointing, dropout replayed from the saved RNG state): the same numbers with one
-block's activations alive instead of every block's (the demo's FILA init: 3.0 -> 2.4 GB).
+block's activations alive instead of every block's (the demo's FILA importance: 2.9 -> 2.2 GiB).
 """
 
 from __future__ import annotations
