@@ -185,6 +185,44 @@ def test_importance_inits_preserve_function(tiny_model, tiny_tokenizer, name):
         assert module.lora_B["default"].weight.abs().sum() > 0  # not the zero init
 
 
+@pytest.mark.parametrize("name", ["fila", "vila"])
+def test_importance_is_the_same_with_the_blocks_recomputed(tiny_model, tiny_tokenizer, name):
+    """FILA/VILA take their gradients with each decoder block checkpointed (non-reentrant,
+    recomputed in the backward) to save memory: the importance is the one computed without, with
+    dropout active (attention dropout for FILA, VILA's LoRA dropout) so the RNG replay is
+    checked; the blocks really ran twice, and their forwards are restored after."""
+    import copy
+
+    from unlearn_plugins.initializers.fila import FILAInit
+    from unlearn_plugins.initializers.vila import VILAInit
+    from unlearn_plugins.training.lora import decoder_blocks
+
+    tok = tiny_tokenizer
+    forget, retain = examples(tok, QUESTIONS[:3]), examples(tok, QUESTIONS[3:])
+    model = peft_model(tiny_model)
+    _, blocks = decoder_blocks(model)
+    assert blocks is not None and len(blocks) == tiny_model.config.num_hidden_layers
+    for block in blocks:
+        block.self_attn.attention_dropout = 0.1
+
+    def importance(checkpointing):
+        init = FILAInit(batch_size=2) if name == "fila" else VILAInit(passes=2, batch_size=2)
+        init.checkpointing = checkpointing
+        measured = copy.deepcopy(model)
+        mlp, calls = decoder_blocks(measured)[1][0].mlp, []  # (the recompute runs no module hooks)
+        mlp.forward = lambda *a, _f=mlp.forward, **k: calls.append(1) or _f(*a, **k)
+        out = init.importance(measured, forget, retain, tok.pad_token_id)
+        assert all("forward" not in block.__dict__ for block in decoder_blocks(measured)[1])
+        return out, len(calls)
+
+    plain, n_plain = importance(False)
+    recomputed, n_recomputed = importance(True)
+    assert n_recomputed == 2 * n_plain > 0
+    assert plain.keys() == recomputed.keys()
+    for key in plain:
+        torch.testing.assert_close(recomputed[key], plain[key], rtol=0, atol=0)  # bit for bit on CPU
+
+
 def test_weighted_lowrank_matches_definition():
     from unlearn_plugins.initializers.fila import EPS, weighted_lowrank
 

@@ -23,7 +23,9 @@ peak is the sum of what the code keeps at once (the parts are named in the plan)
   and a forward+backward over max_rows rows with frozen weights;
 - MRD: one decoder block (plus the embedding and head) in the scoring precision at a time
   (``chunk="layer"``, the default), or a whole copy of the model (``chunk="model"``);
-- FILA: the forget and retain Fisher sums, fp32, of every targeted weight;
+- FILA: the forget and retain Fisher sums, fp32, of every targeted weight, and the activations
+  of its gradient pass with the decoder blocks recomputed in the backward (as the initializer
+  takes them: one block's input per block plus one block);
 - runtime: what the process holds before any of this (CPU: Python, torch, transformers and the
   libraries a stage imports, measured on this project's machine; CUDA: the context).
 
@@ -471,9 +473,11 @@ def fila_stage(
     batch_size: int = 4,
     length: int = 512,
 ) -> Stage:
-    """FILA's initialisation (:mod:`unlearn_plugins.initializers.fila`): the forget and retain
-    Fisher sums (fp32) of every targeted weight, one module's gradient at a time, and a training
-    forward+backward of one batch."""
+    """FILA's (and VILA's) initialisation (:mod:`unlearn_plugins.initializers.fila`): the forget
+    and retain Fisher sums (fp32) of every targeted weight, one module's gradient at a time, and a
+    training forward+backward of one batch with the decoder blocks recomputed in the backward
+    (non-reentrant checkpointing, always on there: one block's input kept per block, one block's
+    activations at a time)."""
     cuda = device.startswith("cuda")
     wdtype = dtype or ("bfloat16" if cuda else "float32")
     wb = nbytes(wdtype)
@@ -486,7 +490,8 @@ def fila_stage(
     stage.parts["gradient (one module)"] = largest * (wb + 4)
     per_block = block_activation_elems(shape)
     tokens = batch_size * length
-    stage.parts["activations"] = tokens * (shape.layers * per_block + 4 * shape.hidden) * wb
+    stage.parts["activations"] = tokens * (shape.layers * shape.hidden + per_block + 4 * shape.hidden) * wb
+    stage.notes.append("FILA: decoder blocks recomputed in the backward (one block's activations at a time)")
     stage.parts["logits"] = tokens * shape.vocab * (wb + 4)
     _workspace(stage, device, "backward")
     stage.parts["runtime"] = _runtime(device, "train")

@@ -81,8 +81,12 @@ class VILAInit(FILAInit):
 
         f_batches, r_batches = self.plan(forget, retain)
         with measuring(peft_model, params, self.seed), lora_dropout(modules, adapter, self.dropout):
-            f_sq, f_g, nf = accumulate(peft_model, forget, f_batches, pad_token_id, params, first_moment=True)
-            r_sq, r_g, nr = accumulate(peft_model, retain, r_batches, pad_token_id, params, first_moment=True)
+            f_sq, f_g, nf = accumulate(
+                peft_model, forget, f_batches, pad_token_id, params, first_moment=True, checkpointing=self.checkpointing
+            )
+            r_sq, r_g, nr = accumulate(
+                peft_model, retain, r_batches, pad_token_id, params, first_moment=True, checkpointing=self.checkpointing
+            )
         self._counted(nf, nr)
         vf = {k: (f_sq[k] / nf - (f_g[k] / nf) ** 2).clamp_min(0) for k in params}
         vr = {k: (r_sq[k] / nr - (r_g[k] / nr) ** 2).clamp_min(0) for k in params}
