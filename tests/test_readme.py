@@ -21,6 +21,7 @@ SECTIONS = (
     "## Install",
     "## Two commands on a fresh machine",
     "## With your own model",
+    "## On GPUs",
     "## Benchmarks",
     "## Components",
     "## A plugin in ten lines",
@@ -203,3 +204,18 @@ def test_links_between_the_front_door_and_the_pages_land_on_a_heading():
             if anchor not in slugs:
                 broken.append(f"{page.relative_to(ROOT)}: {target or page.name}#{anchor}")
     assert not broken, "links to no heading: " + "; ".join(broken)
+
+
+def test_the_gpu_sections_8b_figures_are_the_memory_pages():
+    """The README's Llama-3-8B figures are rows of docs/memory.md's table (itself checked against
+    `unlearn plan` by tests/test_memory_plan.py)."""
+    memory = (ROOT / "docs" / "memory.md").read_text()
+    gpu = _flat(_section("## On GPUs"))
+    assert "Nothing here has run on a real GPU yet" in gpu
+    for row, quoted in (
+        ("| LoRA NPO (r 32, bf16 base, batch 4, 256 tokens) | 30.6 |", "LoRA NPO 30.6 GiB"),
+        ("| full GradDiff, bf16 weights, adamw_bnb_8bit, checkpointing | 47.4 |", "checkpointing) 47.4"),
+        ("| EAP-IG, 20 QA (CUD score matrices, max_rows 20) | 76.2 |", "EAP-IG of 20 QA 76.2"),
+        ("| MRD fp64, one block at a time (default) | 35.8 |", "MRD 35.8"),
+    ):
+        assert row in memory and quoted in gpu, quoted
