@@ -22,8 +22,23 @@ def pytest_configure(config):
     # transformers and datasets install a stderr handler when first imported, bound to the
     # sys.stderr of that moment: imported here, not inside a test whose captured stderr closes
     # after it (a later test's log record would hit the closed file: "--- Logging error ---")
-    import datasets  # noqa: F401
-    import transformers  # noqa: F401
+    # (huggingface_hub's is installed lazily, by its first get_logger: called here too)
+    import datasets
+    import huggingface_hub.utils.logging
+    import transformers
+
+    for library in (datasets.utils.logging, huggingface_hub.utils.logging, transformers.utils.logging):
+        library.get_logger("unlearn_plugins.tests")
+    # lm-eval installs its handler on the first setup_logging (an evaluation in the process):
+    # installed here, its level left as it was
+    import logging
+
+    import lm_eval.utils
+
+    lm_eval_logger = logging.getLogger("lm_eval")
+    level = lm_eval_logger.level
+    lm_eval.utils.setup_logging()
+    lm_eval_logger.setLevel(level)
 
 
 def pytest_collection_modifyitems(config, items):
