@@ -1,4 +1,4 @@
-"""WMDP end to end (issue 54, item 3): the synthetic hazardous-topic benchmark generated in code,
+"""WMDP end to end: the synthetic hazardous-topic benchmark generated in code,
 its lm-eval tasks, the real corpora's loader and its errors, the study's report statistics, and
 the ``wmdp_synthetic`` study's ``tiny`` variant run through `unlearn study`."""
 
