@@ -5,10 +5,8 @@ weights (e.g. quantized values) are stored exactly."""
 
 from __future__ import annotations
 
-import argparse
-
 from ..options import parse_options
-from .common import add_model_options, check_out_folder
+from .common import add_command, add_model_options, check_out_folder
 
 EXAMPLE = """examples:
   unlearn attack --adapter npo --attack quantize --option bits=4 --out npo-int4
@@ -19,12 +17,8 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "attack",
-        help="attack a model (relearn, quantize, ...) and save the attacked model",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "attack", "attack a model (relearn, quantize, ...) and save the attacked model", __doc__, EXAMPLE
     )
     add_model_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model (merged before the attack)")

@@ -11,6 +11,14 @@ from pathlib import Path
 from ..errors import UnlearnError
 
 
+def add_command(sub, name: str, help: str, doc: str | None, example: str) -> argparse.ArgumentParser:
+    """The parser of sub-command ``name``: ``help`` in `unlearn --help`, its module's docstring
+    ``doc`` as the description and its ``example`` lines as the epilog, both laid out as written."""
+    return sub.add_parser(
+        name, help=help, description=doc, epilog=example, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def device_option(value: str) -> str:
     """argparse type of --device: a device this machine has (checked before any loading)."""
     from ..training.config import device_problem

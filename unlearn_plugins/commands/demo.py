@@ -16,11 +16,9 @@ continues where the last one stopped."""
 
 from __future__ import annotations
 
-import argparse
-
 from ..errors import UnlearnError
 from ..models import DTYPE_CHOICES
-from .common import check_int, check_out_folder, device_option
+from .common import add_command, check_int, check_out_folder, device_option
 
 #: the TOFU demo's study (unlearn_plugins/demo/demo.toml) and its variant for --fast
 STUDY = "demo"
@@ -52,13 +50,7 @@ TOFU_ONLY = (
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="run the whole pipeline on the embedded model and write a report",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "demo", "run the whole pipeline on the embedded model and write a report", __doc__, EXAMPLE)
     demos = _demos()
     p.add_argument(
         "--benchmark",

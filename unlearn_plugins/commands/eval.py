@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import UnlearnError
 from ..options import add_config_arguments, config_defaults, config_from_args, parse_options
 from .common import (
+    add_command,
     add_model_options,
     check_int,
     check_out_file,
@@ -49,13 +50,7 @@ LM_EVAL_BACKENDS = ("hf", "huggingface")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "eval",
-        help="evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "eval", "evaluate a model or adapter with lm-eval tasks (TOFU, MMLU, WMDP)", __doc__, EXAMPLE)
     from ..evaluation.config import EvaluationConfig
     from .plan import add_dry_run_options
 

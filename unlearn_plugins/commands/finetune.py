@@ -5,9 +5,7 @@ trains nothing."""
 
 from __future__ import annotations
 
-import argparse
-
-from .common import print_config
+from .common import add_command, print_config
 from .training_options import S, add_training_options, dry_run, int_list, report_run, resolve_config
 
 EXAMPLE = """examples:
@@ -20,13 +18,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "finetune",
-        help="fine-tune a model on a TOFU split (target models)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "finetune", "fine-tune a model on a TOFU split (target models)", __doc__, EXAMPLE)
     g = p.add_argument_group("data")
     g.add_argument(
         "--data",

@@ -5,7 +5,7 @@ Quality reference."""
 
 from __future__ import annotations
 
-import argparse
+from .common import add_command
 
 EXAMPLE = """examples:
   unlearn eval --model M --tasks tofu_forget10 --out ev --open-unlearning-log   # writes ev/TOFU_EVAL.json too
@@ -17,12 +17,12 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "logs",
-        help="write and read open-unlearning's evaluation logs (TOFU_EVAL.json, MUSE_EVAL.json)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write and read open-unlearning's evaluation logs (TOFU_EVAL.json, MUSE_EVAL.json)",
+        __doc__,
+        EXAMPLE,
     )
     verbs = p.add_subparsers(dest="logs_verb", metavar="VERB", required=True)
     export = verbs.add_parser("export", help="write open-unlearning's logs of an `unlearn eval --out` folder")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UnlearnError
+from .common import add_command
 
 EXAMPLE = """examples:
   unlearn plan --model tests/data/llama-3-8b/config.json --device cuda --device-memory 80GB --objective npo
@@ -21,12 +22,12 @@ STAGES = ("run", "fila", "eap_ig", "mrd", "eval")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "plan",
-        help="the peak memory of each stage of a run, from the model's config (nothing loaded)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the peak memory of each stage of a run, from the model's config (nothing loaded)",
+        __doc__,
+        EXAMPLE,
     )
     p.add_argument("--model", default="smollm2-135m", help="a model folder, hub id, alias, or a config.json file")
     p.add_argument("--trust-remote-code", action="store_true")

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from .common import add_command
+
 EXAMPLE = """examples:
   unlearn plugins                           # one block per plugin
   unlearn plugins --json | jq '.[].name'    # machine-readable
@@ -15,15 +17,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    import argparse
-
-    p = sub.add_parser(
-        "plugins",
-        help="list installed plugins and their components",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "plugins", "list installed plugins and their components", __doc__, EXAMPLE)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

@@ -4,9 +4,7 @@ model with an unlearning adapter, still knows of a split."""
 
 from __future__ import annotations
 
-import argparse
-
-from .common import add_data_options, add_model_options, check_int
+from .common import add_command, add_data_options, add_model_options, check_int
 
 EXAMPLE = """examples:
   unlearn probs --model smollm2-135m --data tofu:forget01
@@ -16,13 +14,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "probs",
-        help="print each sample's answer probability under a model",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "probs", "print each sample's answer probability under a model", __doc__, EXAMPLE)
     add_model_options(p)
     add_data_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder to apply to --model")

@@ -8,7 +8,7 @@ docs/records.md."""
 
 from __future__ import annotations
 
-import argparse
+from .common import add_command
 
 EXAMPLE = """examples:
   unlearn study reglu_tofu --records bench/results/reglu_tofu   # writes each finished cell loose
@@ -18,12 +18,8 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "records",
-        help="pack a study's records into one compressed file (or unpack them)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "records", "pack a study's records into one compressed file (or unpack them)", __doc__, EXAMPLE
     )
     p.add_argument("action", choices=("pack", "unpack"), help="pack: the loose files into a new pack; unpack: back")
     p.add_argument("folders", nargs="+", metavar="DIR", help="a records folder (unlearn study --records DIR)")

@@ -5,9 +5,7 @@ override); ``--show-config`` prints the result and runs nothing."""
 
 from __future__ import annotations
 
-import argparse
-
-from .common import print_config
+from .common import add_command, print_config
 from .training_options import S, add_training_options, dry_run, report_run, resolve_config
 
 EXAMPLE = """examples:
@@ -20,13 +18,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "run",
-        help="unlearn a forget set (writes a PEFT adapter and run.json)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "run", "unlearn a forget set (writes a PEFT adapter and run.json)", __doc__, EXAMPLE)
     g = p.add_argument_group("data")
     g.add_argument(
         "--forget",

@@ -7,12 +7,11 @@ each process scores a shard."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..errors import UnlearnError
 from ..options import parse_options
-from .common import add_data_options, add_model_options
+from .common import add_command, add_data_options, add_model_options
 
 EXAMPLE = """examples:
   unlearn score --scorer length --data tofu:forget01 --out length.jsonl
@@ -23,13 +22,7 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "score",
-        help="score each sample's unlearning difficulty with a scorer plugin",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "score", "score each sample's unlearning difficulty with a scorer plugin", __doc__, EXAMPLE)
     p.add_argument("--scorer", required=True, help="scorer name (see `unlearn plugins`)")
     add_model_options(p)
     p.add_argument("--adapter", default=None, help="PEFT adapter folder applied to --model (merged) before scoring")

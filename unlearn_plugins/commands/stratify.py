@@ -7,10 +7,8 @@ score of their samples. The splits are --forget of `unlearn run` and --forget-sp
 
 from __future__ import annotations
 
-import argparse
-
 from ..errors import UnlearnError
-from .common import add_data_options, check_int, check_out_file, check_out_folder
+from .common import add_command, add_data_options, check_int, check_out_file, check_out_folder
 
 EXAMPLE = """examples:
   unlearn stratify cud.jsonl --data tofu:forget01 --easy 5 --hard 5 --out strata
@@ -20,12 +18,8 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "stratify",
-        help="write the N easiest and N hardest samples of a score file as TOFU splits",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "stratify", "write the N easiest and N hardest samples of a score file as TOFU splits", __doc__, EXAMPLE
     )
     p.add_argument("scores", help="JSON-lines output of `unlearn score`")
     p.add_argument("--easy", type=int, required=True, help="number of lowest-score samples (groups with --group-by)")

@@ -11,10 +11,9 @@ cell failed (the report says which, and why)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .common import check_int, check_out_folder, device_option, print_config
+from .common import add_command, check_int, check_out_folder, device_option, print_config
 
 EXAMPLE = """examples:
   unlearn study --list                                # the built-in studies
@@ -29,13 +28,7 @@ _NOT_RUN_OPTIONS = ("func", "command", "debug", "verbosity", "show_config", "lis
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "study",
-        help="run a grid of unlearning experiments with confidence intervals",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "study", "run a grid of unlearning experiments with confidence intervals", __doc__, EXAMPLE)
     p.add_argument("study", nargs="?", metavar="STUDY", help="a study file (.toml) or a built-in study name")
     p.add_argument("--list", action="store_true", help="list the built-in studies and exit")
     p.add_argument(

@@ -6,9 +6,7 @@ finetune / run / score / stratify` and the lm-eval tasks movielens_rec / moviele
 
 from __future__ import annotations
 
-import argparse
-
-from unlearn_plugins.commands.common import check_int, check_out_folder
+from unlearn_plugins.commands.common import add_command, check_int, check_out_folder
 
 EXAMPLE = """examples:
   unlearn movielens --budget --out ml
@@ -23,12 +21,8 @@ def add_parser(sub) -> None:
     from .benchmark import BenchmarkSettings
 
     d = BenchmarkSettings()
-    p = sub.add_parser(
-        "movielens",
-        help="write the MovieLens recommendation-unlearning benchmark (prompt files)",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "movielens", "write the MovieLens recommendation-unlearning benchmark (prompt files)", __doc__, EXAMPLE
     )
     p.add_argument("--out", required=True, help="folder for train.json, train_forget.json, test_retain.json, ...")
     p.add_argument(
