@@ -548,3 +548,15 @@ def load_model(
     model.to(device)
     model.eval()
     return model, load_tokenizer(spec, trust_remote_code=trust_remote_code)
+
+
+#: the :func:`load_model` options that a command's arguments, an evaluation's config and an
+#: attack's context each carry under these names
+MODEL_OPTIONS = ("device", "dtype", "trust_remote_code", "adapter", "allow_other_base")
+
+
+def load_model_of(options: Any, **overrides: Any) -> tuple[Any, Any]:
+    """:func:`load_model` of ``options.model`` with the options' :data:`MODEL_OPTIONS`;
+    ``overrides`` replace or add keyword arguments."""
+    kwargs = {name: getattr(options, name) for name in MODEL_OPTIONS}
+    return load_model(options.model, **{**kwargs, **overrides})

@@ -35,16 +35,9 @@ class Context:
     _merged: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def load_model(self) -> tuple[Any, Any]:
-        from ..models import load_model
+        from ..models import load_model_of
 
-        model, tokenizer = load_model(
-            self.model,
-            device=self.device,
-            dtype=self.dtype,
-            trust_remote_code=self.trust_remote_code,
-            adapter=self.adapter,
-            allow_other_base=self.allow_other_base,
-        )
+        model, tokenizer = load_model_of(self)
         if self.adapter:
             model = model.merge_and_unload()
         model.eval()

@@ -29,19 +29,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..data.tofu import MIN_MAX_LENGTH, encode_samples, load_split
     from ..likelihood import answer_nll, answer_probability
-    from ..models import load_model
+    from ..models import load_model_of
 
     check_int("--batch-size", args.batch_size, 1)
     check_int("--max-length", args.max_length, MIN_MAX_LENGTH)
     samples = load_split(args.data, args.tofu_dir)
-    model, tok = load_model(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        adapter=args.adapter,
-        allow_other_base=args.allow_other_base,
-    )
+    model, tok = load_model_of(args)
     encoded = encode_samples(tok, samples, max_length=args.max_length)
     stats = answer_nll(model, encoded, tok.pad_token_id, batch_size=args.batch_size, progress=True)
     probs = [answer_probability(s, n) for s, n in stats]

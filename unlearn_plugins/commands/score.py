@@ -54,7 +54,7 @@ def run(args) -> int:
     from ..files import file_lock
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER
-    from ..models import load_model
+    from ..models import load_model_of
     from ..scoring import ScoreJournal, check_output_file, score_rows, score_sharded
     from ..sharding import launch_group, process_device
 
@@ -88,15 +88,7 @@ def run(args) -> int:
         scorer = create(DIFFICULTY_SCORER, args.scorer, **options)  # fail fast on a bad name/options
         samples = load_split(args.data, args.tofu_dir)
         device = process_device(group, args.device)
-        model, tok = load_model(
-            args.model,
-            device=device,
-            dtype=args.dtype,
-            trust_remote_code=args.trust_remote_code,
-            adapter=args.adapter,
-            allow_other_base=args.allow_other_base,
-            merge_adapter=bool(args.adapter),
-        )
+        model, tok = load_model_of(args, device=device, merge_adapter=bool(args.adapter))
         journal = ScoreJournal(
             args.out, _settings_key(args, options, samples, model), samples, rank=0 if group is None else group.index
         )

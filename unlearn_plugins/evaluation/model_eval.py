@@ -53,7 +53,7 @@ def evaluate(req: Request) -> Outcome:
     with runner.lock_out(cfg.out):  # the whole evaluation: a second one on --out is refused at once
         loaded = direct = None
         if cfg.mia:  # the model is needed twice: for the attacks lm-eval cannot express, then by lm-eval
-            from ..models import load_model
+            from ..models import load_model_of
 
             runner.task_manager_for(tasks)  # bad input fails before the model loads
             if cfg.save_reference:  # its truth-ratio task too, as without --mia
@@ -69,14 +69,7 @@ def evaluate(req: Request) -> Outcome:
             membership.check_before_loading(
                 cfg.forget_split, cfg.holdout_split, tofu_dir=cfg.tofu_dir, limit=cfg.limit, reference=cfg.mia_reference
             )
-            loaded = load_model(
-                cfg.model,
-                device=cfg.device,
-                dtype=cfg.dtype,
-                trust_remote_code=cfg.trust_remote_code,
-                adapter=cfg.adapter,
-                allow_other_base=cfg.allow_other_base,
-            )
+            loaded = load_model_of(cfg)
             direct = membership.direct_attacks(
                 *loaded,
                 forget_split=cfg.forget_split,
