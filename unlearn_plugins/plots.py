@@ -28,4 +28,11 @@ def save_png(fig, path: str | os.PathLike) -> None:
         fig.savefig(handle, format="png", dpi=DPI)
 
 
-__all__ = ["pyplot", "save_png", "DPI"]
+def finish_png(fig, path: str | os.PathLike) -> None:
+    """``fig`` laid out tight, written as a PNG at ``path`` (atomically) and closed."""
+    fig.tight_layout()
+    save_png(fig, path)
+    pyplot().close(fig)
+
+
+__all__ = ["pyplot", "save_png", "finish_png", "DPI"]

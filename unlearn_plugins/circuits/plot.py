@@ -27,7 +27,7 @@ def plot_easy_hard(
     easy_rows: Sequence[dict], hard_rows: Sequence[dict], path: str | os.PathLike, title: str = "CUD circuits"
 ) -> None:
     """A PNG with three heatmaps: easy, hard, hard - easy (layer x component)."""
-    from ..plots import pyplot, save_png
+    from ..plots import finish_png, pyplot
 
     plt = pyplot()
     easy, hard = mean_placement(easy_rows), mean_placement(hard_rows)
@@ -48,6 +48,4 @@ def plot_easy_hard(
         fig.colorbar(im, ax=ax, fraction=0.046)
     axes[0].set_ylabel(f"destination layer ({layers - 1} = logits)")
     fig.suptitle(f"{title}: mean circuit edges per sample by destination")
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import tables
 from ..data.jsonl import iter_jsonl
 from ..files import atomic_open, write_json, write_jsonl
-from ..plots import pyplot, save_png
+from ..plots import finish_png, pyplot
 from ..scorers.cud.scorer import PAPER_OBJECTIVES
 
 COLUMNS = (
@@ -29,13 +29,48 @@ COLUMNS = (
 )
 
 
-def _jsonl(path: Path) -> list[dict]:
+def jsonl_rows(path: Path) -> list[dict]:
     return [row for _, row in iter_jsonl(path)]
+
+
+def stage_seconds(folder: str | Path) -> float | None:
+    """A stage's wall time (its resources.json); None where that file is missing or says none."""
+    try:
+        return json.loads((Path(folder) / "resources.json").read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def stage_timings(cells: dict, results: dict) -> dict[str, dict]:
+    """Each stage of a study's ``cells``: the seconds it took in this run (0 where it came from
+    the cache) and whether it was cached (``results``: the run's cell results, their sources)."""
+    timings = {}
+    for cell, cp in cells.items():
+        sources = (results.get(cell) or {}).get("sources") or []
+        for i, stage in enumerate(cp.stages):
+            cached = i >= len(sources) or sources[i] == "cached"
+            timings[stage.label] = {
+                "seconds": 0.0 if cached else (stage_seconds(stage.folder) or 0.0),
+                "cached": cached,
+            }
+    return timings
+
+
+def cud_meta(cud_dir: Path) -> dict:
+    """What CUD's scorer recorded beside its scores (anchor pool, votes, runs), {} when absent."""
+    path = cud_dir / "scores.jsonl.meta.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def anchor_runs(meta: dict) -> list[dict]:
+    """CUD's anchor runs as the report records them."""
+    keys = ("objective", "seed", "steps", "stopped_at_step", "forget_prob")
+    return [{k: r.get(k) for k in keys} for r in meta.get("runs") or []]
 
 
 def _per_sample(samples: dict[str, Path], task: str, metric: str) -> dict[int, float]:
     path = samples.get(task)
-    return {row["doc_id"]: float(row[metric]) for row in _jsonl(path)} if path else {}
+    return {row["doc_id"]: float(row[metric]) for row in jsonl_rows(path)} if path else {}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -96,35 +131,59 @@ def _cells(r: dict) -> list[str]:
     return [r["label"], *(format_value(r[k]) for k in VALUES)]
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    return tables.text_table(COLUMNS, [_cells(r) for r in rows])
-
-
-def markdown_table(rows: Sequence[dict]) -> str:
-    return tables.markdown_table(COLUMNS, [_cells(r) for r in rows])
+def render_table(rows: Sequence[dict], *, markdown: bool = False, columns=COLUMNS, cells=_cells) -> str:
+    """The report's table of ``rows`` (a demo's ``columns`` and ``cells``: the TOFU demo's by
+    default), for the terminal or as Markdown."""
+    return (tables.markdown_table if markdown else tables.text_table)(columns, [cells(r) for r in rows])
 
 
 # ----------------------------------------------------------------------------- plots
 
 
-def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
+def plot_log_scatter(
+    rows: Sequence[dict],
+    path: Path,
+    *,
+    x: str,
+    y: str,
+    floor: float,
+    markers: dict[str, str],
+    labels: tuple[str, str, str],
+    height: float,
+) -> None:
+    """One point per model row, at ``max(row[x], floor)`` on a log scale and ``row[y]`` (a row
+    missing either is left out), marked by ``markers`` (model name -> marker, else a circle; a
+    star drawn larger); ``labels``: the x label, y label and title."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    fig, ax = plt.subplots(figsize=(6.4, height))
     for r in rows:
-        if r["forget_quality"] is None or r["model_utility"] is None:
+        if r[x] is None or r[y] is None:
             continue
-        fq = max(r["forget_quality"], 1e-12)
-        marker = {"full": "s", "retain": "*"}.get(r["name"], "o")
-        ax.scatter(fq, r["model_utility"], s=120 if marker == "*" else 70, marker=marker, label=r["label"])
+        marker = markers.get(r["name"], "o")
+        ax.scatter(max(r[x], floor), r[y], s=120 if marker == "*" else 70, marker=marker, label=r["label"])
     ax.set_xscale("log")
-    ax.set_xlabel("Forget Quality (KS p-value vs the retain model, log scale; higher is better)")
-    ax.set_ylabel("Model Utility (higher is better)")
-    ax.set_title("TOFU: Forget Quality vs Model Utility")
+    xlabel, ylabel, title = labels
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)
+
+
+#: the Forget Quality vs Model Utility plot's x label, y label and title
+FQ_MU_LABELS = (
+    "Forget Quality (KS p-value vs the retain model, log scale; higher is better)",
+    "Model Utility (higher is better)",
+    "TOFU: Forget Quality vs Model Utility",
+)
+
+
+def plot_fq_mu(rows: Sequence[dict], path: Path) -> None:
+    markers = {"full": "s", "retain": "*"}
+    plot_log_scatter(
+        rows, path, x="forget_quality", y="model_utility", floor=1e-12, markers=markers, labels=FQ_MU_LABELS, height=4.6
+    )
 
 
 def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
@@ -150,9 +209,7 @@ def plot_cud_histogram(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
     ax.set_ylabel("forget samples")
     ax.set_title("CUD difficulty of the forget samples")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)
 
 
 def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
@@ -172,9 +229,7 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
     ax.set_title("Where the circuits sit: easy vs hard samples")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -217,13 +272,6 @@ def study_report(
     forgetting = (
         {name: folder / REALLY_FORGOTTEN for name, folder in evals.items()} if study.evaluation.robustness else {}
     )
-    timings = {}
-    for cell, cp in cells.items():
-        sources = (results.get(cell) or {}).get("sources") or []
-        for i, stage in enumerate(cp.stages):
-            resources = _json(Path(stage.folder) / "resources.json") or {}
-            cached = i >= len(sources) or sources[i] == "cached"
-            timings[stage.label] = {"seconds": 0.0 if cached else resources.get("seconds", 0.0), "cached": cached}
     configs = read_outputs(evals["full"]).results.get("configs", {})
     cap = ((configs.get("tofu_forget_rouge") or {}).get("generation_kwargs") or {}).get("max_gen_toks")
     evaluation = {
@@ -243,19 +291,12 @@ def study_report(
         methods=study.methods,
         evals=evals,
         cud_dir=Path(cells[f"cud/forget{k}"].result),
-        timings=timings,
+        timings=stage_timings(cells, results),
         wall_s=wall_s,
         evaluation=evaluation,
         train_dtype=train_dtype,
         forgetting=forgetting,
     )
-
-
-def _json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def write_report(
@@ -279,17 +320,16 @@ def write_report(
     """results.json, summary.md, the plots and CUD's files in ``out``; with ``forgetting`` (model
     name -> its `unlearn eval --mia --robustness` folder, from ``--robustness``) also the "Is it
     really forgotten?" tables and forget_prob_under_attack.png."""
-    scores = _jsonl(cud_dir / "scores.jsonl")
+    scores = jsonl_rows(cud_dir / "scores.jsonl")
     by_question = {r["question"]: r["index"] for r in scores}
-    easy = [by_question[r["question"]] for r in _jsonl(cud_dir / "easy.json")]
-    hard = [by_question[r["question"]] for r in _jsonl(cud_dir / "hard.json")]
+    easy = [by_question[r["question"]] for r in jsonl_rows(cud_dir / "easy.json")]
+    hard = [by_question[r["question"]] for r in jsonl_rows(cud_dir / "hard.json")]
     labels = [("full", "full (before unlearning)"), ("retain", "retain (never saw the forget set)")]
     labels += [(m.name, m.label) for m in methods]
     rows = [model_row(name, label, evals[name], easy, hard) for name, label in labels]
-    table = format_table(rows)
+    table = render_table(rows)
     anchors = json.loads((cud_dir / "anchors.json").read_text())
-    meta_path = cud_dir / "scores.jsonl.meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = cud_meta(cud_dir)
     results = {
         "config": config,
         "budget": budget,
@@ -311,26 +351,17 @@ def write_report(
             "settings": {k: (meta.get("settings") or {}).get(k) for k in ("min_votes", "min_objectives", "vector")},
             # the anchor runs' UnlearnConfig options (lr, epochs, retain, dtype, ...)
             "anchor_unlearn": ((meta.get("settings") or {}).get("runner") or {}).get("options"),
-            "anchor_runs": [
-                {k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
-                for r in meta.get("runs") or []
-            ],
+            "anchor_runs": anchor_runs(meta),
             "seed_agreement": {o: a.get("mean_spearman") for o, a in (meta.get("seed_agreement") or {}).items()},
             "objective_agreement": meta.get("objective_agreement"),
         },
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
-    out = Path(out)
-    files = {
-        "results.json": out / "results.json",
-        "summary.md": out / "summary.md",
-        "fq_vs_mu.png": out / "fq_vs_mu.png",
-        "cud_histogram.png": out / "cud_histogram.png",
-        "circuit_depth.png": out / "circuit_depth.png",
-        "cud_scores.jsonl": out / "cud_scores.jsonl",
-        "cud_easy.json": out / "cud_easy.json",
-        "cud_hard.json": out / "cud_hard.json",
+    plots = {
+        "fq_vs_mu.png": lambda path: plot_fq_mu(rows, path),
+        "cud_histogram.png": lambda path: plot_cud_histogram(scores, easy, hard, path),
+        "circuit_depth.png": lambda path: plot_depth_profile(scores, easy, hard, path),
     }
     if forgetting:
         from ..evaluation import really_forgotten
@@ -343,17 +374,37 @@ def write_report(
             for name in order
             if name in forgetting
         ]
-        files["forget_prob_under_attack.png"] = out / "forget_prob_under_attack.png"
-        really_forgotten.plot_under_attack(results["really_forgotten"], files["forget_prob_under_attack.png"])
+        plots["forget_prob_under_attack.png"] = lambda path: really_forgotten.plot_under_attack(
+            results["really_forgotten"], path
+        )
+    return write_files(out, results, rows, table, cud_dir=cud_dir, scores=scores, plots=plots, summary=markdown_summary)
+
+
+def write_files(
+    out: Path,
+    results: dict,
+    rows: Sequence[dict],
+    table: str,
+    *,
+    cud_dir: Path,
+    scores: Sequence[dict],
+    plots: dict[str, Callable[[Path], None]],
+    summary: Callable[[dict, Sequence[dict]], str],
+) -> tuple[dict, str, dict]:
+    """A demo's report in ``out``: results.json, summary.md (``summary(results, rows)``), its
+    ``plots`` (file name -> what draws it into a path) and CUD's scores and CUD-easy / CUD-hard
+    splits from ``cud_dir``. Returns (results, table, file name -> path)."""
+    out = Path(out)
+    names = ("results.json", "summary.md", *plots, "cud_scores.jsonl", "cud_easy.json", "cud_hard.json")
+    files = {name: out / name for name in names}
     write_json(files["results.json"], results)
     write_jsonl(files["cud_scores.jsonl"], scores)
-    write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
-    write_jsonl(files["cud_hard.json"], _jsonl(cud_dir / "hard.json"))
-    plot_fq_mu(rows, files["fq_vs_mu.png"])
-    plot_cud_histogram(scores, easy, hard, files["cud_histogram.png"])
-    plot_depth_profile(scores, easy, hard, files["circuit_depth.png"])
+    for part in ("easy", "hard"):
+        write_jsonl(files[f"cud_{part}.json"], jsonl_rows(cud_dir / f"{part}.json"))
+    for name, plot in plots.items():
+        plot(files[name])
     with atomic_open(files["summary.md"]) as handle:
-        handle.write(markdown_summary(results, rows))
+        handle.write(summary(results, rows))
     return results, table, {k: str(v) for k, v in files.items()}
 
 
@@ -383,21 +434,27 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         f"probability on the {len(results['cud']['easy'])} lowest / highest CUD-scored forget samples.",
         *_cud_anchor_lines(results["cud"]),
         "",
-        markdown_table(rows),
+        render_table(rows, markdown=True),
         "",
         "![Forget Quality vs Model Utility](fq_vs_mu.png)",
         "![CUD scores](cud_histogram.png)",
         "![Circuit depth, easy vs hard](circuit_depth.png)",
         "",
         *_really_forgotten_lines(results),
-        f"Wall time {results['wall_time_s']:.0f} s; stages: "
-        + ", ".join(
-            f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in results["stages"].items()
-        )
-        + ".",
+        wall_time_line(results),
         "",
     ]
     return "\n".join(lines)
+
+
+def wall_time_line(results: dict) -> str:
+    """The summary's last line: the run's wall time and each stage's (cached: 0 s)."""
+    stages = results["stages"].items()
+    return (
+        f"Wall time {results['wall_time_s']:.0f} s; stages: "
+        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in stages)
+        + "."
+    )
 
 
 def _really_forgotten_lines(results: dict) -> list[str]:

@@ -159,7 +159,7 @@ def table(rows: list[dict]) -> str:
 def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> None:
     """Grouped bars: per model, the forget metric plain and under each probe and attack (relearn's
     bar is measured on the held-back half; the plain model on that half is the black tick)."""
-    from ..plots import pyplot, save_png
+    from ..plots import finish_png, pyplot
 
     labels = []
     for r in rows:
@@ -197,6 +197,4 @@ def plot_under_attack(rows: list[dict], path: Path, metric: str = "prob") -> Non
     ax.set_title("Forget set before and after each probe and attack (higher = remembered)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)

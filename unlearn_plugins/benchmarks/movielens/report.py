@@ -13,11 +13,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from unlearn_plugins import tables
-from unlearn_plugins.data.jsonl import iter_jsonl
-from unlearn_plugins.demo.report import format_value
-from unlearn_plugins.files import atomic_open, write_json, write_jsonl
-from unlearn_plugins.plots import pyplot, save_png
+from unlearn_plugins.demo import report
+from unlearn_plugins.demo.report import (
+    anchor_runs,
+    cud_meta,
+    format_value,
+    jsonl_rows,
+    stage_seconds,
+    stage_timings,
+    wall_time_line,
+)
+from unlearn_plugins.plots import finish_png, pyplot
 
 COLUMNS = (
     "model",
@@ -29,10 +35,6 @@ COLUMNS = (
     "forget AUC CUD-hard",
 )
 KEYS = ("test_auc", "forget_auc", "jsd_to_retrain", "seconds", "forget_auc_cud_easy", "forget_auc_cud_hard")
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [row for _, row in iter_jsonl(path)]
 
 
 def _finite(value: Any) -> float | None:
@@ -72,7 +74,7 @@ def model_row(
     written = read_outputs(eval_dir)
     metrics = written.summary["metrics"]
     test, forget = metrics.get("movielens_rec", {}), metrics.get("movielens_rec_forget", {})
-    rows = sorted(_jsonl(written.samples["movielens_rec_forget"]), key=lambda r: r["doc_id"])
+    rows = sorted(jsonl_rows(written.samples["movielens_rec_forget"]), key=lambda r: r["doc_id"])
     jsd = _finite(forget.get("jsd"))
     if jsd is None and (eval_dir / "reference.json").is_file():  # the retrain model is its own reference
         ref = rm.read_prediction_reference(reference)
@@ -104,12 +106,8 @@ def _cells(r: dict) -> list[str]:
     return cells
 
 
-def format_table(rows: Sequence[dict]) -> str:
-    return tables.text_table(COLUMNS, [_cells(r) for r in rows])
-
-
-def markdown_table(rows: Sequence[dict]) -> str:
-    return tables.markdown_table(COLUMNS, [_cells(r) for r in rows])
+def render_table(rows: Sequence[dict], *, markdown: bool = False) -> str:
+    return report.render_table(rows, markdown=markdown, columns=COLUMNS, cells=_cells)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -139,36 +137,20 @@ def plot_auc(rows: Sequence[dict], path: Path) -> None:
     ax.set_ylabel("AUC (0.5 = chance)")
     ax.set_title("MovieLens: recommendation AUC before and after unlearning")
     ax.legend(fontsize=7, loc="upper center", ncol=2)
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)
 
 
 def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
     """JSD to the retrain model's forget predictions (lower: closer to exact unlearning)
     against the seconds each method took (the retrain model: its whole fine-tune)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for r in rows:
-        if r["jsd_to_retrain"] is None or r["seconds"] is None:
-            continue
-        marker = "*" if r["name"] == "retrain" else "o"
-        ax.scatter(
-            max(r["seconds"], 1e-2),
-            r["jsd_to_retrain"],
-            s=120 if marker == "*" else 70,
-            marker=marker,
-            label=r["label"],
-        )
-    ax.set_xscale("log")
-    ax.set_xlabel("unlearning time, s (retrain: its fine-tune), log scale")
-    ax.set_ylabel("JSD to the retrain model on the forget prompts")
-    ax.set_title("Closeness to retraining vs cost")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    labels = (
+        "unlearning time, s (retrain: its fine-tune), log scale",
+        "JSD to the retrain model on the forget prompts",
+        "Closeness to retraining vs cost",
+    )
+    report.plot_log_scatter(
+        rows, path, x="seconds", y="jsd_to_retrain", floor=1e-2, markers={"retrain": "*"}, labels=labels, height=4.4
+    )
 
 
 def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[int], path: Path) -> None:
@@ -181,9 +163,7 @@ def plot_cud_users(users: Sequence[dict], easy: Sequence[int], hard: Sequence[in
     ax.set_ylim(0, 1)
     ax.set_ylabel("mean CUD score (0 = like the easy anchors)")
     ax.set_title("CUD difficulty of the forget users (green: easy, red: hard)")
-    fig.tight_layout()
-    save_png(fig, path)
-    plt.close(fig)
+    finish_png(fig, path)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -224,13 +204,6 @@ def study_budget(study) -> dict:
     }
 
 
-def _seconds(folder: str | Path) -> float | None:
-    try:
-        return json.loads((Path(folder) / "resources.json").read_text())["seconds"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def study_report(
     out: Path, plan, results: dict, *, config: dict, budget: dict, train_dtype: str, wall_s: float
 ) -> tuple[dict, str, dict]:
@@ -249,7 +222,7 @@ def study_report(
     for name in ("target", "retrain"):
         stage = cells[name].stages[0]
         models[name] = {"key": stage.params["key"], "model": plan.models[name]}
-        seconds[name] = _seconds(stage.folder)
+        seconds[name] = stage_seconds(stage.folder)
     evals["retrain"] = Path(cells["eval-retrain"].result)
     evals["target"] = Path(cells["eval-target"].result)
     methods, runs = [], {}
@@ -263,23 +236,17 @@ def study_report(
         }
         methods.append(SimpleNamespace(name=m.name, label=m.label, settings=settings))
         runs[m.name] = {"key": run.name.rsplit("-", 1)[1], "adapter": str(run / "run")}
-        seconds[m.name] = _seconds(run)
+        seconds[m.name] = stage_seconds(run)
         evals[m.name] = Path(cp.result)
     sharded = sharded_dirs = None
     if study.sharded is not None:
         name = study.sharded.name
         trained = Path(cells[f"{name}/shards"].result)
         unlearned = Path(cells[name].stages[0].folder)
-        sharded = {"trained": {"seconds": _seconds(trained)}, "unlearned": sharded_stages.unlearning(unlearned)}
+        sharded = {"trained": {"seconds": stage_seconds(trained)}, "unlearned": sharded_stages.unlearning(unlearned)}
         sharded_dirs = {"trained": str(trained / "sharded"), "unlearned": str(unlearned / "sharded")}
         seconds[name] = sharded["unlearned"]["seconds"]
         evals[name] = Path(cells[name].result)
-    timings = {}
-    for cell, cp in cells.items():
-        sources = (results.get(cell) or {}).get("sources") or []
-        for i, stage in enumerate(cp.stages):
-            cached = i >= len(sources) or sources[i] == "cached"
-            timings[stage.label] = {"seconds": 0.0 if cached else (_seconds(stage.folder) or 0.0), "cached": cached}
     return write_report(
         out,
         config=config,
@@ -297,7 +264,7 @@ def study_report(
         models=models,
         runs=runs,
         sharded_dirs=sharded_dirs,
-        timings=timings,
+        timings=stage_timings(cells, results),
         wall_s=wall_s,
     )
 
@@ -343,10 +310,9 @@ def write_report(
         )
         for name, label in labels
     ]
-    table = format_table(rows)
-    meta_path = cud_dir / "scores.jsonl.meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    scores = _jsonl(cud_dir / "scores.jsonl")
+    table = render_table(rows)
+    meta = cud_meta(cud_dir)
+    scores = jsonl_rows(cud_dir / "scores.jsonl")
     results = {
         "config": config,
         "budget": budget,
@@ -367,35 +333,19 @@ def write_report(
             "scores": [{k: r.get(k) for k in ("index", "score", "s_E", "s_H", "circuit_depth")} for r in scores],
             "anchor_pool": meta.get("anchor_pool"),
             "anchor_votes": meta.get("anchors"),
-            "anchor_runs": [
-                {k: r.get(k) for k in ("objective", "seed", "steps", "stopped_at_step", "forget_prob")}
-                for r in meta.get("runs") or []
-            ],
+            "anchor_runs": anchor_runs(meta),
         },
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
-    out = Path(out)
-    files = {
-        "results.json": out / "results.json",
-        "summary.md": out / "summary.md",
-        "auc.png": out / "auc.png",
-        "jsd_vs_time.png": out / "jsd_vs_time.png",
-        "cud_users.png": out / "cud_users.png",
-        "cud_scores.jsonl": out / "cud_scores.jsonl",
-        "cud_easy.json": out / "cud_easy.json",
-        "cud_hard.json": out / "cud_hard.json",
+    plots = {
+        "auc.png": lambda path: plot_auc(rows, path),
+        "jsd_vs_time.png": lambda path: plot_jsd_time(rows, path),
+        "cud_users.png": lambda path: plot_cud_users(users["scores"], easy, hard, path),
     }
-    write_json(files["results.json"], results)
-    write_jsonl(files["cud_scores.jsonl"], scores)
-    write_jsonl(files["cud_easy.json"], _jsonl(cud_dir / "easy.json"))
-    write_jsonl(files["cud_hard.json"], _jsonl(cud_dir / "hard.json"))
-    plot_auc(rows, files["auc.png"])
-    plot_jsd_time(rows, files["jsd_vs_time.png"])
-    plot_cud_users(users["scores"], easy, hard, files["cud_users.png"])
-    with atomic_open(files["summary.md"]) as handle:
-        handle.write(markdown_summary(results, rows))
-    return results, table, {k: str(v) for k, v in files.items()}
+    return report.write_files(
+        out, results, rows, table, cud_dir=cud_dir, scores=scores, plots=plots, summary=markdown_summary
+    )
 
 
 def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
@@ -439,17 +389,13 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         f"CUD-easy users {results['cud']['easy_users']}, CUD-hard users {results['cud']['hard_users']}; the last "
         f"two columns are the forget AUC over those users' prompts (n/a: one class only).",
         "",
-        markdown_table(rows),
+        render_table(rows, markdown=True),
         "",
         "![AUC per model](auc.png)",
         "![JSD to retrain vs time](jsd_vs_time.png)",
         "![CUD scores of the forget users](cud_users.png)",
         "",
-        f"Wall time {results['wall_time_s']:.0f} s; stages: "
-        + ", ".join(
-            f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in results["stages"].items()
-        )
-        + ".",
+        wall_time_line(results),
         "",
     ]
     return "\n".join(lines)
