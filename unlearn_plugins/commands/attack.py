@@ -6,7 +6,7 @@ weights (e.g. quantized values) are stored exactly."""
 from __future__ import annotations
 
 from ..options import parse_options
-from .common import add_command, add_model_options, check_out_folder
+from .common import add_command, add_model_options, add_tofu_dir_option, check_out_folder
 
 EXAMPLE = """examples:
   unlearn attack --adapter npo --attack quantize --option bits=4 --out npo-int4
@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
         help="forget split for attacks that use data (relearn): tofu:SPLIT, tofu:SPLIT[a:b] or a JSON-lines "
         "file in TOFU's format",
     )
-    p.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+    add_tofu_dir_option(p)
     p.add_argument("--out", required=True, help="folder for the attacked model (a Hugging Face folder + attack.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an attacked model already in --out")
     p.set_defaults(func=run)

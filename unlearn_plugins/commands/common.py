@@ -93,7 +93,14 @@ def add_data_options(parser: argparse.ArgumentParser, *, default: str | None = "
         required=default is None,
         help="tofu:SPLIT, tofu:SPLIT[a:b], or a JSON-lines file in TOFU's format (default: %(default)s)",
     )
-    parser.add_argument("--tofu-dir", default=None, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+    add_tofu_dir_option(parser)
+
+
+def add_tofu_dir_option(parser, default=None) -> None:
+    """--tofu-dir (``parser``: a parser or an argument group)."""
+    parser.add_argument(
+        "--tofu-dir", default=default, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)"
+    )
 
 
 def check_int(flag: str, value, minimum: int) -> None:

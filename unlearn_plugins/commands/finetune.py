@@ -5,8 +5,8 @@ trains nothing."""
 
 from __future__ import annotations
 
-from .common import add_command, print_config
-from .training_options import S, add_training_options, dry_run, int_list, report_run, resolve_config
+from .common import add_command, add_tofu_dir_option
+from .training_options import S, add_split_option, add_training_options, int_list, run_training
 
 EXAMPLE = """examples:
   unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
@@ -20,12 +20,7 @@ EXAMPLE = """examples:
 def add_parser(sub) -> None:
     p = add_command(sub, "finetune", "fine-tune a model on a TOFU split (target models)", __doc__, EXAMPLE)
     g = p.add_argument_group("data")
-    g.add_argument(
-        "--data",
-        default=S,
-        help="tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:full); or a text corpus cut into "
-        "--max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN",
-    )
+    add_split_option(g, "--data", "", "tofu:full")
     g.add_argument(
         "--authors",
         type=int_list,
@@ -33,7 +28,7 @@ def add_parser(sub) -> None:
         metavar="I,J,...",
         help="train on these TOFU authors of the split only (20 QA each, 0-based)",
     )
-    g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+    add_tofu_dir_option(g, default=S)
     g.add_argument(
         "--record-trajectory",
         action="store_true",
@@ -47,14 +42,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..training import FinetuneConfig, run_finetune
 
-    if args.dry_run and not hasattr(args, "out"):  # a dry run writes nothing: no --out needed
-        args.out = "(dry run)"
-    config = resolve_config(FinetuneConfig, args)
-    if args.show_config:
-        return print_config(config.to_dict(), "unlearn finetune: the options this run would use")
-    if args.dry_run:
-        return dry_run(config, "`unlearn finetune`")
-    result = run_finetune(config)
-    if result.record.get("outputs"):
-        report_run(result, f"fine-tuned on {result.record['samples']['train']} samples")
-    return 0
+    def done(result, config) -> str:
+        return f"fine-tuned on {result.record['samples']['train']} samples"
+
+    return run_training(args, FinetuneConfig, "unlearn finetune", run_finetune, done)

@@ -99,6 +99,8 @@ def build_stages(args) -> tuple[object, list]:
         missing = None
     except UnlearnError as exc:  # the plan is still shown; the run itself would refuse
         missing = str(exc)
+    inference = {"device": device, "dtype": infer_dtype, "length": length}  # every stage but the run's
+    scoring = {**inference, "samples": args.samples}  # EAP-IG's and MRD's
     stages = []
     for name in chosen:
         if name == "run":
@@ -125,43 +127,16 @@ def build_stages(args) -> tuple[object, list]:
             if missing:
                 stages[-1].notes.append(f"here: {missing}")
         elif name == "fila":
-            stages.append(
-                mp.fila_stage(
-                    shape, device=device, dtype=infer_dtype, lora_r=args.lora_r, target_modules=targets, length=length
-                )
-            )
+            stages.append(mp.fila_stage(shape, lora_r=args.lora_r, target_modules=targets, **inference))
         elif name == "eap_ig":
-            stages.append(
-                mp.eap_ig_stage(
-                    shape,
-                    device=device,
-                    dtype=infer_dtype,
-                    steps=args.eap_steps,
-                    max_rows=args.eap_max_rows,
-                    length=length,
-                    samples=args.samples,
-                    answer_fraction=args.answer_fraction,
-                )
-            )
+            steps, rows = args.eap_steps, args.eap_max_rows
+            stage = mp.eap_ig_stage(shape, steps=steps, max_rows=rows, answer_fraction=args.answer_fraction, **scoring)
+            stages.append(stage)
         elif name == "mrd":
-            stages.append(
-                mp.mrd_stage(
-                    shape,
-                    device=device,
-                    dtype=infer_dtype,
-                    precision=args.mrd_precision,
-                    chunk=args.mrd_chunk,
-                    batch_size=args.mrd_batch_size,
-                    length=length,
-                    samples=args.samples,
-                )
-            )
+            chunking = {"precision": args.mrd_precision, "chunk": args.mrd_chunk, "batch_size": args.mrd_batch_size}
+            stages.append(mp.mrd_stage(shape, **chunking, **scoring))
         else:
-            stages.append(
-                mp.inference_stage(
-                    shape, device=device, dtype=infer_dtype, batch_size=args.eval_batch_size, length=length
-                )
-            )
+            stages.append(mp.inference_stage(shape, batch_size=args.eval_batch_size, **inference))
     return shape, stages
 
 

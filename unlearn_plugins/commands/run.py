@@ -5,8 +5,14 @@ override); ``--show-config`` prints the result and runs nothing."""
 
 from __future__ import annotations
 
-from .common import add_command, print_config
-from .training_options import S, add_training_options, dry_run, report_run, resolve_config
+from .common import add_command, add_tofu_dir_option
+from .training_options import (
+    S,
+    add_split_option,
+    add_training_options,
+    resolve_config,  # noqa: F401 - `unlearn run`'s option resolution, as tests reach it
+    run_training,
+)
 
 EXAMPLE = """examples:
   unlearn run --forget tofu:forget01 --retain tofu:retain99 --objective npo --out npo
@@ -20,12 +26,7 @@ EXAMPLE = """examples:
 def add_parser(sub) -> None:
     p = add_command(sub, "run", "unlearn a forget set (writes a PEFT adapter and run.json)", __doc__, EXAMPLE)
     g = p.add_argument_group("data")
-    g.add_argument(
-        "--forget",
-        default=S,
-        help="forget split: tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: tofu:forget01); or a text "
-        "corpus cut into --max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN",
-    )
+    add_split_option(g, "--forget", "forget split: ", "tofu:forget01")
     g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
     g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
     g.add_argument(
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
         default=S,
         help="accept samples that are in both --forget and --retain (default: refused)",
     )
-    g.add_argument("--tofu-dir", default=S, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)")
+    add_tofu_dir_option(g, default=S)
     g = p.add_argument_group("method")
     g.add_argument(
         "--preset",
@@ -84,15 +85,7 @@ def check_overlap(config) -> None:
 def run(args) -> int:
     from ..training import UnlearnConfig, run_unlearning
 
-    if args.dry_run and not hasattr(args, "out"):  # a dry run writes nothing: no --out needed
-        args.out = "(dry run)"
-    config = resolve_config(UnlearnConfig, args)
-    if args.show_config:
-        return print_config(config.to_dict(), "unlearn run: the options this run would use")
-    check_overlap(config)
-    if args.dry_run:
-        return dry_run(config, "`unlearn run`")
-    result = run_unlearning(config)
-    if result.record.get("outputs"):  # the main process
-        report_run(result, f"unlearned {result.record['samples']['forget']} forget samples with {config.objective}")
-    return 0
+    def done(result, config) -> str:
+        return f"unlearned {result.record['samples']['forget']} forget samples with {config.objective}"
+
+    return run_training(args, UnlearnConfig, "unlearn run", run_unlearning, done, check=check_overlap)

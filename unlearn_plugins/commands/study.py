@@ -12,6 +12,7 @@ cell failed (the report says which, and why)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .common import add_command, check_int, check_out_folder, device_option, print_config
 
@@ -128,8 +129,6 @@ def _show_config(study, args, cache) -> int:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from ..errors import UnlearnError
 
     if args.list:
@@ -160,7 +159,7 @@ def run(args) -> int:
     if args.dry_run:
         from ..study.runner import dry_run_plan, dry_run_table
 
-        records = Path(args.records).expanduser() if args.records else None
+        records = _records(args)
         print(dry_run_table(dry_run_plan(study, cache=cache, device=args.device, records=records), records))
         return 0
     out = args.out or f"study-{study.name}"
@@ -174,51 +173,41 @@ def run(args) -> int:
 
     if (part := benchmark_part(study.source, "study")) is not None:  # a registered benchmark's study
         return part.run(study, args, out, cache)
+    records = {"records": _records(args), "records_any_device": args.records_any_device}
     if args.report_only:
         from ..study.runner import report_study
 
-        outcome = report_study(
-            study,
-            out=out,
-            cache=cache,
-            device=args.device,
-            records=Path(args.records).expanduser() if args.records else None,
-            records_any_device=args.records_any_device,
-        )
-        print(outcome.table)
-        print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
-        if outcome.failed:
-            print(
-                f"error: {len(outcome.failed)} finished cell(s) cannot be read: {', '.join(outcome.failed[:5])}"
-                f"{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md; a run rebuilds them)",
-                file=sys.stderr,
-            )
-            return 1
-        return _incomplete(study, outcome, out)
-    from ..study.runner import run_study
+        outcome = report_study(study, out=out, cache=cache, device=args.device, **records)
+        failed = ("finished cell(s) cannot be read", f"see {out}/summary.md; a run rebuilds them")
+    else:
+        from ..study.runner import run_study
 
-    outcome = run_study(
-        study,
-        out=out,
-        cache=cache,
-        workers=args.workers,
-        executor=args.executor,
-        scheduler=args.scheduler,
-        device=args.device,
-        threads=args.threads,
-        records=Path(args.records).expanduser() if args.records else None,
-        records_any_device=args.records_any_device,
-    )
+        outcome = run_study(study, out=out, cache=cache, **execution_options(args), **records)
+        failed = (f"of {len(outcome.results)} cells failed", f"see {out}/summary.md")
     print(outcome.table)
     print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
     if outcome.failed:
-        print(
-            f"error: {len(outcome.failed)} of {len(outcome.results)} cells failed: "
-            f"{', '.join(outcome.failed[:5])}{', ...' if len(outcome.failed) > 5 else ''} (see {out}/summary.md)",
-            file=sys.stderr,
-        )
+        print(failed_cells(outcome.failed, *failed), file=sys.stderr)
         return 1
     return _incomplete(study, outcome, out)
+
+
+def _records(args) -> Path | None:
+    """--records, its folder (None: not given)."""
+    return Path(args.records).expanduser() if args.records else None
+
+
+def execution_options(args) -> dict:
+    """How a study's cells run (the keyword arguments of ``run_study`` and ``run_plan``), from
+    `unlearn study`'s flags."""
+    return {name: getattr(args, name) for name in ("workers", "executor", "scheduler", "device", "threads")}
+
+
+def failed_cells(cells: list[str], what: str, see: str) -> str:
+    """The `error:` line of a study whose ``cells`` failed: their count, ``what`` befell them,
+    the first five and ``see`` (where to look) in brackets."""
+    names = ", ".join(cells[:5]) + (", ..." if len(cells) > 5 else "")
+    return f"error: {len(cells)} {what}: {names} ({see})"
 
 
 def _incomplete(study, outcome, out: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..options import parse_options
-from .common import add_prompt_options, add_show_config_option
+from .common import add_prompt_options, add_show_config_option, print_config
 
 #: a flag's default: not given (only flags actually given override the config file)
 S = argparse.SUPPRESS
@@ -21,6 +21,16 @@ def int_list(text: str) -> list[int]:
         return [int(t) for t in csv_list(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_split_option(group, flag: str, what: str, default: str) -> None:
+    """A training command's data option ``flag``: a TOFU split, a file or a text corpus."""
+    group.add_argument(
+        flag,
+        default=S,
+        help=f"{what}tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: {default}); or a text corpus cut into "
+        "--max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN",
+    )
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
@@ -210,6 +220,25 @@ def dry_run(config, what: str) -> int:
     return report(shape, stages, limit, how, what=what)
 
 
+def run_training(args, config_cls, command: str, train, done, check=None) -> int:
+    """`unlearn run` / `finetune` once parsed: the options resolved into a ``config_cls``, then
+    --show-config prints them, or ``check(config)`` (before any model work), then --dry-run plans
+    the run, or ``train(config)`` runs it and its main process prints ``done(result, config)``."""
+    if args.dry_run and not hasattr(args, "out"):  # a dry run writes nothing: no --out needed
+        args.out = "(dry run)"
+    config = resolve_config(config_cls, args)
+    if args.show_config:
+        return print_config(config.to_dict(), f"{command}: the options this run would use")
+    if check is not None:
+        check(config)
+    if args.dry_run:
+        return dry_run(config, f"`{command}`")
+    result = train(config)
+    if result.record.get("outputs"):  # the main process
+        report_run(result, done(result, config))
+    return 0
+
+
 def report_run(result, what: str) -> None:
     """The one line a finished run prints: steps, time, final loss and where its outputs are."""
     record = result.record
@@ -230,5 +259,6 @@ __all__ = [
     "resolve_config",
     "cli_values",
     "report_run",
+    "run_training",
     "dry_run",
 ]

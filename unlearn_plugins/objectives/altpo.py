@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any, Sequence
 
 from ..errors import UnlearnError
-from .base import ForgetRetainObjective, ObjectiveContext, check_option, reference_sequence_nll, sequence_nll
+from .base import ForgetRetainObjective, ObjectiveContext, check_option
+from .preference import dpo_forget_loss
 
 #: generate.py's INST_QAS_LLAMA3_INSTR and system turn (its Llama-3.2 prompt)
 INSTRUCTION = (
@@ -251,15 +252,4 @@ class AltPO(ForgetRetainObjective):
 
     def forget_loss(self, model, batch, reference_model=None):
         """open-unlearning ``compute_dpo_loss`` with win = alternate, lose = the forget answer."""
-        import torch.nn.functional as F
-
-        if "forget_alternate" not in batch:
-            raise UnlearnError("altpo: the batch has no 'forget_alternate' part (call prepare() before training)")
-        win, lose = batch["forget_alternate"], batch["forget"]
-        s_win, _ = sequence_nll(model, win)
-        s_lose, _ = sequence_nll(model, lose)
-        r_win, _ = reference_sequence_nll(reference_model, win)
-        r_lose, _ = reference_sequence_nll(reference_model, lose)
-        win_ratio = -(s_win - r_win)
-        lose_ratio = -(s_lose - r_lose)
-        return -(2.0 / self.beta) * F.logsigmoid(self.beta * (win_ratio - lose_ratio)).mean()
+        return dpo_forget_loss(self.name, model, batch, reference_model, win_part="forget_alternate", beta=self.beta)

@@ -49,6 +49,24 @@ def npo_loss(s_theta, s_ref, beta: float):
     return -(2.0 / beta) * F.logsigmoid(beta * (s_theta - s_ref)).mean()
 
 
+def dpo_forget_loss(name: str, model, batch, reference_model, *, win_part: str, beta: float):
+    """open-unlearning's ``compute_dpo_loss`` with win = the batch's ``win_part`` (added by the
+    objective's ``prepare``; the error names the objective ``name``) and lose = the forget answer:
+    -(2/beta) mean log sigmoid(beta (log-ratio of win - log-ratio of lose)) against the reference."""
+    import torch.nn.functional as F
+
+    if win_part not in batch:
+        raise UnlearnError(f"{name}: the batch has no '{win_part}' part (call prepare() before training)")
+    win, lose = batch[win_part], batch["forget"]
+    s_win, _ = sequence_nll(model, win)
+    s_lose, _ = sequence_nll(model, lose)
+    r_win, _ = reference_sequence_nll(reference_model, win)
+    r_lose, _ = reference_sequence_nll(reference_model, lose)
+    win_ratio = -(s_win - r_win)
+    lose_ratio = -(s_lose - r_lose)
+    return -(2.0 / beta) * F.logsigmoid(beta * (win_ratio - lose_ratio)).mean()
+
+
 class NPO(ForgetRetainObjective):
     """Negative preference optimisation on summed answer NLL against a frozen reference; beta 0.1."""
 
@@ -195,15 +213,4 @@ class IdkDPO(ForgetRetainObjective):
         }
 
     def forget_loss(self, model, batch, reference_model=None):
-        import torch.nn.functional as F
-
-        if "forget_idk" not in batch:
-            raise UnlearnError("idk_dpo: the batch has no 'forget_idk' part (call prepare() before training)")
-        win, lose = batch["forget_idk"], batch["forget"]
-        s_win, _ = sequence_nll(model, win)
-        s_lose, _ = sequence_nll(model, lose)
-        r_win, _ = reference_sequence_nll(reference_model, win)
-        r_lose, _ = reference_sequence_nll(reference_model, lose)
-        win_ratio = -(s_win - r_win)
-        lose_ratio = -(s_lose - r_lose)
-        return -(2.0 / self.beta) * F.logsigmoid(self.beta * (win_ratio - lose_ratio)).mean()
+        return dpo_forget_loss(self.name, model, batch, reference_model, win_part="forget_idk", beta=self.beta)

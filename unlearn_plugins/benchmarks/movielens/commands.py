@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from unlearn_plugins.commands.common import add_command, check_int, check_out_folder
 
+from .data import add_movielens_dir_option
+
 EXAMPLE = """examples:
   unlearn movielens --budget --out ml
   unlearn finetune --data ml/train.json --merge --out ml-target
@@ -25,12 +27,7 @@ def add_parser(sub) -> None:
         sub, "movielens", "write the MovieLens recommendation-unlearning benchmark (prompt files)", __doc__, EXAMPLE
     )
     p.add_argument("--out", required=True, help="folder for train.json, train_forget.json, test_retain.json, ...")
-    p.add_argument(
-        "--movielens-dir",
-        default=None,
-        help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
-        "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)",
-    )
+    add_movielens_dir_option(p)
     p.add_argument(
         "--budget",
         action="store_true",

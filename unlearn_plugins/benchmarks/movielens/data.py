@@ -112,6 +112,16 @@ class MovieLens:
         }
 
 
+def add_movielens_dir_option(parser) -> None:
+    """--movielens-dir, of `unlearn movielens` and `unlearn demo --benchmark movielens`."""
+    parser.add_argument(
+        "--movielens-dir",
+        default=None,
+        help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
+        f"${ENV_VAR}, else MovieLens-100K from recbole's wheel)",
+    )
+
+
 def split_title_year(text: str) -> tuple[str, int | None]:
     """'Toy Story (1995)' -> ('Toy Story', 1995); a title without a trailing (YYYY) keeps no year."""
     match = _TITLE_YEAR.match(text.strip())

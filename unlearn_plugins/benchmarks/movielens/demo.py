@@ -10,6 +10,8 @@ from __future__ import annotations
 from unlearn_plugins.commands.common import check_int, check_out_folder
 from unlearn_plugins.errors import UnlearnError
 
+from .data import add_movielens_dir_option
+
 #: the demo's study (demo.toml) and its variant for --fast
 STUDY = "demo-movielens"
 FAST = "fast"
@@ -32,12 +34,7 @@ def add_arguments(parser) -> None:
     rec = parser.add_argument_group(
         "--benchmark movielens (defaults: the study unlearn_plugins/benchmarks/movielens/demo.toml)"
     )
-    rec.add_argument(
-        "--movielens-dir",
-        default=None,
-        help="u.data + u.item, ratings.dat + movies.dat, or RecBole atomic files (default: "
-        "$UNLEARN_MOVIELENS_DIR, else MovieLens-100K from recbole's wheel)",
-    )
+    add_movielens_dir_option(rec)
     rec.add_argument("--users", type=int, default=None, help="MovieLens users sampled (default: 20; 8 with --fast)")
     rec.add_argument(
         "--train-per-user", type=int, default=None, help="each user's latest training prompts (default: 4)"

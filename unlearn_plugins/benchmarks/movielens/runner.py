@@ -123,6 +123,7 @@ def run(study, args, out: str, cache) -> int:
     import time
     from pathlib import Path
 
+    from unlearn_plugins.commands.study import execution_options, failed_cells
     from unlearn_plugins.errors import UnlearnError
     from unlearn_plugins.files import folder_lock
     from unlearn_plugins.study.runner import run_plan
@@ -135,23 +136,10 @@ def run(study, args, out: str, cache) -> int:
     if study.cud is None:
         raise UnlearnError(f"{study.path}: [cud]: a MovieLens study's report has the CUD-easy and -hard users' columns")
     started = time.perf_counter()
-    plan, results = run_plan(
-        study,
-        out=out,
-        cache=cache,
-        workers=args.workers,
-        executor=args.executor,
-        scheduler=args.scheduler,
-        device=args.device,
-        threads=args.threads,
-    )
+    plan, results = run_plan(study, out=out, cache=cache, **execution_options(args))
     failed = [cell for cell, r in results.items() if r["status"] != "done"]
     if failed:
-        print(
-            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
-            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
-            file=sys.stderr,
-        )
+        print(failed_cells(failed, f"of {len(results)} cells failed", f"logs: {out}/logs"), file=sys.stderr)
         return 1
     config = {"study": study.name, "path": study.path, "out": out, "model": study.model, "device": args.device}
     with folder_lock(Path(out), f"--out {out}"):
