@@ -43,7 +43,15 @@ from .errors import (
     one_line,
 )
 from .interfaces import BENCHMARK, HOOK_OF_KIND, KINDS, LM_EVAL_TASK_DIR, PROTOCOL_OF_KIND, Benchmark
-from .options import Declared, declared_options, finite_problems, name_problems, type_problems, values_in_use
+from .options import (
+    Declared,
+    attributes,
+    declared_options,
+    finite_problems,
+    name_problems,
+    type_problems,
+    values_in_use,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -228,19 +236,13 @@ class PluginInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "source": self.source,
-            "distribution": self.distribution,
-            "version": self.version,
-            "summary": self.summary,
+            **attributes(self, "name source distribution version summary"),
             "components": {
                 kind: [c.to_json() for c in self.registered if c.kind == kind]
                 for kind in KINDS
                 if any(c.kind == kind for c in self.registered)
             },
-            "errors": self.errors,
-            "disabled": self.disabled,
-            "disabled_by": self.disabled_by,
+            **attributes(self, "errors disabled disabled_by"),
         }
 
 

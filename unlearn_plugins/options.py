@@ -286,6 +286,18 @@ def values_in_use(declared: Declared | None, instance: Any, given: dict[str, Any
     return values
 
 
+def attributes(instance: Any, names: str) -> dict[str, Any]:
+    """``instance``'s attributes ``names`` (space-separated, in this order) as a dict: e.g. a
+    component's ``options()``, what run.json records."""
+    return {name: getattr(instance, name) for name in names.split()}
+
+
+def options_repr(instance: Any, hidden: tuple[str, ...] = ()) -> str:
+    """``NAME(key=value, ...)`` of a component's ``options()`` but the ``hidden`` ones."""
+    shown = ", ".join(f"{k}={v!r}" for k, v in instance.options().items() if k not in hidden)
+    return f"{instance.name}({shown})"
+
+
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
     """--option key=value pairs; values parsed as JSON when possible (numbers, booleans, lists)."""
     from .errors import UnlearnError

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from ..errors import UnlearnError
+from ..options import attributes
 from .base import check_option, mean_nll
 
 
@@ -82,7 +83,7 @@ class GRU:
         return torch.tensor(dot)
 
     def options(self) -> dict[str, Any]:
-        return {"gamma_gru": self.gamma_gru, "forget_loss_type": self.forget_loss_type}
+        return attributes(self, "gamma_gru forget_loss_type")
 
     def __repr__(self) -> str:
         return f"gru(gamma_gru={self.gamma_gru!r}, forget_loss_type={self.forget_loss_type!r})"

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any, Sequence
 
 from ..errors import UnlearnError
+from ..options import attributes, options_repr
 from .base import check_option, mean_nll
 
 HESSIAN_MODES = ("ggn", "fisher")
@@ -165,19 +166,10 @@ class LMCleaner:
         return None
 
     def options(self) -> dict[str, Any]:
-        return {
-            "trajectory": self.trajectory,
-            "K": self.K,
-            "hessian_mode": self.hessian_mode,
-            "damping": self.damping,
-            "apply_mode": self.apply_mode,
-            "use_historical_params": self.use_historical_params,
-            "alpha": self.alpha,
-        }
+        return attributes(self, "trajectory K hessian_mode damping apply_mode use_historical_params alpha")
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if k != "trajectory")
-        return f"lmcleaner({shown})"
+        return options_repr(self, hidden=("trajectory",))
 
 
 # ----------------------------------------------------------------------------- matching

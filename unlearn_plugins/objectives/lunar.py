@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from ..errors import UnlearnError
+from ..options import attributes
 from .base import check_option, mean_nll
 
 NET_DTYPES = ("bfloat16", "float32")
@@ -358,16 +359,7 @@ class LUNAR:
         )
 
     def options(self) -> dict[str, Any]:
-        return {
-            "layer_idx_list": self.layer_idx_list,
-            "coeff_list": self.coeff_list,
-            "direction_prompts": self.direction_prompts,
-            "lr": self.lr,
-            "num_epochs": self.num_epochs,
-            "batch_size": self.batch_size,
-            "net_dtype": self.net_dtype,
-            "seed": self.seed,
-        }
+        return attributes(self, "layer_idx_list coeff_list direction_prompts lr num_epochs batch_size net_dtype seed")
 
     def __repr__(self) -> str:
         return (

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from ..errors import UnlearnError
 from ..likelihood import forward
+from ..options import attributes, options_repr
 from .base import check_option, mean_nll
 
 
@@ -78,18 +79,9 @@ class PDU:
         return loss
 
     def options(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "gamma",
-                "alpha",
-                "retain_loss_eps",
-                "primal_dual",
-                "dual_step_size",
-                "dual_update_upon",
-                "dual_warmup_epochs",
-            )
-        }
+        return attributes(
+            self, "gamma alpha retain_loss_eps primal_dual dual_step_size dual_update_upon dual_warmup_epochs"
+        )
 
     def __repr__(self) -> str:
-        return "pdu(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
+        return options_repr(self)

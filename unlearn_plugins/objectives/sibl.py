@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from ..errors import UnlearnError
 from ..likelihood import forward, mean_nll
+from ..options import attributes, options_repr
 from .base import check_option
 
 #: mask methods of the reference's ``SparsityManager`` that are transcribed here
@@ -268,24 +269,10 @@ class SIBL:
         }
 
     def options(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "use_sparsity",
-                "sparsity",
-                "sparsity_method",
-                "epsilon",
-                "T",
-                "K",
-                "eta_theta",
-                "eta_in",
-                "rho",
-                "gamma",
-                "use_implicit",
-                "cg_iters",
-                "cg_tol",
-            )
-        }
+        return attributes(
+            self,
+            "use_sparsity sparsity sparsity_method epsilon T K eta_theta eta_in rho gamma use_implicit cg_iters cg_tol",
+        )
 
     def __repr__(self) -> str:
-        return "sibl(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
+        return options_repr(self)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from ..errors import UnlearnError
+from ..options import attributes, options_repr
 from .base import check_option
 
 
@@ -112,14 +113,7 @@ class T3:
         return classifier_loss(model, batch)
 
     def options(self) -> dict[str, Any]:
-        return {
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "activation_str": self.activation_str,
-            "bias": self.bias,
-            "guidance_scale": self.guidance_scale,
-            "base_temp": self.base_temp,
-        }
+        return attributes(self, "hidden_size num_hidden_layers activation_str bias guidance_scale base_temp")
 
     def __repr__(self) -> str:
-        return "t3(" + ", ".join(f"{k}={v!r}" for k, v in self.options().items()) + ")"
+        return options_repr(self)

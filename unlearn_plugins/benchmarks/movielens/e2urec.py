@@ -35,6 +35,7 @@ from unlearn_plugins.objectives.base import (
     shifted,
     token_nll,
 )
+from unlearn_plugins.options import options_repr
 
 
 def forced_teacher_logits(original, augmented, alpha: float):
@@ -137,8 +138,7 @@ class E2URec:
         return {k: v for k, v in vars(self).items() if not k.startswith("_") and k not in ("augmented", "last_terms")}
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{k}={v!r}" for k, v in self.options().items() if k != "epoch")
-        return f"{self.name}({shown})"
+        return options_repr(self, hidden=("epoch",))
 
     # ------------------------------------------------------------------ the augmented teacher
     def prepare(self, context: ObjectiveContext) -> dict[str, Any]:
@@ -165,12 +165,7 @@ class E2URec:
         return {"e2urec_epoch": EpochView(self, len(context.forget))}
 
     def teacher_options(self) -> dict[str, Any]:
-        return {
-            "epochs": self.teacher_epochs,
-            "lr": self.teacher_lr,
-            "batch_size": self.teacher_batch_size,
-            "lora_r": self.teacher_lora_r,
-        }
+        return {key: getattr(self, f"teacher_{key}") for key in ("epochs", "lr", "batch_size", "lora_r")}
 
     def _train_augmented(self, model, context: ObjectiveContext):
         """The original fine-tuned on the forget answers (LoRA, plain NLL) with the transformers
