@@ -16,6 +16,8 @@ continues where the last one stopped."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import UnlearnError
 from ..models import DTYPE_CHOICES
 from .common import add_command, check_int, check_out_folder, device_option
@@ -297,22 +299,16 @@ def tofu_study(args, train_dtype: str | None, eval_dtype: str | None):
 def run_tofu(args) -> int:
     """The TOFU demo: its study's cells built (cached), then the demo's report."""
     import sys
-    import time
-    from pathlib import Path
 
     from ..data.tofu_benchmark import find_tofu
     from ..demo import report
-    from ..files import folder_lock
-    from ..models import cache_dir, native_dtype
-    from ..process import quiet_libraries
-    from ..study.runner import run_plan
+    from ..models import native_dtype
 
     workers = args.workers if args.workers is not None else default_workers(args.device)
     out = Path(args.out or "unlearn-demo")
     train_dtype = native_dtype(args.train_dtype or "auto", args.device, "--train-dtype")
     eval_dtype = native_dtype(args.eval_dtype or "auto", args.device, "--eval-dtype")
     study, budget = tofu_study(args, train_dtype, eval_dtype)
-    cache = Path(args.cache_dir).expanduser() if args.cache_dir else cache_dir() / "demo"
     config = {
         "out": str(out),
         "model": args.model,
@@ -330,33 +326,54 @@ def run_tofu(args) -> int:
         "robustness": bool(args.robustness),
         "methods": args.methods,
     }
+
+    def notice() -> dict:
+        """The report's notice when the demo runs on generated authors (said once the lock is held)."""
+        if find_tofu(study.source, study.tofu_dir, study.authors) is not None:
+            return {"notice": None}
+        notice = (
+            "--data generated: using generated fictitious authors in TOFU's format"
+            if study.source == "generated"
+            else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
+            f"--authors {study.authors} is more than the package ships and the hub is unreachable): using "
+            "generated fictitious authors in TOFU's format"
+        )
+        print(f"notice: {notice}", file=sys.stderr, flush=True)
+        return {"notice": notice}
+
+    options = {"config": config, "budget": budget, "train_dtype": train_dtype or "library default"}
+    return build_and_report(study, args, out, report.study_report, workers=workers, before=notice, **options)
+
+
+def demo_cache(args) -> Path:
+    """The demos' stage cache: --cache-dir, else the package's."""
+    from ..models import cache_dir
+
+    return Path(args.cache_dir).expanduser() if args.cache_dir else cache_dir() / "demo"
+
+
+def build_and_report(study, args, out: Path, study_report, *, workers: int = 1, before=None, **options) -> int:
+    """A demo's ``study`` built under --out's lock (cached stages reused; ``workers`` > 1: local
+    worker processes), then its report written by ``study_report`` with ``options`` (and what
+    ``before()``, called once the lock is held, returns); prints the table and the files."""
+    import sys
+    import time
+
+    from ..files import folder_lock
+    from ..process import quiet_libraries
+    from ..study.runner import run_plan
+
     with folder_lock(out, f"--out {out}"), quiet_libraries():
         started = time.perf_counter()
-        notice = None
-        if find_tofu(study.source, study.tofu_dir, study.authors) is None:
-            notice = (
-                "--data generated: using generated fictitious authors in TOFU's format"
-                if study.source == "generated"
-                else "no TOFU data found (--tofu-dir / UNLEARN_TOFU_DIR names no folder with TOFU's files, or "
-                f"--authors {study.authors} is more than the package ships and the hub is unreachable): using "
-                "generated fictitious authors in TOFU's format"
-            )
-            print(f"notice: {notice}", file=sys.stderr, flush=True)
+        if before is not None:
+            options = {**options, **before()}
         # --workers 1: every cell in this process, one after the other (no worker to start)
         executor = "local" if workers > 1 else "inline"
+        cache = demo_cache(args)
         plan, results = run_plan(study, out=out, cache=cache, workers=workers, executor=executor, device=args.device)
         raise_failed(plan, results)
         print(f"report -> {out}", file=sys.stderr, flush=True)
-        _, table, files = report.study_report(
-            out,
-            plan,
-            results,
-            config=config,
-            budget=budget,
-            notice=notice,
-            wall_s=time.perf_counter() - started,
-            train_dtype=train_dtype or "library default",
-        )
+        _, table, files = study_report(out, plan, results, wall_s=time.perf_counter() - started, **options)
     print(table)
     print(f"report -> {out}/ ({', '.join(sorted(files))})")
     return 0

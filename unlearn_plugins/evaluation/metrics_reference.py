@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import DataError
-from .reference import load_reference_file, write_reference_file
+from .reference import ReferenceFormat, load_reference_file, write_reference_file
 
 FORMAT = "unlearn-plugins/retain-metrics-reference"
 VERSION = 1
+KIND = ReferenceFormat("retain reference", FORMAT, VERSION, made_by="unlearn eval --save-reference")
 META_KEY = "retain_table"
 HINT = (
     "make one by evaluating the retain model with the same tasks and --limit: "
@@ -124,14 +125,7 @@ def write_metrics_reference(
 
 def read_metrics_reference(path: str | os.PathLike) -> MetricsReference:
     """Load and check a metrics reference; errors name the file and the field."""
-    path, data, samples = load_reference_file(
-        path,
-        what="retain reference",
-        format=FORMAT,
-        version=VERSION,
-        strings=(),
-        made_by="unlearn eval --save-reference",
-    )
+    path, data, samples = load_reference_file(path, KIND)
     limit = data.get("limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise DataError(f"retain reference {path}: field 'limit' must be a number or null")

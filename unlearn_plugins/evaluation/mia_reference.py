@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import DataError
-from .reference import load_reference_file, write_reference_file
+from .reference import ReferenceFormat, load_reference_file, write_reference_file
 
 FORMAT = "unlearn-plugins/tofu-mia-reference"
 VERSION = 1
+KIND = ReferenceFormat(
+    "MIA reference", FORMAT, VERSION, ("forget_split", "holdout_split"), "unlearn eval --save-mia-reference"
+)
 MEMBERS = ("forget", "holdout")
 HINT = (
     "make one by evaluating the retain model (trained without the forget split) with the same splits and "
@@ -101,14 +104,7 @@ def _number(value: Any) -> bool:
 
 def read_mia_reference(path: str | os.PathLike) -> MIAReference:
     """Load and validate an MIA reference file; errors name the file and the field."""
-    path, data, _ = load_reference_file(
-        path,
-        what="MIA reference",
-        format=FORMAT,
-        version=VERSION,
-        strings=("forget_split", "holdout_split"),
-        made_by="unlearn eval --save-mia-reference",
-    )
+    path, data, _ = load_reference_file(path, KIND)
     aucs = data.get("auc")
     if not isinstance(aucs, dict) or not all(
         isinstance(k, str) and _number(v) and 0 <= v <= 1 for k, v in aucs.items()

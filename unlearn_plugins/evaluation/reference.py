@@ -35,15 +35,38 @@ def sample_key(question: str, answer: str) -> str:
 
 
 @dataclass(frozen=True)
-class Reference:
+class ReferenceFormat:
+    """A kind of reference file: how errors name it (``what``), its ``format`` tag and
+    ``version``, its string fields and the command that makes it (named when the format is off)."""
+
+    what: str
+    format: str
+    version: int
+    strings: tuple[str, ...] = ()
+    made_by: str | None = None
+
+
+#: this module's reference files
+KIND = ReferenceFormat("retain reference", FORMAT, VERSION, ("task", "split"), "unlearn eval --save-reference")
+
+
+@dataclass(frozen=True)
+class TaskReference:
+    """A reference made with one task on one split: its samples' keys, in order (the values per
+    sample: the subclass's last field)."""
+
     path: str
     task: str
     split: str
     keys: tuple[str, ...]
-    truth_ratios: tuple[float, ...]
 
     def describe(self) -> str:
         return f"split {self.split!r}, {len(self.keys)} samples (task {self.task})"
+
+
+@dataclass(frozen=True)
+class Reference(TaskReference):
+    truth_ratios: tuple[float, ...]
 
     def matches_split(self, split_keys: Sequence[str]) -> bool:
         """True when the reference covers the first len(reference) samples of the split
@@ -97,12 +120,11 @@ def write_reference(
     )
 
 
-def load_reference_file(
-    path: str | os.PathLike, *, what: str, format: str, version: int, strings: Sequence[str], made_by: str | None = None
-) -> tuple[Path, dict, list]:
+def load_reference_file(path: str | os.PathLike, kind: ReferenceFormat) -> tuple[Path, dict, list]:
     """The checks every reference file shares (retain truth ratios, MIA losses, MovieLens
-    predictions): JSON, ``format``, ``version``, string fields and a non-empty ``samples``
-    list. Returns (path, data, samples); errors name the file and the field."""
+    predictions): JSON, the ``kind``'s format and version, its string fields and a non-empty
+    ``samples`` list. Returns (path, data, samples); errors name the file and the field."""
+    what, format, version, strings, made_by = kind.what, kind.format, kind.version, kind.strings, kind.made_by
     path = Path(path).expanduser()
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
@@ -131,14 +153,7 @@ def load_reference_file(
 
 def read_reference(path: str | os.PathLike) -> Reference:
     """Load and validate a reference file; errors name the file and the field."""
-    path, data, samples = load_reference_file(
-        path,
-        what="retain reference",
-        format=FORMAT,
-        version=VERSION,
-        strings=("task", "split"),
-        made_by="unlearn eval --save-reference",
-    )
+    path, data, samples = load_reference_file(path, KIND)
     keys, ratios = [], []
     for i, item in enumerate(samples):
         tr = item.get("truth_ratio")

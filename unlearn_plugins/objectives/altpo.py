@@ -20,7 +20,7 @@ from typing import Annotated, Any, Sequence
 
 from ..errors import UnlearnError
 from .base import ForgetRetainObjective, ObjectiveContext, check_option
-from .preference import dpo_forget_loss
+from .preference import AnswerView, dpo_forget_loss
 
 #: generate.py's INST_QAS_LLAMA3_INSTR and system turn (its Llama-3.2 prompt)
 INSTRUCTION = (
@@ -121,42 +121,17 @@ def read_alternates(path: str) -> dict[str, list[str]]:
     return found
 
 
-class AlternateView:
-    """Item i: forget question i with one of its alternates as the answer, drawn each epoch as a
-    pure function of (seed, epoch, i), encoded like any answer on first use."""
+class AlternateView(AnswerView):
+    """Every forget question with one of its own alternates as the answer."""
 
-    def __init__(self, samples, alternates, tokenizer, *, seed=0, max_length=512, system_prompt=None):
-        self.samples, self.alternates, self.tokenizer = list(samples), [list(a) for a in alternates], tokenizer
-        self.seed, self.max_length, self.system_prompt = seed, max_length, system_prompt
-        self.epoch = 0
-        self._encoded: dict[tuple[int, int], dict] = {}
+    draw = "alternate"
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+    def __init__(self, samples, alternates, tokenizer, **options):
+        super().__init__(samples, tokenizer, **options)
+        self.alternates = [list(a) for a in alternates]
 
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> dict:
-        from ..data.tofu import draw_index
-
-        return self.encoded(i, draw_index(len(self.alternates[i]), "alternate", self.seed, self.epoch, i))
-
-    def encoded(self, i: int, k: int) -> dict:
-        """Alternate ``k`` of forget question ``i``, encoded."""
-        from ..data.tofu import encode_qa
-
-        if (i, k) not in self._encoded:
-            s = self.samples[i]
-            self._encoded[(i, k)] = encode_qa(
-                self.tokenizer,
-                s.question,
-                self.alternates[i][k],
-                max_length=self.max_length,
-                system_prompt=self.system_prompt,
-                where=getattr(s, "where", "<memory>"),
-            )
-        return self._encoded[(i, k)]
+    def choices(self, i: int) -> Sequence[str]:
+        return self.alternates[i]
 
 
 class AltPO(ForgetRetainObjective):
@@ -237,14 +212,7 @@ class AltPO(ForgetRetainObjective):
                 {"question": s.question, "alternates": a} for s, a in zip(context.forget_samples, alternates)
             ],
         }
-        view = AlternateView(
-            context.forget_samples,
-            alternates,
-            context.tokenizer,
-            seed=context.seed,
-            max_length=context.max_length,
-            system_prompt=context.system_prompt,
-        )
+        view = AlternateView.of(context, alternates)
         for i in range(len(view)):  # encode every alternate now: a bad one fails before training
             for k in range(len(alternates[i])):
                 view.encoded(i, k)

@@ -438,18 +438,10 @@ def correct(
         v = [-u for u in update(tz)]
         start, end = tz + 1, min(tz + K, tau - 1)
         historical = use_historical_params and end >= start
-        if historical:  # theta[start] = theta[tau] - sum_{t=start}^{tau-1} u[t]
-            current = [t.clone() for t in theta]
-            for t in range(start, tau):
-                for c, u in zip(current, update(t)):
-                    c.sub_(u)
-            space.set(current)
+        if historical:
+            current = _rewound(space, theta, update, start, tau)
         for s in range(start, end + 1):
-            hv = hvp(space, examples, trajectory.batches(s), v, hessian_mode, pad_token_id)
-            lr = trajectory.lr(s)
-            v = [vi - lr * hi for vi, hi in zip(v, hv)]
-            if damping > 0:
-                v = [vi - lr * damping * vi for vi in v]
+            v = _step_map(space, examples, trajectory, s, v, hessian_mode, damping, pad_token_id)
             calls += 1
             if historical:
                 for c, u in zip(current, update(s)):
@@ -468,6 +460,27 @@ def correct(
     return {"hvp_calls": calls, "v_norms": norms, "fused": False}
 
 
+def _rewound(space, theta, update, start: int, tau: int) -> list[Any]:
+    """``theta[start] = theta[tau] - sum_{t=start}^{tau-1} u[t]``, set in ``space`` and returned
+    (the historical parameters, advanced step by step by the caller)."""
+    current = [t.clone() for t in theta]
+    for t in range(start, tau):
+        for c, u in zip(current, update(t)):
+            c.sub_(u)
+    space.set(current)
+    return current
+
+
+def _step_map(space, examples, trajectory, s: int, v, hessian_mode, damping, pad_token_id) -> list[Any]:
+    """``A_s v = v - lr_s H_s v - lr_s damping v``, H_s at the parameters ``space`` holds."""
+    hv = hvp(space, examples, trajectory.batches(s), v, hessian_mode, pad_token_id)
+    lr = trajectory.lr(s)
+    v = [vi - lr * hi for vi, hi in zip(v, hv)]
+    if damping > 0:
+        v = [vi - lr * damping * vi for vi in v]
+    return v
+
+
 def _correct_fused(space, trajectory, steps, update, theta, hessian_mode, damping, historical, pad_token_id):
     """The summed correction when no window is truncated (``K >= tau-1-tz`` for every forget
     step): every ``v`` goes through the same maps ``A_s v = v - lr_s H_s v - lr_s damping v`` at
@@ -484,18 +497,10 @@ def _correct_fused(space, trajectory, steps, update, theta, hessian_mode, dampin
     w = [-u for u in update(first)]
     start = first + 1
     if historical and start <= tau - 1:
-        current = [t.clone() for t in theta]
-        for t in range(start, tau):
-            for c, u in zip(current, update(t)):
-                c.sub_(u)
-        space.set(current)
+        current = _rewound(space, theta, update, start, tau)
     calls = 0
     for s in range(start, tau):
-        hv = hvp(space, examples, trajectory.batches(s), w, hessian_mode, pad_token_id)
-        lr = trajectory.lr(s)
-        w = [wi - lr * hi for wi, hi in zip(w, hv)]
-        if damping > 0:
-            w = [wi - lr * damping * wi for wi in w]
+        w = _step_map(space, examples, trajectory, s, w, hessian_mode, damping, pad_token_id)
         calls += 1
         u_s = update(s)
         if historical:

@@ -104,26 +104,29 @@ class SimNPO(ForgetRetainObjective):
         return -(2.0 / self.beta) * F.logsigmoid(self.beta * margin).mean()
 
 
-class RefusalView:
-    """Item i: forget question i with a refusal as its answer, drawn afresh each epoch (the
-    reference draws one on every access) as a pure function of (seed, epoch, i), so a resumed
-    run draws the same refusals. Encoded like any answer (chat template, end token), on
+class AnswerView:
+    """Item i: forget question i with one of its candidate answers (:meth:`choices`), drawn
+    afresh each epoch as a pure function of (seed, epoch, i) (salted by :attr:`draw`), so a
+    resumed run draws the same answers. Encoded like any answer (chat template, end token), on
     first use."""
 
-    def __init__(
-        self,
-        samples: Sequence[Any],
-        answers: Sequence[str],
-        tokenizer,
-        *,
-        seed: int = 0,
-        max_length: int = 512,
-        system_prompt: str | None = None,
-    ):
-        self.samples, self.answers, self.tokenizer = list(samples), list(answers), tokenizer
+    #: the salt of the draw
+    draw = "answer"
+
+    def __init__(self, samples: Sequence[Any], tokenizer, *, seed=0, max_length=512, system_prompt=None):
+        self.samples, self.tokenizer = list(samples), tokenizer
         self.seed, self.max_length, self.system_prompt = seed, max_length, system_prompt
         self.epoch = 0
         self._encoded: dict[tuple[int, int], dict] = {}
+
+    @classmethod
+    def of(cls, context: ObjectiveContext, choices):
+        """The view of the forget set of a run's ``context``."""
+        options = {"seed": context.seed, "max_length": context.max_length, "system_prompt": context.system_prompt}
+        return cls(context.forget_samples, choices, context.tokenizer, **options)
+
+    def choices(self, i: int) -> Sequence[str]:
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -131,26 +134,43 @@ class RefusalView:
     def answer_index(self, i: int, epoch: int | None = None) -> int:
         from ..data.tofu import draw_index
 
-        return draw_index(len(self.answers), "idk", self.seed, self.epoch if epoch is None else epoch, i)
+        return draw_index(len(self.choices(i)), self.draw, self.seed, self.epoch if epoch is None else epoch, i)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict:
+        return self.encoded(i, self.answer_index(i))
+
+    def encoded(self, i: int, k: int) -> dict:
+        """Answer ``k`` of forget question ``i``, encoded."""
         from ..data.tofu import encode_qa
 
-        k = self.answer_index(i)
         if (i, k) not in self._encoded:
             s = self.samples[i]
             self._encoded[(i, k)] = encode_qa(
                 self.tokenizer,
                 s.question,
-                self.answers[k],
+                self.choices(i)[k],
                 max_length=self.max_length,
                 system_prompt=self.system_prompt,
                 where=getattr(s, "where", "<memory>"),
             )
         return self._encoded[(i, k)]
+
+
+class RefusalView(AnswerView):
+    """Every forget question with a refusal as its answer, drawn afresh each epoch (the
+    reference draws one on every access)."""
+
+    draw = "idk"
+
+    def __init__(self, samples: Sequence[Any], answers: Sequence[str], tokenizer, **options):
+        super().__init__(samples, tokenizer, **options)
+        self.answers = list(answers)
+
+    def choices(self, i: int) -> Sequence[str]:
+        return self.answers
 
 
 class IdkDPO(ForgetRetainObjective):
@@ -201,16 +221,7 @@ class IdkDPO(ForgetRetainObjective):
             path = find_refusal_file(context.forget_samples)
             answers, source = read_refusals(path), str(path)
         context.info["idk_refusals"] = {"source": source, "count": len(answers)}
-        return {
-            "forget_idk": RefusalView(
-                context.forget_samples,
-                answers,
-                context.tokenizer,
-                seed=context.seed,
-                max_length=context.max_length,
-                system_prompt=context.system_prompt,
-            )
-        }
+        return {"forget_idk": RefusalView.of(context, answers)}
 
     def forget_loss(self, model, batch, reference_model=None):
         return dpo_forget_loss(self.name, model, batch, reference_model, win_part="forget_idk", beta=self.beta)

@@ -177,36 +177,15 @@ def movielens_study(args, train_dtype: str | None):
 
 def run(args) -> int:
     """The MovieLens demo: its study's cells built (cached) in this process, then its report."""
-    import sys
-    import time
     from pathlib import Path
 
-    from unlearn_plugins.commands.demo import raise_failed
-    from unlearn_plugins.files import folder_lock
-    from unlearn_plugins.models import cache_dir, native_dtype
-    from unlearn_plugins.process import quiet_libraries
-    from unlearn_plugins.study.runner import run_plan
+    from unlearn_plugins.commands.demo import build_and_report
+    from unlearn_plugins.models import native_dtype
 
     from . import report as movielens_report
 
     out = Path(args.out or OUT)
     train_dtype = native_dtype(args.train_dtype or "auto", args.device, "--train-dtype")
     study, config, budget = movielens_study(args, train_dtype)
-    cache = Path(args.cache_dir).expanduser() if args.cache_dir else cache_dir() / "demo"
-    with folder_lock(out, f"--out {out}"), quiet_libraries():
-        started = time.perf_counter()
-        plan, results = run_plan(study, out=out, cache=cache, workers=1, executor="inline", device=args.device)
-        raise_failed(plan, results)
-        print(f"report -> {out}", file=sys.stderr, flush=True)
-        _, table, files = movielens_report.study_report(
-            out,
-            plan,
-            results,
-            config=config,
-            budget=budget,
-            train_dtype=train_dtype or "library default",
-            wall_s=time.perf_counter() - started,
-        )
-    print(table)
-    print(f"report -> {out}/ ({', '.join(sorted(files))})")
-    return 0
+    options = {"config": config, "budget": budget, "train_dtype": train_dtype or "library default"}
+    return build_and_report(study, args, out, movielens_report.study_report, **options)

@@ -26,11 +26,17 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.evaluation.reference import load_reference_file, write_reference_file
+from unlearn_plugins.evaluation.reference import (
+    ReferenceFormat,
+    TaskReference,
+    load_reference_file,
+    write_reference_file,
+)
 from unlearn_plugins.evaluation.reference import references_from as retain_references_from
 
 FORMAT = "unlearn-plugins/rec-prediction-reference"
 VERSION = 1
+KIND = ReferenceFormat("prediction reference", FORMAT, VERSION, ("task", "split"))
 HINT = (
     "make one from the retrained model (trained without the forgotten users): evaluate it with {task} "
     "and the same --limit, then unlearn_plugins.benchmarks.movielens.tasks.metrics.reference_from_samples(...)"
@@ -99,15 +105,8 @@ def mean_jsd(ps: Sequence[float], qs: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
-class PredictionReference:
-    path: str
-    task: str
-    split: str
-    keys: tuple[str, ...]
+class PredictionReference(TaskReference):
     p_yes: tuple[float, ...]
-
-    def describe(self) -> str:
-        return f"split {self.split!r}, {len(self.keys)} samples (task {self.task})"
 
     def overlaps(self, keys: Sequence[str]) -> bool:
         """True when the reference holds any of these samples (made on this split, or a superset)."""
@@ -155,9 +154,7 @@ def write_prediction_reference(
 
 def read_prediction_reference(path: str | os.PathLike) -> PredictionReference:
     """Load and validate a reference file; errors name the file and the field."""
-    path, data, samples = load_reference_file(
-        path, what="prediction reference", format=FORMAT, version=VERSION, strings=("task", "split")
-    )
+    path, data, samples = load_reference_file(path, KIND)
     keys, probs = [], []
     for i, item in enumerate(samples):
         p = item.get("p_yes")
