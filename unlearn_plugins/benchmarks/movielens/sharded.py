@@ -147,19 +147,12 @@ class ShardedRecommender:
             odds.append(torch.tensor(out.log_odds))
         return torch.stack(feats, 1), torch.stack(odds, 1)
 
-    def predict(
-        self,
-        samples: Sequence[Any],
-        *,
-        device: str | None = None,
-        batch_size: int = 8,
-        loaded=None,
-        prompts: Sequence[Sequence[int]] | None = None,
-    ) -> Predictions:
-        """The ensemble's P(Yes) for each sample (aggregated log-odds)."""
+    def predict(self, samples: Sequence[Any], **options) -> Predictions:
+        """The ensemble's P(Yes) for each sample (aggregated log-odds); ``options``: those of
+        :meth:`shard_outputs` (device, batch_size, loaded, prompts)."""
         import torch
 
-        feats, odds = self.shard_outputs(samples, device=device, batch_size=batch_size, loaded=loaded, prompts=prompts)
+        feats, odds = self.shard_outputs(samples, **options)
         combined = self.aggregator.combine(feats, odds).double()
         return Predictions(torch.sigmoid(combined).tolist(), combined.tolist(), None)
 
