@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..options import attributes
 from .config import EvaluationConfig
 
 
@@ -117,14 +118,9 @@ def evaluate(req: Request) -> Outcome:
                 req.attacks,
                 req.attack_options,
                 evaluate=evaluate_attacked,
-                model=cfg.model,
-                adapter=cfg.adapter,
-                forget_split=cfg.forget_split,
-                tofu_dir=cfg.tofu_dir,
-                device=cfg.device,
-                dtype=cfg.dtype,
-                trust_remote_code=cfg.trust_remote_code,
-                allow_other_base=cfg.allow_other_base,
+                **attributes(
+                    cfg, "model adapter forget_split tofu_dir device dtype trust_remote_code allow_other_base"
+                ),
                 keep_models=cfg.keep_attacked_models,
                 write=runner.write_outputs,
             )

@@ -25,7 +25,7 @@ from typing import Annotated
 
 from ..interfaces import InitResult
 from ..training.config import ConfigError
-from .residual import sync_from_rank0, write_residual
+from .residual import residual_result, write_residual
 from .rila import RILAInit
 
 NORM_SOURCES = ("rila",)
@@ -109,18 +109,7 @@ class RandomResidualInit:
             write_residual(module, adapter, a, b)
             bases[name] = solution.retain_basis.float().to(w0.device)
             norms.append(module.scaling[adapter] * norm)
-        sync_from_rank0(peft_model)
-        return InitResult(
-            retain_basis=bases,
-            residual=True,
-            info={
-                "init": "random_residual",
-                "norm_from": self.norm_from,
-                "seed": seed,
-                "beta": self.rila.beta,
-                "mode": self.rila.mode,
-                "paths": paths,
-                "samples": samples,
-                "residual_norm": {"min": min(norms), "max": max(norms)} if norms else {},
-            },
-        )
+        span = {"min": min(norms), "max": max(norms)} if norms else {}
+        rila = {"beta": self.rila.beta, "mode": self.rila.mode, "paths": paths, "samples": samples}
+        info = {"init": "random_residual", "norm_from": self.norm_from, "seed": seed, **rila, "residual_norm": span}
+        return residual_result(peft_model, bases, **info)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..data.tofu import pad_batch
+from ..interfaces import InitResult
 from ..training.lora import lora_layers
 
 
@@ -42,6 +43,13 @@ def sync_from_rank0(peft_model) -> None:
     for _, module in lora_layers(peft_model):
         for tensor in (module.get_base_layer().weight, module.lora_A[adapter].weight, module.lora_B[adapter].weight):
             dist.broadcast(tensor.data, src=0)
+
+
+def residual_result(peft_model, bases: dict, **info) -> InitResult:
+    """The result of an initializer that wrote a residual into the base weights and keeps a
+    retain basis per module: every process made to hold rank 0's weights, then ``info``."""
+    sync_from_rank0(peft_model)
+    return InitResult(retain_basis=bases, residual=True, info=info)
 
 
 def model_device(model):

@@ -39,7 +39,7 @@ from ..data.tofu import IGNORE_INDEX
 from ..interfaces import InitResult
 from ..training.config import ConfigError
 from ..training.lora import lora_layers
-from .residual import batches, model_device, sync_from_rank0, write_residual
+from .residual import batches, model_device, residual_result, write_residual
 
 RIDGE = 1e-4
 
@@ -485,18 +485,15 @@ class RILAInit:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        sync_from_rank0(peft_model)
-        return InitResult(
-            retain_basis=bases,
-            residual=True,
-            info={
-                "init": "rila",
-                "beta": self.beta,
-                "mode": self.mode,
-                "paths": paths,
-                "samples": samples,
-                "modules_short_of_rank": len(short),
-                # per module kind: [fewest, most] eigenvectors of Cr in P_B, and k (the rest complete it)
-                "retain_basis_kept": kept,
-            },
+        return residual_result(
+            peft_model,
+            bases,
+            init="rila",
+            beta=self.beta,
+            mode=self.mode,
+            paths=paths,
+            samples=samples,
+            modules_short_of_rank=len(short),
+            # per module kind: [fewest, most] eigenvectors of Cr in P_B, and k (the rest complete it)
+            retain_basis_kept=kept,
         )
