@@ -10,6 +10,15 @@ from dataclasses import dataclass, fields
 from ..options import config_field as option
 from ..training.config import DTYPES
 
+#: the option group of membership inference
+MIA = "membership inference"
+
+
+def _file(help: str, group: str | None = None):
+    """A file option (``--x FILE``), not set by default."""
+    return option(None, help, **({"group": group} if group else {}), metavar="FILE")
+
+
 #: the lm-eval model classes an evaluation can score with (:func:`.lm_eval_runner.lm_class_for`)
 SCORINGS = ("prefix", "hf")
 
@@ -46,10 +55,8 @@ class EvaluationConfig:
         parse="append",
         metavar="FILE",
     )
-    save_reference: str | None = option(
-        None,
-        "write this model's forget-split truth ratios (or, without a TOFU forget task, its MUSE metrics) as a retain reference",
-        metavar="FILE",
+    save_reference: str | None = _file(
+        "write this model's forget-split truth ratios (or, without a TOFU forget task, its MUSE metrics) as a retain reference"
     )
     open_unlearning_log: bool = option(
         False, "also write open-unlearning's TOFU_EVAL.json / MUSE_EVAL.json (and _SUMMARY.json) into --out"
@@ -88,24 +95,18 @@ class EvaluationConfig:
         "add the MIA tasks (tofu_mia: LOSS, zlib, Min-K%%, reference attack, privleak; "
         "tofu_forget_exact_memorization) and compute Min-K%%++ and gradient-norm on the model; "
         "needs --forget-split and --holdout-split",
-        group="membership inference",
+        group=MIA,
     )
     holdout_split: str | None = option(
         None,
         "QA the model never trained on, for tofu_mia: a TOFU split name or a JSON-lines file",
-        group="membership inference",
+        group=MIA,
     )
-    mia_reference: str | None = option(
-        None,
-        "the retain model's MIA reference (--save-mia-reference): reference attack and privleak",
-        group="membership inference",
-        metavar="FILE",
+    mia_reference: str | None = _file(
+        "the retain model's MIA reference (--save-mia-reference): reference attack and privleak", MIA
     )
-    save_mia_reference: str | None = option(
-        None,
-        "write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)",
-        group="membership inference",
-        metavar="FILE",
+    save_mia_reference: str | None = _file(
+        "write this model's tofu_mia losses and AUCs as an MIA reference (run it on the retain model)", MIA
     )
     robustness: bool = option(
         False,
