@@ -6,15 +6,15 @@ from request k-1's model), the grid tables of the report, and the one-forget-set
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from test_wmdp import STUDY_FILE, write_mmlu
 
 from unlearn_plugins.benchmarks.wmdp import parts, synthetic
 from unlearn_plugins.cli import main
 from unlearn_plugins.errors import DataError
-
-from test_wmdp import STUDY_FILE, write_mmlu
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -57,7 +57,9 @@ def test_parts_are_written_in_corpus_order(tmp_path):
     documents = synthetic.generate(synthetic.Settings(pathogens=3, compounds=2, retain_documents=1))["forget"]
     assert info["documents"] == 5
     for k in (1, 2):
-        rows = [json.loads(line)["text"] for line in (tmp_path / "parts" / f"request{k}.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)["text"] for line in (tmp_path / "parts" / f"request{k}.jsonl").read_text().splitlines()
+        ]
         assert rows == [documents[i] for i in info["parts"][f"request{k}"]]  # sorted indices: the corpus's order
     with pytest.raises(DataError, match=r"forget corpus text:.*: 6 folds of 5 forget documents"):
         parts.write(tmp_path / "more", spec, parts.SEED, folds=6)
@@ -101,7 +103,7 @@ def test_grid_errors_name_the_file_and_key(added, key, message, tmp_path):
         load_study(str(path))
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"{path}: [benchmark] {key}: ")
-    assert info.value.args and __import__("re").search(message, str(info.value))
+    assert re.search(message, str(info.value))
 
 
 def test_the_grid_variants_plan_and_the_one_forget_set_study_keeps_its_digest(tmp_path, capsys):
@@ -110,7 +112,7 @@ def test_the_grid_variants_plan_and_the_one_forget_set_study_keeps_its_digest(tm
     committed = json.loads((COMMITTED / "study.json").read_text())
     assert load_study("wmdp_synthetic").digest() == committed["digest"]
     scal, sust = load_study("wmdp_synthetic", "scalability"), load_study("wmdp_synthetic", "sustainability")
-    assert scal.model == sust.model == "smollm2-135m" and scal.benchmark.forget_fractions == (0.25, 0.5, 1.0)
+    assert scal.model == sust.model == "smollm2-135m" and scal.benchmark.forget_fractions == (0.25, 0.5, 0.75, 1.0)
     ids = [c.id for c in expand(sust)]
     assert ids[3:7] == [f"rmu/seed0/request{k}" for k in range(1, 5)]
     code = main(["study", "wmdp_synthetic", "--variant", "sustainability", "--dry-run", "--cache-dir", str(tmp_path)])
