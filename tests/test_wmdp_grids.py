@@ -121,6 +121,34 @@ def test_the_grid_variants_plan_and_the_one_forget_set_study_keeps_its_digest(tm
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
 
+def test_a_real_corpus_grid_is_checked_against_its_documents_when_planned(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("UNLEARN_WMDP_DIR", raising=False)
+    folder = tmp_path / "wmdp"
+    folder.mkdir()
+    for name, texts in (("bio-forget-corpus", ["one", "two"]), ("bio-retain-corpus", ["three"])):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    question = {"question": "q?", "choices": ["a", "b", "c", "d"], "answer": 0}
+    for name in ("wmdp-bio.jsonl", "wmdp-chem.jsonl", "wmdp-cyber.jsonl"):
+        (folder / name).write_text(json.dumps(question) + "\n")
+    text = STUDY_FILE.read_text().split("# `unlearn study wmdp_synthetic --variant tiny`")[0]
+    text = text.replace(
+        'corpus = "synthetic"\npathogens = 8\ncompounds = 4\nretain_documents = 12\ndata_seed = 0\n',
+        f'corpus = "real"\nwmdp_dir = "{folder}"\nsequential_folds = 3\n',
+    )
+    head, _, rest = text.partition("[target]")
+    text = head + "[budget]" + rest.split("[budget]", 1)[1]
+    text = text.replace('"wmdp_synthetic_cloze", "wmdp_synthetic", "wmdp_mmlu"', '"wmdp_local", "wmdp_mmlu"')
+    path = tmp_path / "real.toml"
+    path.write_text(text)
+    code = main(["study", str(path), "--dry-run", "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    spec = f"text:{folder / 'bio-forget-corpus.jsonl'}"
+    assert code != 0 and err[-1] == (
+        f"error: {path}: [benchmark] sequential_folds: 3 folds of 2 forget documents: at most one fold per "
+        f"document (forget corpus {spec})"
+    )
+
+
 # ------------------------------------------------------------------------ the report, unchanged
 
 

@@ -6,7 +6,10 @@ planning (seconds; a cached stage keyed by the generator's settings and source);
 are resolved to ``text:`` specs (a missing one is a one-line error before any work). Then the
 core's ``finetune`` stage teaches the base model the forget documents (synthetic), the core's
 ``unlearn`` stage runs every method on the raw forget and retain text, and ``wmdp_evaluate``
-(:mod:`.stages`) evaluates each model. Each key digests what its stage's result depends on."""
+(:mod:`.stages`) evaluates each model. Each key digests what its stage's result depends on. A
+grid study unlearns parts of the forget corpus (:mod:`.parts`, written while planning as the
+synthetic folder is); a sustainability request's unlearning starts from the previous request's
+output, so its key holds that stage's key."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from unlearn_plugins.data.text import read_documents
 from unlearn_plugins.models import merge_is_exact
 from unlearn_plugins.stages import DONE, Stages, digest
 from unlearn_plugins.study.cells import (
@@ -28,7 +32,7 @@ from unlearn_plugins.study.cells import (
     evaluation_settings,
     run_stage,
 )
-from unlearn_plugins.study.spec import Study, expand
+from unlearn_plugins.study.spec import Study, StudyError, expand
 
 from . import parts, synthetic
 
@@ -95,6 +99,11 @@ def prepare_parts(study: Study, data: dict, cache: Path, stages: Stages | None, 
     wmdp = study.benchmark
     key = digest(STUDY_FORMAT, "wmdp-parts", data["content"]["forget"], wmdp.forget_fractions, wmdp.sequential_folds)
     folder = cache / f"wmdp-parts-{key}"
+    if not (folder / DONE).is_file():  # a real corpus's documents are counted here, before any work
+        why = parts.check(len(read_documents(data["forget"])), wmdp.forget_fractions, wmdp.sequential_folds)
+        if why:
+            key = "forget_fractions" if wmdp.forget_fractions else "sequential_folds"
+            raise StudyError(f"{study.path}: [benchmark] {key}: {why} (forget corpus {data['forget']})")
 
     def write(tmp: Path) -> None:
         parts.write(tmp / "parts", data["forget"], parts.SEED, wmdp.forget_fractions, wmdp.sequential_folds)

@@ -7,7 +7,10 @@ The cells: the base model's evaluation; the target (``corpus = "synthetic"``: th
 fine-tuned on the forget documents, so that it knows the facts before it is asked to forget them;
 ``corpus = "real"``: the base model itself, as WMDP's RMU run starts from zephyr) and its
 evaluation; then seed x method: unlearning from the raw forget and retain text (windows of
-``[model] max_length`` tokens, ``text:`` data) and its evaluation."""
+``[model] max_length`` tokens, ``text:`` data) and its evaluation. MUSE's two run criteria
+replace that last with a grid (``[benchmark] forget_fractions``: one cell per fraction of the
+forget documents, each from the target; ``sequential_folds``: one cell per fold, each from the
+model the fold before left; :mod:`.parts`)."""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ class WmdpBench:
 
     @property
     def grid(self) -> str | None:
-        """ "scalability", "sustainability" or None (one forget set)."""
+        """The study's grid over the forget corpus: "scalability", "sustainability" or None."""
         return "scalability" if self.forget_fractions else "sustainability" if self.sequential_folds else None
 
 
