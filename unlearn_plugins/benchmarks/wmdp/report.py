@@ -4,7 +4,10 @@ One row per model: the base model, the taught target (synthetic) and every metho
 each task's accuracy and its 95% Wilson interval over the questions (the interval of one
 evaluation: the question sample's error, not the seeds'), the change from the target with an
 exact McNemar test on the same questions (two-sided binomial test of the discordant pairs), and
-the cell's wall time (its stages' resources.json)."""
+the cell's wall time (its stages' resources.json). A grid study (MUSE's scalability or
+sustainability) keeps the base and target rows there and gives its cells a table of their own, a
+row per method x seed x forget fraction (or request), where the synthetic corpus's cloze accuracy
+is also split between the questions about the documents forgotten so far and the others."""
 
 from __future__ import annotations
 
@@ -174,7 +177,8 @@ def _grid_section(plan, rows: list[dict], columns: list[str], reference: dict | 
 
             return cell
 
-        extra = [("cloze, documents forgotten so far", split("forgotten")), ("cloze, other documents", split("rest"))]
+        forgotten = "cloze, documents forgotten so far" if wmdp.sequential_folds else "cloze, the part's documents"
+        extra = [(forgotten, split("forgotten")), ("cloze, other documents", split("rest"))]
     if wmdp.forget_fractions:
         title = "Scalability: each method x seed unlearns a growing part of the forget documents, from the target"
         first = ["method", "forget fraction"]
