@@ -457,7 +457,7 @@ def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir
 
 
 def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
-    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.data.qa import read_jsonl
     from unlearn_plugins.data.tofu_benchmark import build_benchmark, find_tofu
 
     bench = build_benchmark(tmp_path / "b", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=3, n_forget=1, eval_size=7)
@@ -482,8 +482,8 @@ def test_the_holdout_author_is_in_no_demo_models_data(tofu_dir, tmp_path):
     shipped subset (author 196 ships for this) or the generated authors; none left is an error."""
     import json as json_module
 
+    from unlearn_plugins.data.qa import read_jsonl
     from unlearn_plugins.data.synthetic import N_AUTHORS, generate_authors
-    from unlearn_plugins.data.tofu import read_jsonl
     from unlearn_plugins.data.tofu_benchmark import SHIPPED_TOFU, build_holdout, find_tofu
     from unlearn_plugins.errors import UnlearnError
 
@@ -526,7 +526,7 @@ def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_pat
     """No --tofu-dir, no UNLEARN_TOFU_DIR, no hub: the 3 TOFU authors shipped in the package, with
     TOFU's licence beside them; more authors than that need TOFU itself."""
     from unlearn_plugins.data import tofu_benchmark as benchmark
-    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.data.qa import read_jsonl
     from unlearn_plugins.data.tofu_benchmark import SHIPPED_TOFU, build_benchmark, find_tofu, source_fingerprint
     from unlearn_plugins.errors import DataError
 

@@ -225,7 +225,7 @@ def test_tofu_metrics_match_direct_pytorch_tiny(tiny, tiny_model_dir, tofu_dir, 
 def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir, tofu_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import DataError, UnlearnError
 from ..files import write_json, write_jsonl
-from .tofu import QA_PER_AUTHOR, configured_tofu_dir, read_jsonl, resolve_tofu_dir
+from .qa import QA_PER_AUTHOR, configured_tofu_dir, read_jsonl, resolve_tofu_dir
 
 SOURCE_AUTHORS_SPLIT = "forget10_perturbed"
 FORMAT = 1

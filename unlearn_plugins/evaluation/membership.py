@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.tofu import encode_qa
+from ..data.qa import encode_qa
 from ..errors import DataError
 from . import mia
 from .mia_reference import HINT, read_mia_reference, write_mia_reference

@@ -24,7 +24,7 @@ import math
 import zlib
 from typing import Sequence
 
-from ..data.tofu import IGNORE_INDEX, pad_batch
+from ..data.qa import IGNORE_INDEX, pad_batch
 from ..errors import UnlearnError
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k++", "gradnorm", "reference")

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 from lm_eval.api.instance import Instance
 
-from ..data.tofu import control_tokens, prompt_text, read_jsonl
+from ..data.qa import control_tokens, prompt_text, read_jsonl
 from ..errors import DataError
 from ..interfaces import QASample
 from . import mia

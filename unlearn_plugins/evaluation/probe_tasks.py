@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.tofu import control_tokens, prompt_text, read_jsonl
+from ..data.qa import control_tokens, prompt_text, read_jsonl
 from ..errors import DataError
 from .mia_tasks import load_qa_split
 from .reference import sample_key

@@ -5,7 +5,7 @@ whitespace that ends the context into the continuation. TOFU needs the MEAN over
 the answer tokens (+ end token) after the model's chat prompt. So each document carries,
 from the model's tokenizer:
 
-* ``prompt``: the chat-formatted question (unlearn_plugins.data.tofu.prompt_text, as in
+* ``prompt``: the chat-formatted question (unlearn_plugins.data.qa.prompt_text, as in
   training), and for each scored answer its continuation text (answer + end token) and
   its token count;
 * ``ws_sub``: whether the prompt ends in whitespace that lm-eval moves into the
@@ -32,7 +32,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
 from lm_eval.api.task import ConfigurableTask
 
-from ..data.tofu import check_link, control_token_in, control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
+from ..data.qa import check_link, control_token_in, control_tokens, prompt_text, read_jsonl, resolve_tofu_dir
 from ..errors import DataError
 from . import tofu_metrics as tm
 from .reference import HINT, Reference, references_from, sample_key
@@ -156,7 +156,7 @@ def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list
 def _refuse_control_tokens(fields: dict[str, Any], specials: Sequence[str], where: str) -> None:
     """lm-eval tokenises the request strings itself, with special tokens active, so data text that
     holds one (``<|im_end|>``...) would act as a control token here: refused (training, probs and
-    the scorers keep it as text, see unlearn_plugins.data.tofu.text_ids)."""
+    the scorers keep it as text, see unlearn_plugins.data.qa.text_ids)."""
     for key, value in fields.items():
         for text in value if isinstance(value, list) else [value]:
             found = control_token_in(text, specials) if isinstance(text, str) else None

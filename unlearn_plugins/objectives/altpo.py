@@ -137,13 +137,13 @@ class AlternateView:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict:
-        from ..data.tofu import draw_index
+        from ..data.qa import draw_index
 
         return self.encoded(i, draw_index(len(self.alternates[i]), "alternate", self.seed, self.epoch, i))
 
     def encoded(self, i: int, k: int) -> dict:
         """Alternate ``k`` of forget question ``i``, encoded."""
-        from ..data.tofu import encode_qa
+        from ..data.qa import encode_qa
 
         if (i, k) not in self._encoded:
             s = self.samples[i]

@@ -111,7 +111,7 @@ class RefusalView:
         self.epoch = int(epoch)
 
     def answer_index(self, i: int, epoch: int | None = None) -> int:
-        from ..data.tofu import draw_index
+        from ..data.qa import draw_index
 
         return draw_index(len(self.answers), "idk", self.seed, self.epoch if epoch is None else epoch, i)
 
@@ -119,7 +119,7 @@ class RefusalView:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> dict:
-        from ..data.tofu import encode_qa
+        from ..data.qa import encode_qa
 
         k = self.answer_index(i)
         if (i, k) not in self._encoded:

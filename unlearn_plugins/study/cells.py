@@ -694,7 +694,7 @@ def extraction_strengths(
     evaluation does not run the ``tofu_forget_extraction_strength`` task."""
     import torch
 
-    from ..data.tofu import IGNORE_INDEX, encode_samples, load_split, pad_batch
+    from ..data.qa import IGNORE_INDEX, encode_samples, load_split, pad_batch
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 
