@@ -389,7 +389,7 @@ def test_control_tokens_count_as_text_in_probs_and_scorers(tiny_model_dir, tiny_
 
 
 def test_control_tokens_in_lm_eval_task_data_are_refused(tiny_tokenizer, tmp_path, monkeypatch):
-    from unlearn_plugins.evaluation.tofu_tasks import tofu_dataset
+    from unlearn_plugins.benchmarks.tofu.tasks.tofu.utils import tofu_dataset
 
     monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)  # the split is a file: no TOFU folder needed
 

@@ -197,7 +197,7 @@ def test_probes_ask_the_paraphrased_question_and_the_plain_few_shot_format(tiny,
 
 
 def test_holdout_must_not_overlap_the_forget_split(tiny_model_dir, splits, tmp_path):
-    from unlearn_plugins.evaluation.mia_tasks import mia_documents
+    from unlearn_plugins.benchmarks.tofu.tasks.tofu_mia.utils import mia_documents
 
     both = write_split(tmp_path / "both.json", [HOLDOUT[0], FORGET[2]])
     with pytest.raises(DataError, match=r"both.json:2: this holdout sample is also in the forget split"):

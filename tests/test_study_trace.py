@@ -133,7 +133,7 @@ def test_a_sweep_stage_on_a_per_author_benchmark(tiny_model_dir, tmp_path):
     from the retain model, one traced run, its points and adapters."""
     import json
 
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark
     from unlearn_plugins.study.cells import builder
 
     bench = tmp_path / "bench"

@@ -308,7 +308,9 @@ def run_tofu(args) -> int:
     import time
     from pathlib import Path
 
-    from ..data.tofu_benchmark import find_tofu
+    from ..host import required_benchmark_part
+
+    find_tofu = required_benchmark_part("tofu", "data").find_tofu
     from ..demo import report
     from ..files import folder_lock
     from ..models import cache_dir, native_dtype

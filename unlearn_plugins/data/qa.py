@@ -244,6 +244,23 @@ def load_split(
     return samples
 
 
+def split_path(split: str, folder: Path | None = None, tofu_dir: str | os.PathLike | None = None) -> Path:
+    """A split's file: ``split`` itself when it is a file (no TOFU folder needed, even one
+    configured but missing), else SPLIT.json in ``folder`` (None: ``tofu_dir``, else
+    UNLEARN_TOFU_DIR, else the hub copy)."""
+    candidate = Path(split).expanduser()
+    check_link(candidate, f"split {split!r}")
+    if split.endswith((".json", ".jsonl")) or candidate.is_file():
+        return candidate
+    split = split.removeprefix("tofu:")  # as --forget and --data spell it
+    folder = folder or resolve_tofu_dir(tofu_dir)
+    path = folder / f"{split}.json"
+    if not path.is_file():
+        available = sorted(p.stem for p in folder.glob("*.json"))
+        raise DataError(f"TOFU split {split!r} not found in {folder}; available: {', '.join(available) or '(none)'}")
+    return path
+
+
 def author_slice(authors: Iterable[int]) -> list[int]:
     """Row indices of the given authors in TOFU's author-major `full` split."""
     return [a * QA_PER_AUTHOR + i for a in authors for i in range(QA_PER_AUTHOR)]

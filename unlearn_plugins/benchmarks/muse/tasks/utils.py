@@ -27,11 +27,11 @@ from typing import Any
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
+from unlearn_plugins.benchmarks.tofu.tasks.tofu.utils import decode_ids, encode_ids, request_metadata, resolve_tokenizer
+from unlearn_plugins.benchmarks.tofu.tasks.tofu_mia.utils import mia_requests, token_logprobs, token_plan
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import mia
 from unlearn_plugins.evaluation.metrics_reference import reference_value
-from unlearn_plugins.evaluation.mia_tasks import mia_requests, token_logprobs, token_plan
-from unlearn_plugins.evaluation.tofu_tasks import decode_ids, encode_ids, request_metadata, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
