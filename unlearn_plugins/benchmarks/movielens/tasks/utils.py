@@ -98,8 +98,8 @@ def movielens_dataset(
     documents with the chat-formatted prompt, the answer and its label."""
     import datasets
 
-    from unlearn_plugins.benchmarks.tofu.tasks.tofu.utils import resolve_tokenizer
     from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text
+    from unlearn_plugins.evaluation.lm_eval_requests import resolve_tokenizer
 
     from ..benchmark import BenchmarkSettings
 

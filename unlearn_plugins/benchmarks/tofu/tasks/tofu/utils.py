@@ -17,14 +17,13 @@ from the model's tokenizer:
 
 The tokenizer comes from task metadata: ``tokenizer`` or ``pretrained`` (lm_eval's CLI
 merges --model_args into the metadata, so ``--model_args pretrained=DIR`` is enough).
-Tasks are lm-eval "class" tasks; their YAML files live in tasks/tofu/.
+Tasks are lm-eval "class" tasks; their YAML files are beside this file. The request machinery they
+share with the other benchmarks' tasks is :mod:`unlearn_plugins.evaluation.lm_eval_requests`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,6 +34,13 @@ from lm_eval.api.task import ConfigurableTask
 from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text, read_jsonl, split_path
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import tofu_metrics as tm
+from unlearn_plugins.evaluation.lm_eval_requests import (  # noqa: F401 - the TOFU tasks' (and their users') names
+    decode_ids,
+    encode_ids,
+    request_metadata,
+    resolve_tokenizer,
+    score_plan,
+)
 from unlearn_plugins.evaluation.reference import HINT, Reference, references_from, sample_key
 
 log = logging.getLogger(__name__)
@@ -51,68 +57,7 @@ _REQUIRED = {
 }
 
 
-# ----------------------------------------------------------------------------- tokenizer
-
-
-@lru_cache(maxsize=4)
-def _load_tokenizer(name: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except OSError as exc:
-        raise DataError(f"TOFU tasks: cannot load the tokenizer {name!r}: {exc}") from None
-
-
-def resolve_tokenizer(tokenizer: Any = None, pretrained: Any = None, trust_remote_code: Any = False):
-    """The model's tokenizer from task metadata (an object, a folder or a hub id)."""
-    source = tokenizer if tokenizer not in (None, "") else pretrained
-    if source in (None, ""):
-        raise DataError(
-            "TOFU tasks need the model's tokenizer to compute TOFU's per-token means: with lm_eval pass "
-            '--model_args pretrained=MODEL (or --metadata \'{"tokenizer": "MODEL"}\'); in Python pass '
-            "TaskManager(metadata={'tokenizer': ...})"
-        )
-    if hasattr(source, "encode") and hasattr(source, "decode") and hasattr(source, "eos_token"):
-        return source  # already a tokenizer
-    if not isinstance(source, (str, os.PathLike)):
-        name = getattr(source, "name_or_path", None) or getattr(getattr(source, "config", None), "_name_or_path", None)
-        if not name:
-            raise DataError(
-                f"TOFU tasks: cannot find a tokenizer for a {type(source).__name__}; pass metadata 'tokenizer'"
-            )
-        source = name
-    return _load_tokenizer(str(source), bool(trust_remote_code in (True, "True", "true", "1", 1)))
-
-
-def encode_ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def decode_ids(tokenizer, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
-def _score_plan(tokenizer, prompt: str, continuation: str, where: str) -> tuple[int, bool]:
-    """(answer token count, subtract the whitespace request?) for one (prompt, answer).
-
-    Exact TOFU scoring needs the prompt tokens to be a prefix of the joint tokens (true
-    for chat templates). Otherwise (a plain "Answer: " prompt whose space merges into the
-    answer) lm-eval's joint tokenisation is scored as is.
-    """
-    full = encode_ids(tokenizer, prompt + continuation)
-    p = encode_ids(tokenizer, prompt)
-    stripped = prompt.rstrip()
-    ps = encode_ids(tokenizer, stripped) if stripped != prompt else p
-    if full[: len(p)] == p and len(full) > len(p):
-        if stripped == prompt:
-            return len(full) - len(p), False
-        if p[: len(ps)] == ps:  # lm-eval scores the whitespace tokens too: subtract them
-            return len(full) - len(p), True
-    if full[: len(ps)] != ps or len(full) <= len(ps):
-        raise DataError(f"{where}: the prompt and the answer cannot be split into tokens for scoring")
-    log.warning("%s: the prompt's trailing whitespace merges with the answer; scoring lm-eval's joint tokens", where)
-    return len(full) - len(ps), False
+# ----------------------------------------------------------------------------- extraction strength
 
 
 def _es_plan(tokenizer, prompt: str, continuation: str) -> tuple[list[str], list[str], list[int], str, int]:
@@ -238,7 +183,7 @@ def tofu_dataset(
             answers = [s.answer]
         conts, counts, ws = [], [], []
         for a in answers:
-            n, sub = _score_plan(tok, prompt, a + eos, where)
+            n, sub = score_plan(tok, prompt, a + eos, where)
             conts.append(a + eos)
             counts.append(n)
             ws.append(sub)
@@ -261,12 +206,6 @@ def tofu_dataset(
 
 
 # ----------------------------------------------------------------------------- tasks
-
-
-def request_metadata(kwargs: dict) -> tuple:
-    """lm-eval's (task, doc_id, repeats) for each Instance; lm-eval's own task tests call
-    construct_requests without it (then Instance's default, no names)."""
-    return kwargs.get("metadata") or (None, None, None)
 
 
 class TofuTask(ConfigurableTask):

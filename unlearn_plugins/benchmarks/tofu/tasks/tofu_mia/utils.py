@@ -37,20 +37,24 @@ from lm_eval.api.instance import Instance
 from unlearn_plugins.data.qa import control_tokens, prompt_text
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import mia
+from unlearn_plugins.evaluation.lm_eval_requests import (  # noqa: F401 - the MIA tasks' names
+    answer_tokens,
+    decode_ids,
+    encode_ids,
+    mia_requests,
+    prefix_offsets,
+    request_metadata,
+    resolve_tokenizer,
+    score_plan,
+    token_logprobs,
+    token_plan,
+)
 from unlearn_plugins.evaluation.mia import MIN_K, load_qa_split, mia_documents, n_evaluated  # noqa: F401 - the dataset builders' and the probes'
 from unlearn_plugins.evaluation.mia_reference import HINT, MIAReference, mismatch, read_mia_reference
 from unlearn_plugins.evaluation.reference import sample_key
 from unlearn_plugins.interfaces import QASample
 
-from ..tofu.utils import (
-    TofuTask,
-    _refuse_control_tokens,
-    _score_plan,
-    decode_ids,
-    encode_ids,
-    request_metadata,
-    resolve_tokenizer,
-)
+from ..tofu.utils import TofuTask, _refuse_control_tokens
 
 log = logging.getLogger(__name__)
 
@@ -58,64 +62,6 @@ GREEDY = {"until": [], "max_gen_toks": 1, "do_sample": False, "temperature": 0.0
 
 
 # ----------------------------------------------------------------------------- data
-
-
-def _answer_tokens(tok, prompt: str, continuation: str, where: str) -> tuple[str, str, list[int], bool]:
-    """(prompt, continuation, answer token ids, subtract the whitespace request?) with the
-    prompt's token ids a prefix of the whole sequence's; when the prompt's trailing whitespace
-    merges into the answer (a plain ``Answer: `` prompt), that whitespace joins the continuation."""
-    n, ws_sub = _score_plan(tok, prompt, continuation, where)
-    p = encode_ids(tok, prompt)
-    full = encode_ids(tok, prompt + continuation)
-    if full[: len(p)] != p or len(full) - len(p) != n:
-        cut = len(prompt.rstrip())
-        prompt, continuation = prompt[:cut], prompt[cut:] + continuation
-        p = encode_ids(tok, prompt)
-    return prompt, continuation, full[len(p) :], ws_sub
-
-
-def _prefix_offsets(tok, prompt: str, continuation: str, answer: list[int]) -> list[int | None]:
-    """For each k in 0..n, the length of the continuation's text that is answer[:k] when
-    ``prompt + continuation[:offset]`` re-tokenises to exactly the prompt and answer[:k] (None
-    where it does not, e.g. a cut inside a character or a merge the tokenizer makes)."""
-    p = encode_ids(tok, prompt)
-    out: list[int | None] = []
-    for k in range(len(answer) + 1):
-        text = decode_ids(tok, answer[:k])
-        if not continuation.startswith(text):
-            out.append(None)
-            continue
-        ok = k == 0 or encode_ids(tok, prompt + text) == p + answer[:k]
-        out.append(len(text) if ok else None)
-    return out
-
-
-def token_plan(tok, prompt: str, continuation: str, where: str) -> dict[str, Any]:
-    """The requests that give each answer token's log-probability (see the module docstring):
-    for each answer position k but the last, the one-token request (prompt + answer[:k],
-    answer[k]) and the first token it covers (lm-eval moves whitespace that ends the context into
-    the continuation: those tokens are covered too, negative positions being the prompt's)."""
-    prompt, continuation, answer, ws_sub = _answer_tokens(tok, prompt, continuation, where)
-    n = len(answer)
-    p = encode_ids(tok, prompt)
-    offsets = _prefix_offsets(tok, prompt, continuation, answer)
-    singles: list[list[int]] = []  # [position, first position covered, text start, text end]
-    for k in range(n - 1):
-        lo, hi = offsets[k], offsets[k + 1]
-        if lo is None or hi is None or continuation[lo:hi] != decode_ids(tok, answer[k : k + 1]):
-            continue
-        context = (prompt + continuation[:lo]).rstrip()
-        kept = encode_ids(tok, context)
-        if kept != (p + answer)[: len(kept)]:
-            continue  # lm-eval would not split the tokens here
-        singles.append([k, len(kept) - len(p), lo, hi])
-    return {
-        "score_prompt": prompt,
-        "score_continuation": continuation,
-        "n_tokens": [n],
-        "ws_sub": [ws_sub],
-        "singles": singles,
-    }
 
 
 def _docs(tok, rows: Sequence[tuple[QASample, str, str]], system_prompt: str | None, plan) -> list[dict]:
@@ -162,8 +108,8 @@ def mia_dataset(
 
 def memorization_plan(tok, prompt: str, continuation: str, where: str) -> dict[str, Any]:
     """One greedy one-token generation per answer position but the last (the end token)."""
-    prompt, continuation, answer, _ = _answer_tokens(tok, prompt, continuation, where)
-    offsets = _prefix_offsets(tok, prompt, continuation, answer)
+    prompt, continuation, answer, _ = answer_tokens(tok, prompt, continuation, where)
+    offsets = prefix_offsets(tok, prompt, continuation, answer)
     positions = [k for k in range(len(answer) - 1) if offsets[k] is not None]
     return {
         "score_prompt": prompt,
@@ -191,40 +137,6 @@ def memorization_dataset(
     tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
     docs = _docs(tok, [(s, "forget", label) for s in samples], system_prompt, memorization_plan)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
-
-
-# ----------------------------------------------------------------------------- per-token log-probs
-
-
-def mia_requests(doc: dict, metadata: tuple) -> list[Instance]:
-    """The plan's loglikelihood requests: the whole answer, the prompt's trailing whitespace alone
-    (when it has some), and one request per answer token but the last. No two of them share the
-    same input tokens with continuations of different lengths: lm-eval's logits cache (HFLM,
-    ``logits_cache``) would hand the shorter one the log-probabilities of the longer's first tokens."""
-    prompt, cont = doc["score_prompt"], doc["score_continuation"]
-    args = [(prompt, cont)]
-    if doc["ws_sub"][0]:
-        args.append((prompt, ""))
-    args += [(prompt + cont[:lo], cont[lo:hi]) for _, _, lo, hi in doc["singles"]]
-    return [Instance("loglikelihood", doc, a, i, metadata=metadata) for i, a in enumerate(args)]
-
-
-def token_logprobs(doc: dict, results: Sequence) -> tuple[list[float], int]:
-    """(log-probability of each answer token, the end token last; how many of them share what
-    the measured ones leave, when more than the end token is not measured) from the results of
-    :func:`mia_requests`."""
-    n = doc["n_tokens"][0]
-    lls = [float(r[0]) for r in results]
-    ws = lls[1] if doc["ws_sub"][0] else 0.0
-    total = lls[0] - ws
-    known: dict[int, float] = {}
-    for (k, first, _, _), ll in zip(doc["singles"], lls[2 if doc["ws_sub"][0] else 1 :]):
-        covered = range(max(first, 0), k)
-        if all(t in known for t in covered):
-            known[k] = ll - sum(known[t] for t in covered) - (ws if first < 0 else 0.0)
-    unknown = [t for t in range(n) if t not in known]
-    rest = (total - sum(known.values())) / len(unknown)
-    return [known.get(t, rest) for t in range(n)], (len(unknown) if len(unknown) > 1 else 0)
 
 
 # ----------------------------------------------------------------------------- tasks

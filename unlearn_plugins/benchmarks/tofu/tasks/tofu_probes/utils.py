@@ -20,10 +20,11 @@ from typing import Any
 
 from unlearn_plugins.data.qa import control_tokens, prompt_text, read_jsonl
 from unlearn_plugins.errors import DataError
+from unlearn_plugins.evaluation.lm_eval_requests import resolve_tokenizer, score_plan
 from unlearn_plugins.evaluation.mia import load_qa_split
 from unlearn_plugins.evaluation.reference import sample_key
 
-from ..tofu.utils import _perturbed_path, _refuse_control_tokens, _score_plan, resolve_tokenizer
+from ..tofu.utils import _perturbed_path, _refuse_control_tokens
 
 PROBES = ("paraphrase", "format")
 SHOT_SPLIT = "retain_perturbed"
@@ -98,7 +99,7 @@ def probe_dataset(
 
 
 def _doc(tok, sample, label: str, prompt: str, continuation: str) -> dict:
-    n, ws = _score_plan(tok, prompt, continuation, sample.where)
+    n, ws = score_plan(tok, prompt, continuation, sample.where)
     return {
         "key": sample_key(sample.question, sample.answer),
         "split": label,
