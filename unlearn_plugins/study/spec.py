@@ -285,6 +285,10 @@ class Study:
         fields = dataclasses.asdict(self)
         if fields["evaluation"].get("scoring") == "hf":
             del fields["evaluation"]["scoring"]
+        later = getattr(self.benchmark, "LATER_FIELDS", {})  # a benchmark's own later keys, as above
+        for key, default in later.items():
+            if fields["benchmark"].get(key) == default:
+                del fields["benchmark"][key]
         return {
             k: v for k, v in fields.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k]) and k not in RUN_FIELDS
         }

@@ -6,15 +6,20 @@ planning (seconds; a cached stage keyed by the generator's settings and source);
 are resolved to ``text:`` specs (a missing one is a one-line error before any work). Then the
 core's ``finetune`` stage teaches the base model the forget documents (synthetic), the core's
 ``unlearn`` stage runs every method on the raw forget and retain text, and ``wmdp_evaluate``
-(:mod:`.stages`) evaluates each model. Each key digests what its stage's result depends on."""
+(:mod:`.stages`) evaluates each model. Each key digests what its stage's result depends on. A
+grid study unlearns parts of the forget corpus (:mod:`.parts`, written while planning as the
+synthetic folder is); a sustainability request's unlearning starts from the previous request's
+output, so its key holds that stage's key."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import tempfile
 from pathlib import Path
 
+from unlearn_plugins.data.text import read_documents
 from unlearn_plugins.models import merge_is_exact
 from unlearn_plugins.stages import DONE, Stages, digest
 from unlearn_plugins.study.cells import (
@@ -27,9 +32,9 @@ from unlearn_plugins.study.cells import (
     evaluation_settings,
     run_stage,
 )
-from unlearn_plugins.study.spec import Study, expand
+from unlearn_plugins.study.spec import Study, StudyError, expand
 
-from . import synthetic
+from . import parts, synthetic
 
 
 def _source_digest(*paths: Path) -> str:
@@ -86,15 +91,50 @@ def prepare_data(study: Study, cache: Path, stages: Stages | None, scratch: Path
     return {"forget": forget, "retain": retain, "content": content, "metadata": metadata, "key": key}
 
 
+def prepare_parts(study: Study, data: dict, cache: Path, stages: Stages | None, scratch: Path) -> dict:
+    """The forget corpus's parts for the study's grid (:mod:`.parts`; a cached stage, as the
+    synthetic folder): {"documents": n, part name: {"forget": spec, "content": digest,
+    "indices": its documents}}; fraction 1.0 is the forget corpus itself (its runs are the
+    one-forget-set study's)."""
+    wmdp = study.benchmark
+    key = digest(STUDY_FORMAT, "wmdp-parts", data["content"]["forget"], wmdp.forget_fractions, wmdp.sequential_folds)
+    folder = cache / f"wmdp-parts-{key}"
+    if not (folder / DONE).is_file():  # a real corpus's documents are counted here, before any work
+        why = parts.check(len(read_documents(data["forget"])), wmdp.forget_fractions, wmdp.sequential_folds)
+        if why:
+            key = "forget_fractions" if wmdp.forget_fractions else "sequential_folds"
+            raise StudyError(f"{study.path}: [benchmark] {key}: {why} (forget corpus {data['forget']})")
+
+    def write(tmp: Path) -> None:
+        parts.write(tmp / "parts", data["forget"], parts.SEED, wmdp.forget_fractions, wmdp.sequential_folds)
+
+    if stages is not None:
+        run_stage(stages, f"forget corpus parts: {wmdp.grid}", folder, write)
+    elif not (folder / DONE).is_file():
+        folder = scratch / folder.name
+        write(folder)
+    info = json.loads((folder / "parts" / parts.INFO).read_text())
+    out: dict = {"documents": info["documents"]}
+    for name, indices in info["parts"].items():
+        spec = f"text:{folder / 'parts' / f'{name}.jsonl'}"
+        out[name] = {"forget": spec, "content": _content(spec), "indices": indices}
+        if len(indices) == info["documents"]:  # the whole corpus: the study's own forget data
+            out[name].update(forget=data["forget"], content=data["content"]["forget"])
+    return out
+
+
 def plan_wmdp_study(
     study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
 ) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
     stream = stream or sys.stderr
-    stages = None if dry_run else Stages(cache, total=2, stream=stream)
+    grid = study.benchmark.grid
+    stages = None if dry_run else Stages(cache, total=3 if grid else 2, stream=stream)
     with tempfile.TemporaryDirectory(prefix="unlearn-study-") as scratch:
         base_path, base_key = base_model(study, stages, cache, device)
         data = prepare_data(study, cache, stages, Path(scratch))
+        if grid:
+            data["parts"] = prepare_parts(study, data, cache, stages, Path(scratch))
     plan = Plan(study, cache, device, {0: data})
     ev = study.evaluation
     eval_settings = (*evaluation_settings(study, device), data["key"], data["metadata"]["mmlu_per_subject"])
@@ -166,41 +206,53 @@ def plan_wmdp_study(
         elif cell.kind == "method":
             method = study.method(cell.method)
             config = {**method.config, "seed": cell.seed}
+            part = cell.id.rsplit("/", 1)[1] if grid else None
+            forget = data["parts"][part] if part else {"forget": data["forget"], "content": data["content"]["forget"]}
+            chained = grid == "sustainability"
+            start = cell.deps[0] if chained and cell.deps else "target"  # request k: where request k-1 left
+            model, model_key = plan.models[start], model_keys[start]
+            if chained:
+                config["merge"] = True  # a LoRA run leaves run/merged too: the next request's model
             no_retain = method.settings.get("retain") is False
             run_key = digest(
                 STUDY_FORMAT,
                 "wmdp-unlearn",
-                model_keys["target"],
-                data["content"]["forget"],
+                model_key,
+                forget["content"],
                 *([] if no_retain else [data["content"]["retain"]]),
                 config,
                 study.max_length,
                 *([revisions] if (revisions := component_revisions(config)) else []),
             )
-            run_folder = folder("wmdprun", f"{method.name}-seed{cell.seed}", run_key)
+            whole = forget["forget"] == data["forget"]  # the one-forget-set study's run: its folders too
+            name = f"{method.name}-seed{cell.seed}" if whole else cell.id.replace("/", "-")
+            run_folder = folder("wmdprun", name, run_key)
             unlearn = Stage(
                 f"unlearn: {cell.label}",
                 run_folder,
                 "unlearn",
                 {
                     "config": {**config, "max_length": study.max_length},
-                    "model": plan.models["target"],
-                    "forget": data["forget"],
+                    "model": model,
+                    "forget": forget["forget"],
                     "retain": None if no_retain else data["retain"],
                     "device": device,
                 },
             )
             full = bool(config.get("full_finetune"))
-            merged = ("merged",) if merge_is_exact(device, ev.dtype) and not full else ()
-            key = digest(STUDY_FORMAT, "wmdp-eval", run_key, eval_settings, *merged)
-            stage = evaluate(
-                f"evaluate: {cell.label}",
-                f"{method.name}-seed{cell.seed}",
-                key,
-                str(Path(run_folder) / "run") if full else plan.models["target"],
-                None if full else str(Path(run_folder) / "run"),
-            )
-            plan.cells[cell.id] = CellPlan(cell, [unlearn, stage], result=stage.folder)
+            run = Path(run_folder) / "run"
+            if chained:  # evaluated as the next request gets it
+                plan.models[cell.id] = str(run if full else run / "merged")
+                model_keys[cell.id] = run_key
+                key = digest(STUDY_FORMAT, "wmdp-eval", run_key, eval_settings)
+                stage = evaluate(f"evaluate: {cell.label}", name, key, plan.models[cell.id], None)
+            else:
+                merged = ("merged",) if merge_is_exact(device, ev.dtype) and not full else ()
+                key = digest(STUDY_FORMAT, "wmdp-eval", run_key, eval_settings, *merged)
+                stage = evaluate(
+                    f"evaluate: {cell.label}", name, key, str(run) if full else model, None if full else str(run)
+                )
+            plan.cells[cell.id] = CellPlan(cell, [unlearn, stage], result=stage.folder, model=plan.models.get(cell.id))
     return plan
 
 

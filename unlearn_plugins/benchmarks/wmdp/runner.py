@@ -7,7 +7,10 @@ The cells: the base model's evaluation; the target (``corpus = "synthetic"``: th
 fine-tuned on the forget documents, so that it knows the facts before it is asked to forget them;
 ``corpus = "real"``: the base model itself, as WMDP's RMU run starts from zephyr) and its
 evaluation; then seed x method: unlearning from the raw forget and retain text (windows of
-``[model] max_length`` tokens, ``text:`` data) and its evaluation."""
+``[model] max_length`` tokens, ``text:`` data) and its evaluation. MUSE's two run criteria
+replace that last with a grid (``[benchmark] forget_fractions``: one cell per fraction of the
+forget documents, each from the target; ``sequential_folds``: one cell per fold, each from the
+model the fold before left; :mod:`.parts`)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ KEYS = (
     "forget_corpus",
     "retain_corpus",
     "mmlu_per_subject",
+    "forget_fractions",
+    "sequential_folds",
 )
 #: the tasks every WMDP study evaluates, per corpus
 REQUIRED = {"synthetic": ("wmdp_synthetic_cloze", "wmdp_synthetic", "wmdp_mmlu"), "real": ("wmdp_local", "wmdp_mmlu")}
@@ -44,6 +49,18 @@ class WmdpBench:
     forget_corpus: str | None = None  # corpus = "real": a corpus name of .data or a text: spec
     retain_corpus: str | None = None
     mmlu_per_subject: int = 20
+    #: scalability: each method x seed unlearns these fractions of the forget documents (:mod:`.parts`)
+    forget_fractions: tuple[float, ...] = ()
+    #: sustainability: the forget documents in this many folds, unlearned one after another
+    sequential_folds: int = 0
+
+    #: keys added after the first WMDP study: left out of its digest and report while unset
+    LATER_FIELDS = {"forget_fractions": (), "sequential_folds": 0}
+
+    @property
+    def grid(self) -> str | None:
+        """The study's grid over the forget corpus: "scalability", "sustainability" or None."""
+        return "scalability" if self.forget_fractions else "sustainability" if self.sequential_folds else None
 
 
 def _refuse_author_unit(reader, extra: dict) -> None:
@@ -55,6 +72,34 @@ def _refuse_author_unit(reader, extra: dict) -> None:
         raise reader.error(f"methods.{name}", "sweep", "is for an author-unit study")
     if "report" in extra:
         raise reader.error("evaluation", "report", "is for an author-unit study")
+
+
+def _grid(reader, bench: dict, wmdp: WmdpBench) -> WmdpBench:
+    """``forget_fractions`` or ``sequential_folds`` (:mod:`.parts`), checked against the synthetic
+    corpus's document count (a real corpus's: when the study is planned)."""
+    from . import parts
+
+    if "forget_fractions" in bench and "sequential_folds" in bench:
+        raise reader.error("benchmark", "sequential_folds", "one grid at a time: remove forget_fractions or this key")
+    fractions, folds = (), 0
+    if "forget_fractions" in bench:
+        given = bench["forget_fractions"]
+        if not isinstance(given, list) or not given:
+            raise reader.error("benchmark", "forget_fractions", f"must be a non-empty list of numbers, got {given!r}")
+        for f in given:
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise reader.error("benchmark", "forget_fractions", f"each must be a number in (0, 1], got {f!r}")
+        if any(b <= a for a, b in zip(given, given[1:])):
+            raise reader.error("benchmark", "forget_fractions", f"must be increasing, got {given}")
+        fractions = tuple(float(f) for f in given)
+    if "sequential_folds" in bench:
+        folds = reader.get("benchmark", bench, "sequential_folds", "int", minimum=2)
+    if wmdp.synthetic is not None and (fractions or folds):
+        documents = wmdp.synthetic["pathogens"] + wmdp.synthetic["compounds"]
+        why = parts.check(documents, fractions, folds)
+        if why:
+            raise reader.error("benchmark", "forget_fractions" if fractions else "sequential_folds", why)
+    return dataclasses.replace(wmdp, forget_fractions=fractions, sequential_folds=folds)
 
 
 def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
@@ -93,6 +138,7 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
             reader.get("benchmark", bench, "retain_corpus", "str", wmdp_data.RETAIN_CORPORA[0]),
             per_subject,
         )
+    wmdp = _grid(reader, bench, wmdp)
     target_t, retain_t = reader.table(data, "target"), reader.table(data, "retain")
     if retain_t:
         raise reader.error("retain", None, "a WMDP study has no retain model (WMDP has none); remove the table")
@@ -135,6 +181,8 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
 def expand(study: Study) -> list[Cell]:
     """The base model's evaluation, the target (taught: synthetic) and its evaluation, then
     seed x method (unlearning from the raw text, then the evaluation)."""
+    from . import parts
+
     wmdp = study.benchmark
     cells = [Cell("eval-base", "eval_base", "evaluate the base model (before it is taught)")]
     target_deps: tuple[str, ...] = ()
@@ -144,16 +192,33 @@ def expand(study: Study) -> list[Cell]:
         target_deps = ("target",)
     for seed in study.seeds:
         for method in study.methods:
-            cells.append(
-                Cell(
-                    f"{method.name}/seed{seed}",
-                    "method",
-                    f"{method.label}, seed {seed}",
-                    method=method.name,
-                    seed=seed,
-                    deps=target_deps,
+            name, label = f"{method.name}/seed{seed}", f"{method.label}, seed {seed}"
+            if not wmdp.grid:
+                cells.append(Cell(name, "method", label, method=method.name, seed=seed, deps=target_deps))
+            for f in wmdp.forget_fractions:  # each from the target, on a nested part
+                part = parts.fraction_name(f)
+                cells.append(
+                    Cell(
+                        f"{name}/{part}",
+                        "method",
+                        f"{label}, {f:g} of the forget documents",
+                        method=method.name,
+                        seed=seed,
+                        deps=target_deps,
+                    )
                 )
-            )
+            for k in range(1, wmdp.sequential_folds + 1):  # each from the model the one before left
+                before = (f"{name}/{parts.fold_name(k - 1)}",) if k > 1 else target_deps
+                cells.append(
+                    Cell(
+                        f"{name}/{parts.fold_name(k)}",
+                        "method",
+                        f"{label}, request {k} of {wmdp.sequential_folds} (fold {k})",
+                        method=method.name,
+                        seed=seed,
+                        deps=before,
+                    )
+                )
     return cells
 
 
@@ -165,8 +230,15 @@ def plan(study: Study, **options):
 
 
 def grid(study: Study) -> str:
+    wmdp = study.benchmark
     runs = len(study.methods) * len(study.seeds)
-    corpus = "synthetic facts taught first" if study.benchmark.corpus == "synthetic" else "the real corpora"
+    corpus = "synthetic facts taught first" if wmdp.corpus == "synthetic" else "the real corpora"
+    if wmdp.forget_fractions:
+        n = len(wmdp.forget_fractions)
+        return f"{len(study.methods)} methods x {len(study.seeds)} seeds x {n} forget fractions = {runs * n} runs ({corpus})"
+    if wmdp.sequential_folds:
+        k = wmdp.sequential_folds
+        return f"{len(study.methods)} methods x {len(study.seeds)} seeds x {k} sequential requests = {runs * k} runs ({corpus})"
     return f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs ({corpus})"
 
 

@@ -270,6 +270,16 @@ def generate(settings: Settings = Settings()) -> dict[str, list]:
     return {"forget": forget, "retain": retain, "questions": questions}
 
 
+def question_documents(settings: Settings = Settings()) -> list[int]:
+    """The index of the forget document that states each question's fact, in question order
+    (what a study's grid report splits the accuracy by: the documents forgotten or not)."""
+    data = generate(settings)
+    entities: dict[str, int] = {}
+    for q in data["questions"]:  # an entity's questions follow its document's order
+        entities.setdefault(q["entity"], len(entities))
+    return [entities[q["entity"]] for q in data["questions"]]
+
+
 def _write_jsonl(path: Path, rows) -> None:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
@@ -292,4 +302,4 @@ def write(folder: str | Path, settings: Settings = Settings()) -> Path:
     return folder
 
 
-__all__ = ["Settings", "generate", "write", "FORGET", "RETAIN", "QUESTIONS", "INFO"]
+__all__ = ["Settings", "generate", "question_documents", "write", "FORGET", "RETAIN", "QUESTIONS", "INFO"]
