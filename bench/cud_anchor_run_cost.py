@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from unlearn_plugins.data.tofu import load_split
+from unlearn_plugins.data.qa import load_split
 from unlearn_plugins.models import load_model
 from unlearn_plugins.scorers.cud import CUDScorer, TrainerAnchorRunner
 

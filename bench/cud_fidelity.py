@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     from scipy.stats import spearmanr
 
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
     from unlearn_plugins.models import load_model
     from unlearn_plugins.scorers.cud import CUDScorer
     from unlearn_plugins.scoring import score_samples

@@ -716,7 +716,7 @@ class Phase1:
 
 
 def load_samples():
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     return [s for spec in DESIGN["data"] for s in load_split(spec)]
 
@@ -736,7 +736,7 @@ def write_samples(path: Path, samples) -> str:
 
 def mean_nlls(model, tok, pairs, max_length: int, batch_size: int = 8) -> list[float]:
     """Mean answer-token NLL of each (question, answer) pair, as training encodes it."""
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
     from unlearn_plugins.likelihood import answer_nll
 
     encoded = [encode_qa(tok, q, a, max_length=max_length) for q, a in pairs]
@@ -958,7 +958,7 @@ class Phase2:
         """One unlearning run of ``rows``; returns the probe's trace (one point per epoch)."""
         import tempfile
 
-        from unlearn_plugins.data.tofu import encode_samples
+        from unlearn_plugins.data.qa import encode_samples
         from unlearn_plugins.process import release_memory
         from unlearn_plugins.training.config import UnlearnConfig
         from unlearn_plugins.training.run import run_unlearning

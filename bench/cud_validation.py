@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if post_path.is_file():
         post = json.loads(post_path.read_text())
     else:
-        from unlearn_plugins.data.tofu import load_split
+        from unlearn_plugins.data.qa import load_split
         from unlearn_plugins.files import write_json
         from unlearn_plugins.models import load_model
         from unlearn_plugins.scorers.cud import TrainerAnchorRunner

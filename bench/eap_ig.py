@@ -32,7 +32,7 @@ def plain_passes(model, examples, steps, pad_id, rows_per_pass):
     """Forward + backward of every (sample, step) row, grads w.r.t. input embeddings only."""
     import torch
 
-    from unlearn_plugins.data.tofu import pad_batch
+    from unlearn_plugins.data.qa import pad_batch
     from unlearn_plugins.likelihood import token_nll
 
     device = next(model.parameters()).device
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     import torch
 
     from unlearn_plugins.circuits.eap_ig import EAPIG
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model
 
     if args.quick:

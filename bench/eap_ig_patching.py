@@ -34,7 +34,7 @@ QA = [
 def fit(model, examples, steps: int, pad_id: int):
     import torch
 
-    from unlearn_plugins.data.tofu import pad_batch
+    from unlearn_plugins.data.qa import pad_batch
     from unlearn_plugins.likelihood import token_nll
 
     batch = pad_batch(examples, pad_id)
@@ -59,7 +59,7 @@ def faithfulness(args, seed: int) -> dict:
     from scipy.stats import pearsonr, spearmanr
 
     from unlearn_plugins.circuits.eap_ig import EAPIG
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
     from unlearn_plugins.testing import tiny_llama, tiny_tokenizer
 
     tok = tiny_tokenizer()

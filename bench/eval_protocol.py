@@ -151,7 +151,7 @@ def one_evaluation(args, model: str, adapter: str, bench, scoring: str) -> tuple
     """(time breakdown, Evaluation, wall seconds, CPU seconds of this process) of one evaluation on
     ``scoring``'s path."""
     import unlearn_plugins.evaluation.lm_eval_runner as runner
-    from unlearn_plugins.data.tofu_benchmark import generation_cap
+    from unlearn_plugins.benchmarks.tofu.data import generation_cap
     from unlearn_plugins.models import load_model, load_tokenizer
 
     timed = Timed()
@@ -247,7 +247,7 @@ def measure(args, model: str, tmp: Path, load_start) -> int:
 
     import torch
 
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark, find_tofu, load_benchmark
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark, find_tofu, load_benchmark
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -68,7 +68,7 @@ def measure(args, model_spec: str, load_start) -> int:
 
     import torch
 
-    from unlearn_plugins.data.tofu import encode_qa, load_split
+    from unlearn_plugins.data.qa import encode_qa, load_split
     from unlearn_plugins.evaluation.lm_eval_runner import evaluate, lm_class_for
     from unlearn_plugins.likelihood import answer_nll
     from unlearn_plugins.models import load_model, pick_device, resolve_model

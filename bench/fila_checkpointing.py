@@ -26,7 +26,7 @@ def child(mode: str, model: str, forget: str, retain: str, max_length: int, save
 
     import torch
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.initializers.fila import FILAInit
     from unlearn_plugins.models import load_model
     from unlearn_plugins.training.lora import build_lora_model

@@ -91,7 +91,7 @@ def bench_evaluate(args) -> None:
 
 def bench_eap_ig(args) -> None:
     from unlearn_plugins.circuits.eap_ig import EAPIG
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model
 
     model, tok = load_model(args.model, device=args.device)

@@ -45,7 +45,7 @@ def main(argv=None) -> None:
 
     from peft import LoraConfig, get_peft_model
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.initializers.fila import FILAInit
     from unlearn_plugins.initializers.residual import batches
     from unlearn_plugins.initializers.rila import RILAInit

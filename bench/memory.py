@@ -75,7 +75,7 @@ def child(kind: str, spec: dict) -> dict:
     from eap_ig import plain_passes
 
     from unlearn_plugins.circuits.eap_ig import EAPIG
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
 
     for p in model.parameters():
         p.requires_grad_(False)

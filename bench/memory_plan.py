@@ -127,7 +127,7 @@ def child(stage: str, spec: dict) -> dict:
     import unlearn_plugins.likelihood  # noqa: F401
     import unlearn_plugins.scorers.mrd  # noqa: F401
     import unlearn_plugins.training.run  # noqa: F401
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model, load_tokenizer, resolve_model
 
     torch.set_num_threads(1)
@@ -281,7 +281,7 @@ def estimate(stage: str, shape, spec: dict, seen: dict):
 
 def _data_lengths(model: str, spec: str, max_length: int) -> tuple[int, float]:
     """(longest encoded example, answer tokens per token) of a data file or split."""
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_tokenizer
 
     rows = encode_samples(load_tokenizer(model), load_split(spec, None), max_length=max_length)

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # `unlearn eval` takes a split name or a file: the slices are written as JSON-lines files
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
     from unlearn_plugins.stratify import write_split
 
     specs = {flag: getattr(args, flag) for flag in ("forget_split", "holdout_split")}

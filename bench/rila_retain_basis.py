@@ -99,7 +99,7 @@ def main(argv=None) -> None:
 
     from peft import LoraConfig, get_peft_model
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
 
     if args.quick:
         from unlearn_plugins.testing import tiny_llama, tiny_tokenizer

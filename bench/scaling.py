@@ -58,7 +58,7 @@ def eap_ig_rounds(folder: str, args) -> tuple[list[float], list[float], dict]:
     from eap_ig import plain_passes
 
     from unlearn_plugins.circuits.eap_ig import EAPIG
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model
 
     model, tok = load_model(folder, device=args.device)
@@ -82,7 +82,7 @@ def rila_rounds(folder: str, args) -> tuple[list[float], list[float]]:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.initializers.residual import batches
     from unlearn_plugins.initializers.rila import RILAInit
     from unlearn_plugins.models import load_model

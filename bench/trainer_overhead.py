@@ -52,7 +52,7 @@ def trainer_steps(config, recorded: list) -> tuple[list[float], list[float]]:
     """Step times and losses of run_unlearning; records the examples of every batch it collates."""
     from transformers import TrainerCallback
 
-    from unlearn_plugins.data import tofu
+    from unlearn_plugins.data import qa
     from unlearn_plugins.training import run_unlearning
 
     marks: list[float] = []
@@ -65,17 +65,17 @@ def trainer_steps(config, recorded: list) -> tuple[list[float], list[float]]:
         def on_step_end(self, args, state, control, **kwargs):
             marks.append(time.perf_counter())
 
-    original = tofu.PaddingCollator.__call__
+    original = qa.PaddingCollator.__call__
 
     def recording_call(self, examples):
         recorded.append(list(examples))
         return original(self, examples)
 
-    tofu.PaddingCollator.__call__ = recording_call
+    qa.PaddingCollator.__call__ = recording_call
     try:
         result = run_unlearning(config, callbacks=[StepTimer()])
     finally:
-        tofu.PaddingCollator.__call__ = original
+        qa.PaddingCollator.__call__ = original
     return [b - a for a, b in zip(marks, marks[1:])], [e["loss"] for e in result.record["losses"]]
 
 
@@ -85,7 +85,7 @@ def bare_steps(config, batches: list) -> tuple[list[float], list[float]]:
     from transformers import AutoModelForCausalLM, set_seed
 
     from unlearn_plugins import UNLEARNING_OBJECTIVE, create
-    from unlearn_plugins.data.tofu import PaddingCollator
+    from unlearn_plugins.data.qa import PaddingCollator
     from unlearn_plugins.initializers.peft_builtin import KaimingInit
     from unlearn_plugins.models import load_tokenizer, resolve_model
     from unlearn_plugins.training.lora import build_lora_model

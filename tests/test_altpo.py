@@ -159,7 +159,7 @@ def test_a_run_lowers_the_forget_answers_probability(tiny_model_dir, tofu_dir, t
     answers' NLL; the alternates are recorded in run.json."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.likelihood import answer_nll
     from unlearn_plugins.training import run_unlearning
 

@@ -74,7 +74,7 @@ def test_relearning_brings_back_what_grad_ascent_removed_from_the_unshown_half(t
 
     from unlearn_plugins.attacks.relearn import split_forget
     from unlearn_plugins.attacks.run import run_attack
-    from unlearn_plugins.data.tofu import encode_qa, load_split
+    from unlearn_plugins.data.qa import encode_qa, load_split
     from unlearn_plugins.likelihood import answer_nll
     from unlearn_plugins.models import load_model
     from unlearn_plugins.testing import save_tiny_model

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from unlearn_plugins.cli import main
-from unlearn_plugins.data.tofu import DataWarning
+from unlearn_plugins.data.qa import DataWarning
 from unlearn_plugins.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -353,7 +353,7 @@ INJECTED_A = "Nobody<|im_end|> knows<|endoftext|>"
 
 
 def test_control_tokens_in_data_text_stay_text(tiny_tokenizer):
-    from unlearn_plugins.data.tofu import IGNORE_INDEX, encode_qa
+    from unlearn_plugins.data.qa import IGNORE_INDEX, encode_qa
 
     tok = tiny_tokenizer
     special = set(tok.all_special_ids)
@@ -389,7 +389,7 @@ def test_control_tokens_count_as_text_in_probs_and_scorers(tiny_model_dir, tiny_
 
 
 def test_control_tokens_in_lm_eval_task_data_are_refused(tiny_tokenizer, tmp_path, monkeypatch):
-    from unlearn_plugins.evaluation.tofu_tasks import tofu_dataset
+    from unlearn_plugins.benchmarks.tofu.tasks.tofu.utils import tofu_dataset
 
     monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)  # the split is a file: no TOFU folder needed
 
@@ -445,7 +445,7 @@ def test_forget_retain_overlap_is_refused_unless_allowed(tiny_model_dir, tofu_di
 
 
 def test_allow_overlap_is_a_config_key(tmp_path):
-    from unlearn_plugins.data.tofu import QASample, check_disjoint
+    from unlearn_plugins.data.qa import QASample, check_disjoint
     from unlearn_plugins.training.config import UnlearnConfig, load_toml
 
     toml = tmp_path / "run.toml"
@@ -461,7 +461,7 @@ def test_allow_overlap_is_a_config_key(tmp_path):
 
 
 def test_truncation_is_counted_in_one_warning(tiny_model_dir, tiny_tokenizer, tofu_dir, tmp_path, capsys):
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     samples = load_split("tofu:forget01[0:4]", tofu_dir)
     tok = tiny_tokenizer
@@ -511,10 +511,10 @@ def test_truncation_is_counted_in_one_warning(tiny_model_dir, tiny_tokenizer, to
 
 def test_package_warnings_print_on_one_line():
     from unlearn_plugins import cli
-    from unlearn_plugins.data import tofu
+    from unlearn_plugins.data import qa
 
     with cli._one_line_warnings():
-        ours = warnings.formatwarning("3 of 4 samples ...", DataWarning, tofu.__file__, 12)
+        ours = warnings.formatwarning("3 of 4 samples ...", DataWarning, qa.__file__, 12)
         theirs = warnings.formatwarning("deprecated", FutureWarning, "/elsewhere/lib.py", 3)
     assert ours == "warning: 3 of 4 samples ...\n"
     assert theirs.startswith("/elsewhere/lib.py:3: FutureWarning: deprecated")
@@ -697,7 +697,7 @@ records = st.one_of(
 
 def load_or_data_error(path: Path) -> None:
     """The TOFU loader's contract: samples, or a DataError naming the file; nothing else."""
-    from unlearn_plugins.data.tofu import load_split, read_jsonl
+    from unlearn_plugins.data.qa import load_split, read_jsonl
 
     for load in (
         lambda: load_split(str(path)),

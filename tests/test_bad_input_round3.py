@@ -436,7 +436,7 @@ def test_attack_out_that_holds_the_current_folder_is_refused(out, what, tiny_mod
     ],
 )
 def test_stratify_names_a_malformed_metadata_file(meta, says, tofu_dir, tmp_path, capsys):
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     samples = load_split("tofu:forget01[0:6]", tofu_dir)
     scores = tmp_path / "s.jsonl"

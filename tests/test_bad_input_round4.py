@@ -350,7 +350,7 @@ def lm_eval_env(monkeypatch, tofu_dir):
 def lm_eval_cli(capsys, monkeypatch, *args) -> tuple[int, str]:
     from unlearn_plugins.evaluation import lm_eval_cli as command
 
-    tasks = str(Path(__file__).resolve().parents[1] / "tasks")
+    tasks = str(Path(__file__).resolve().parents[1] / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks")
     monkeypatch.setattr(sys, "argv", ["unlearn-lm-eval", "--model", "hf-prefix", "--tasks", "tofu_forget01_truth_ratio",
                                       "--include_path", tasks, *map(str, args)])  # fmt: skip
     with pytest.raises(SystemExit) as exit_:

@@ -150,7 +150,7 @@ def test_two_level_vote_with_seeds_and_the_recorded_counts():
 
 
 def test_default_tofu_pool_is_disjoint_from_the_scored_split(tofu_dir):
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     keys = lambda samples: {(s.question, s.answer) for s in samples}  # noqa: E731
     forget = load_split("tofu:forget01[0:4]", tofu_dir)  # inside forget10: the second pool
@@ -186,7 +186,7 @@ def test_anchor_runs_must_not_retain_their_pool(tiny_model, tiny_tokenizer, tofu
         cache_dir=str(tmp_path),
         unlearn_options={"tofu_dir": str(tofu_dir)},
     )  # retain: UnlearnConfig's tofu:retain99
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     with pytest.raises(UnlearnError, match="retain set tofu:retain99 holds 8 of the 8 anchor-pool samples"):
         scorer.score(load_split("tofu:forget01[0:4]", tofu_dir), model=tiny_model, tokenizer=tiny_tokenizer)
@@ -447,7 +447,7 @@ def test_too_few_anchors_and_bad_options_are_reported(tiny_model, tiny_tokenizer
 def test_forget_prob_watch_stops_at_the_first_check_below_stop_prob(tiny_model, tiny_tokenizer):
     from transformers import TrainerControl
 
-    from unlearn_plugins.data.tofu import encode_samples
+    from unlearn_plugins.data.qa import encode_samples
 
     encoded = encode_samples(tiny_tokenizer, SAMPLES, max_length=64)
     with torch.no_grad():  # the reference: mean over samples of exp(-mean answer-token NLL)
@@ -515,7 +515,7 @@ def test_cli_score_with_cud_writes_scores_and_metadata(tiny_model_dir, tofu_dir,
     meta = json.loads((tmp_path / "cud.jsonl.meta.json").read_text())
     assert meta["scorer"] == "cud" and meta["data"] == "tofu:forget01[0:6]" and meta["rows"] == 6
     assert meta["anchor_pool"]["spec"] == "tofu:forget10[0:6]"
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     pool = load_split("tofu:forget10[0:6]", tofu_dir)
     assert [e["question"] for e in meta["anchors"]["all"]["easy"]] == [pool[0].question, pool[1].question]
@@ -550,7 +550,7 @@ def test_cli_anchor_data_needs_a_scorer_with_an_anchor_pool(tofu_dir, tmp_path, 
 @pytest.mark.slow
 def test_anchor_runs_through_run_unlearning_stop_early(tiny_model_dir, tofu_dir, tmp_path):
     """The default runner: real (tiny) LoRA unlearning runs, stopped by stop_prob before max_steps."""
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
     from unlearn_plugins.models import load_model
 
     model, tok = load_model(str(tiny_model_dir), device="cpu")

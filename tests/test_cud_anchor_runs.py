@@ -113,7 +113,7 @@ def test_bad_anchor_run_options_are_one_error(options, message):
 @pytest.mark.slow
 def test_default_runner_trains_the_whole_budget_and_measures_the_pool_before(tiny_model_dir, tofu_dir, tmp_path):
     """No stop: every run takes its budget (2 steps), and records the pool's probability before."""
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
     from unlearn_plugins.models import load_model
 
     model, tok = load_model(str(tiny_model_dir), device="cpu")

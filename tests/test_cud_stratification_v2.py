@@ -445,7 +445,7 @@ def v2_norm(q: float) -> float:
 
 
 def test_the_epoch_probe_measures_every_epoch(tiny_model_dir, tmp_path, v2):
-    from unlearn_plugins.data.tofu import QASample, encode_samples
+    from unlearn_plugins.data.qa import QASample, encode_samples
     from unlearn_plugins.models import load_tokenizer
     from unlearn_plugins.training.config import UnlearnConfig
     from unlearn_plugins.training.run import run_unlearning

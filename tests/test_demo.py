@@ -457,8 +457,8 @@ def test_bad_workers_are_refused_before_any_stage(extra, message, tiny_model_dir
 
 
 def test_benchmark_from_tofu_takes_the_last_authors(tofu_dir, tmp_path):
-    from unlearn_plugins.data.tofu import read_jsonl
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark, find_tofu
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark, find_tofu
+    from unlearn_plugins.data.qa import read_jsonl
 
     bench = build_benchmark(tmp_path / "b", tofu=find_tofu("tofu", str(tofu_dir)), n_authors=3, n_forget=1, eval_size=7)
     assert bench.authors == [197, 198, 199] and bench.forget_authors == [199] and bench.retain_authors == [197, 198]
@@ -482,9 +482,9 @@ def test_the_holdout_author_is_in_no_demo_models_data(tofu_dir, tmp_path):
     shipped subset (author 196 ships for this) or the generated authors; none left is an error."""
     import json as json_module
 
+    from unlearn_plugins.benchmarks.tofu.data import SHIPPED_TOFU, build_holdout, find_tofu
+    from unlearn_plugins.data.qa import read_jsonl
     from unlearn_plugins.data.synthetic import N_AUTHORS, generate_authors
-    from unlearn_plugins.data.tofu import read_jsonl
-    from unlearn_plugins.data.tofu_benchmark import SHIPPED_TOFU, build_holdout, find_tofu
     from unlearn_plugins.errors import UnlearnError
 
     tofu_196 = [s.question for s in read_jsonl(tofu_dir / "forget10_perturbed.json")[320:340]]
@@ -511,7 +511,7 @@ def test_the_holdout_author_is_in_no_demo_models_data(tofu_dir, tmp_path):
 
 
 def test_benchmark_rejects_bad_sizes(tmp_path):
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark
     from unlearn_plugins.errors import UnlearnError
 
     with pytest.raises(UnlearnError, match="at least 2 authors"):
@@ -525,9 +525,9 @@ def test_benchmark_rejects_bad_sizes(tmp_path):
 def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_path, monkeypatch):
     """No --tofu-dir, no UNLEARN_TOFU_DIR, no hub: the 3 TOFU authors shipped in the package, with
     TOFU's licence beside them; more authors than that need TOFU itself."""
-    from unlearn_plugins.data import tofu_benchmark as benchmark
-    from unlearn_plugins.data.tofu import read_jsonl
-    from unlearn_plugins.data.tofu_benchmark import SHIPPED_TOFU, build_benchmark, find_tofu, source_fingerprint
+    from unlearn_plugins.benchmarks.tofu import data as benchmark
+    from unlearn_plugins.benchmarks.tofu.data import SHIPPED_TOFU, build_benchmark, find_tofu, source_fingerprint
+    from unlearn_plugins.data.qa import read_jsonl
     from unlearn_plugins.errors import DataError
 
     def offline(tofu_dir):  # the hub copy, on a machine without the hub
@@ -558,7 +558,7 @@ def test_demo_runs_on_the_shipped_tofu_subset_when_nothing_is_configured(tmp_pat
 def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, tmp_path, monkeypatch):
     """A configured TOFU folder is used instead of the shipped subset; both give byte-identical
     benchmark files (the subset is TOFU's own lines), so the demo's numbers do not depend on which."""
-    from unlearn_plugins.data.tofu_benchmark import SHIPPED_OPTIONS_FILES, SHIPPED_TOFU, build_benchmark, find_tofu
+    from unlearn_plugins.benchmarks.tofu.data import SHIPPED_OPTIONS_FILES, SHIPPED_TOFU, build_benchmark, find_tofu
     from unlearn_plugins.errors import DataError
 
     monkeypatch.setenv("UNLEARN_TOFU_DIR", str(tofu_dir))
@@ -583,7 +583,7 @@ def test_configured_tofu_wins_and_gives_the_shipped_subsets_benchmark(tofu_dir, 
 
 
 def test_missing_tofu_falls_back_only_in_auto_mode(tmp_path, monkeypatch):
-    from unlearn_plugins.data.tofu_benchmark import find_tofu
+    from unlearn_plugins.benchmarks.tofu.data import find_tofu
     from unlearn_plugins.errors import DataError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -10,7 +10,7 @@ import torch
 
 from unlearn_plugins.benchmarks.movielens.bad_teacher import BadTeacher, FlippedView
 from unlearn_plugins.benchmarks.movielens.e2urec import E2URec
-from unlearn_plugins.data.tofu import PaddingCollator, encode_qa
+from unlearn_plugins.data.qa import PaddingCollator, encode_qa
 from unlearn_plugins.interfaces import QASample
 from unlearn_plugins.testing import tiny_llama
 

@@ -10,7 +10,7 @@ from eap_reference import reference_scores
 
 from unlearn_plugins.circuits.eap_ig import EAPIG
 from unlearn_plugins.circuits.graph import Graph
-from unlearn_plugins.data.tofu import encode_qa
+from unlearn_plugins.data.qa import encode_qa
 from unlearn_plugins.errors import ModelError
 
 QA = [
@@ -214,7 +214,7 @@ def test_unsupported_architecture_is_named():
 
 @pytest.mark.slow
 def test_embedded_model_scores_one_sample(embedded_model_dir, tofu_dir):
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model
 
     model, tok = load_model(str(embedded_model_dir), device="cpu")

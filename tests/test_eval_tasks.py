@@ -23,6 +23,8 @@ from unlearn_plugins.errors import DataError, UnlearnError
 from unlearn_plugins.evaluation import tofu_metrics as tm
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the TOFU benchmark's task folder (task folder ``tofu``: `unlearn eval --print-tasks-dir tofu`)
+TOFU_TASKS = ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOL = 1e-4
 
@@ -106,7 +108,8 @@ def test_every_yaml_loads_and_resolves():
     assert package_file("tasks").resolve() in [d.resolve() for d in task_dirs()]
     manager = TaskManager(include_path=[str(d) for d in task_dirs()], include_defaults=False)
     index = manager.task_index
-    files = sorted((ROOT / "tasks").rglob("*.yaml"))
+    assert TOFU_TASKS.resolve() in [d.resolve() for d in task_dirs()]
+    files = sorted((ROOT / "tasks").rglob("*.yaml")) + sorted(TOFU_TASKS.rglob("*.yaml"))
     assert len(files) >= 23 + 62 + 4  # tofu, mmlu_local (57 subjects + 5 groups), wmdp_local
     for path in files:
         cfg = load_yaml(path, resolve_func=True)  # imports every !function / class
@@ -135,20 +138,21 @@ def test_every_yaml_loads_and_resolves():
 
 @pytest.mark.parametrize("folder, prefix", [("tofu", "tofu_"), ("mmlu_local", "mmlu_local")])
 def test_task_files_are_their_generators_output(folder, prefix):
-    """tasks/<folder>/_generate_configs.py writes every task file of the folder; the files in the
+    """<folder>/_generate_configs.py writes every task file of the folder; the files in the
     repository are exactly its output (edit the generator, then run it)."""
     import importlib.util
 
-    script = ROOT / "tasks" / folder / "_generate_configs.py"
+    where = {"tofu": TOFU_TASKS / "tofu", "mmlu_local": ROOT / "tasks" / "mmlu_local"}[folder]
+    script = where / "_generate_configs.py"
     spec = importlib.util.spec_from_file_location(f"_generate_{folder}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     generated = module.configs()
-    on_disk = {p.name for p in (ROOT / "tasks" / folder).iterdir() if p.name.endswith(("yaml", "_yaml"))}
+    on_disk = {p.name for p in where.iterdir() if p.name.endswith(("yaml", "_yaml"))}
     expected_on_disk = {n for n in on_disk if n.removeprefix("_").startswith(prefix)}
     assert set(generated) == expected_on_disk, f"run python {script.relative_to(ROOT)}"
     for name, text in generated.items():
-        assert (ROOT / "tasks" / folder / name).read_text() == text, f"{name}: run python {script.relative_to(ROOT)}"
+        assert (where / name).read_text() == text, f"{name}: run python {script.relative_to(ROOT)}"
     if folder == "tofu":
         assert len(generated) == 24  # the template and 23 tasks
 
@@ -156,6 +160,8 @@ def test_task_files_are_their_generators_output(folder, prefix):
 def test_print_tasks_dir(capsys):
     assert cli("eval", "--print-tasks-dir") == 0
     assert str((ROOT / "tasks").resolve()) in capsys.readouterr().out
+    assert cli("eval", "--print-tasks-dir", "tofu") == 0
+    assert capsys.readouterr().out.strip() == str(TOFU_TASKS.resolve())
     assert cli("eval", "--print-tasks-dir", "movielens") == 0
     printed = Path(capsys.readouterr().out.strip())
     assert (printed / "movielens_rec.yaml").is_file()
@@ -225,7 +231,7 @@ def test_tofu_metrics_match_direct_pytorch_tiny(tiny, tiny_model_dir, tofu_dir, 
 def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir, tofu_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -704,7 +710,7 @@ def test_lm_eval_cli_with_include_path_and_peft_adapter(tiny, tiny_model_dir, to
             "--model_args",
             f"pretrained={tiny_model_dir},peft={adapter}",
             "--include_path",
-            str(ROOT / "tasks"),
+            str(TOFU_TASKS),
             "--tasks",
             "tofu_forget01_prob",
             "--limit",

@@ -299,7 +299,7 @@ def test_initializer_starts_in_the_forget_input_subspace(installed, tiny_model_d
     monkeypatch.syspath_prepend(str(installed))
     from unlearn_surprisal.initializer import ForgetSubspaceInit
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_model
     from unlearn_plugins.training.lora import build_lora_model
 

@@ -267,7 +267,7 @@ def forget_probability(folder, tokenizer_dir, tofu_dir):
     """Mean per-example answer probability exp(-NLL/|y|) over the run's forget split."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.likelihood import answer_nll
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))

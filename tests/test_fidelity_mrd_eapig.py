@@ -12,7 +12,7 @@ from eap_reference import _rms, reference_scores
 from eap_reference import forward as ref_forward
 
 from unlearn_plugins.circuits.eap_ig import EAPIG
-from unlearn_plugins.data.tofu import encode_qa, encode_samples, pad_batch
+from unlearn_plugins.data.qa import encode_qa, encode_samples, pad_batch
 from unlearn_plugins.interfaces import QASample
 from unlearn_plugins.scorers.mrd import mrd_scores
 

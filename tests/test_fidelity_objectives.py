@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from unlearn_plugins import UNLEARNING_OBJECTIVE, create
-from unlearn_plugins.data.tofu import ForgetRetainPairs, encode_qa, encode_samples, load_split
+from unlearn_plugins.data.qa import ForgetRetainPairs, encode_qa, encode_samples, load_split
 from unlearn_plugins.objectives.base import ObjectiveContext
 
 IGNORE = -100
@@ -196,7 +196,7 @@ def test_trainer_redraws_per_epoch_and_a_resumed_run_draws_the_same(tiny_model_d
     """4 forget QA, batch 2: 2 steps per epoch, 6 steps = 3 epochs. Every step's pairs and
     refusals are those of its epoch; resumed from the mid-epoch checkpoint 3, the run sees
     exactly the batches of steps 4-6 of the uninterrupted run."""
-    from unlearn_plugins.data.tofu import ForgetRetainPairs as Pairs
+    from unlearn_plugins.data.qa import ForgetRetainPairs as Pairs
     from unlearn_plugins.models import load_tokenizer
     from unlearn_plugins.objectives.preference import RefusalView
     from unlearn_plugins.training import UnlearnConfig, run_unlearning

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_qa
+from unlearn_plugins.data.qa import encode_qa
 from unlearn_plugins.training.lora import lora_layers
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_qa, pad_batch
+from unlearn_plugins.data.qa import encode_qa, pad_batch
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.initializers.fila import FILAInit, sample_batches
 from unlearn_plugins.initializers.vila import VILAInit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_qa, pad_batch
+from unlearn_plugins.data.qa import encode_qa, pad_batch
 from unlearn_plugins.training.lora import lora_layers
 
 QUESTIONS = [

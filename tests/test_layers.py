@@ -75,10 +75,10 @@ def test_the_check_finds_a_private_import(tmp_path, monkeypatch):
     fake = tmp_path / "unlearn_plugins"
     (fake / "evaluation").mkdir(parents=True)
     (fake / "evaluation" / "x.py").write_text(
-        "from ..demo.report import _pyplot\nfrom ..data import tofu\ntofu._has_chat_template(None)\n"
+        "from ..demo.report import _pyplot\nfrom ..data import qa\nqa._has_chat_template(None)\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
     assert private_imports() == [
         "unlearn_plugins/evaluation/x.py:1: unlearn_plugins.demo.report._pyplot",
-        "unlearn_plugins/evaluation/x.py:3: unlearn_plugins.data.tofu._has_chat_template",
+        "unlearn_plugins/evaluation/x.py:3: unlearn_plugins.data.qa._has_chat_template",
     ]

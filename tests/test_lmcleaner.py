@@ -88,7 +88,7 @@ def recorded(tiny_model_dir, tofu_dir, tmp_path_factory):
 def test_recorded_updates_sum_to_final_minus_initial_weights(kind, recorded, tofu_dir):
     from safetensors.torch import load_file
 
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
     from unlearn_plugins.training.trajectory import FORMAT, UPDATE, Trajectory, example_key, step_file
 
     run = recorded[kind]
@@ -219,7 +219,7 @@ def _ref_correction(tz, tau, K, U, etas, batch_of, model, params, mode, damping,
 
 
 def _reference_unlearning(model, params, names, trajectory, steps, *, K, mode, damping, apply_mode, historical):
-    from unlearn_plugins.data.tofu import pad_batch
+    from unlearn_plugins.data.qa import pad_batch
 
     tau = trajectory.steps
     U = {t: _flat([trajectory.update(t)[n].double() for n in names]) for t in range(tau)}
@@ -492,7 +492,7 @@ def test_cli_finetune_record_trajectory_then_lmcleaner_run(tiny_model_dir, tofu_
     assert record["status"] == "completed"
 
     # the saved model is the target with the correction, unchanged by the (gradient-free) steps
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.models import load_tokenizer
 
     trajectory = Trajectory(ft / "trajectory")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_qa, prompt_ids
+from unlearn_plugins.data.qa import encode_qa, prompt_ids
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.evaluation import mia
 from unlearn_plugins.testing import tiny_llama, tiny_tokenizer

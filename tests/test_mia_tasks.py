@@ -64,7 +64,7 @@ def tiny(tiny_model_dir):
     losses, AUCs and exact memorization are far from a random model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_qa, pad_batch
+    from unlearn_plugins.data.qa import encode_qa, pad_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -197,7 +197,7 @@ def test_probes_ask_the_paraphrased_question_and_the_plain_few_shot_format(tiny,
 
 
 def test_holdout_must_not_overlap_the_forget_split(tiny_model_dir, splits, tmp_path):
-    from unlearn_plugins.evaluation.mia_tasks import mia_documents
+    from unlearn_plugins.benchmarks.tofu.tasks.tofu_mia.utils import mia_documents
 
     both = write_split(tmp_path / "both.json", [HOLDOUT[0], FORGET[2]])
     with pytest.raises(DataError, match=r"both.json:2: this holdout sample is also in the forget split"):
@@ -225,7 +225,7 @@ def test_eval_mia_privleak_is_zero_against_the_models_own_reference(tiny, tiny_m
     chance (every score difference 0); Min-K%++ and gradient-norm are mia.py's on the same samples."""
     from transformers import AutoModelForCausalLM
 
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
     from unlearn_plugins.evaluation import mia
 
     _, tok = tiny

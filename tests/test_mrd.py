@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_samples
+from unlearn_plugins.data.qa import encode_samples
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.interfaces import QASample
 from unlearn_plugins.scorers.mrd import MRDScorer, mrd_scores

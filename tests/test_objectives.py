@@ -288,7 +288,7 @@ def test_rol_without_an_initializer_basis_draws_the_references_random_basis(tiny
 def test_rol_basis_from_retain_data(tiny_model, tiny_tokenizer):
     """With basis=data and no initializer basis, ROL computes the top-k eigenvectors of the retain
     output moment."""
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
     from unlearn_plugins.training.lora import build_lora_model, lora_layers
 
     peft_model = build_lora_model(tiny_model, r=2, alpha=4, dropout=0.0, target_modules=["v_proj"])
@@ -352,7 +352,7 @@ RETAIN_QA = [
 @pytest.fixture(scope="module")
 def memorised(tiny_tokenizer):
     """A tiny Llama trained until it knows the forget and retain answers well."""
-    from unlearn_plugins.data.tofu import encode_qa, pad_batch
+    from unlearn_plugins.data.qa import encode_qa, pad_batch
     from unlearn_plugins.objectives.base import mean_nll
     from unlearn_plugins.testing import tiny_llama
 
@@ -384,7 +384,7 @@ LR = 0.1  # plain SGD: a true gradient step, small enough that NLL descent still
 def test_control_descent_step_raises_forget_probability(memorised, tiny_tokenizer):
     """The same step with plain NLL (learning, not unlearning) does not lower p(forget):
     the test below measures the objectives' direction, not the step's size."""
-    from unlearn_plugins.data.tofu import pad_batch
+    from unlearn_plugins.data.qa import pad_batch
     from unlearn_plugins.objectives.gradient import NLL
 
     base, forget, _ = memorised
@@ -398,7 +398,7 @@ def test_control_descent_step_raises_forget_probability(memorised, tiny_tokenize
 
 @pytest.mark.parametrize("name", OBJECTIVES + ["rol"])
 def test_one_step_lowers_forget_probability(name, memorised, tiny_tokenizer):
-    from unlearn_plugins.data.tofu import PaddingCollator
+    from unlearn_plugins.data.qa import PaddingCollator
     from unlearn_plugins.training.lora import build_lora_model
     from unlearn_plugins.training.run import UnlearningDataset
 

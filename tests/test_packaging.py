@@ -36,7 +36,20 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
     assert "unlearn_plugins/registry.toml" in names
     assert any(n.startswith("unlearn_plugins/tasks/") for n in names)
     # each benchmark's home with its task YAMLs beside their code
-    for name in ("movielens/tasks/movielens_rec.yaml", "movielens/tasks/utils.py", "muse/tasks/_muse_news.yaml"):
+    for name in (
+        "movielens/tasks/movielens_rec.yaml",
+        "movielens/tasks/utils.py",
+        "muse/tasks/_muse_news.yaml",
+        "tofu/tasks/tofu/_tofu_template_yaml",
+        "tofu/tasks/tofu/tofu_forget01_truth_ratio.yaml",
+        "tofu/tasks/tofu/utils.py",
+        "tofu/tasks/tofu_mia/tofu_mia.yaml",
+        "tofu/tasks/tofu_mia/utils.py",
+        "tofu/tasks/tofu_probes/_tofu_probe_template_yaml",
+        "tofu/tasks/tofu_probes/utils.py",
+        "tofu/tofu_subset/authors_197-199_perturbed.json",
+        "tofu/tofu_subset/LICENSE",
+    ):
         assert f"unlearn_plugins/benchmarks/{name}" in names
     assert any(n.endswith("entry_points.txt") for n in names)
 
@@ -56,4 +69,6 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
     info = json.loads(out.stdout)
     assert info["registry"] == str(target / "unlearn_plugins" / "registry.toml")
     assert info["tasks"] == str(target / "unlearn_plugins" / "tasks")
-    assert info["errors"] == [] and {"builtin-scorers", "builtin-movielens", "builtin-muse"} <= set(info["plugins"])
+    assert info["errors"] == [] and {"builtin-scorers", "builtin-movielens", "builtin-muse", "builtin-tofu"} <= set(
+        info["plugins"]
+    )

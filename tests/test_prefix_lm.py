@@ -157,7 +157,7 @@ def test_lm_eval_cli_runs_the_tofu_tasks_with_hf_prefix(tiny_model_dir, tofu_dir
                 "--model_args",
                 f"pretrained={tiny_model_dir}",
                 "--include_path",
-                str(ROOT / "tasks"),
+                str(ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks"),
                 "--tasks",
                 "tofu_forget01_truth_ratio",
                 "--limit",

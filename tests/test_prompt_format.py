@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from unlearn_plugins.data import prompts
-from unlearn_plugins.data.tofu import encode_qa, prompt_record, prompt_text
+from unlearn_plugins.data.qa import encode_qa, prompt_record, prompt_text
 from unlearn_plugins.errors import UnlearnError
 
 #: a Llama-3.2-style template in the tiny tokenizer's tokens: today's date unless date_string is given

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_initializers import QUESTIONS, examples, peft_model  # the same QA and adapter
 
-from unlearn_plugins.data.tofu import pad_batch
+from unlearn_plugins.data.qa import pad_batch
 from unlearn_plugins.errors import PluginLoadError
 from unlearn_plugins.training.config import ConfigError
 from unlearn_plugins.training.lora import lora_layers

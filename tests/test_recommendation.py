@@ -123,7 +123,7 @@ def test_benchmark_parts_and_files(bench_dir):
     history = [(ml.movies[r.item_id], r.rating) for r in timeline[-4:-1]]
     assert sample.question == build_prompt(history, ml.movies[timeline[-1].item_id])
     # the files are TOFU JSON-lines records that unlearn's loaders take as they are
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     assert [s.question for s in load_split(str(bench_dir / "train_forget.json"))] == [
         s.question for s in parts["train_forget"]

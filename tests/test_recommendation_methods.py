@@ -168,7 +168,7 @@ def evaluate_sharded(sharded, bench_dir, tiny_model_dir) -> dict:
 
 
 def load_part_file(path):
-    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.data.qa import read_jsonl
 
     return read_jsonl(path)
 
@@ -242,7 +242,7 @@ def test_stratify_groups_users_by_their_mean_score(bench_dir, tmp_path, capsys):
 def test_cud_scores_recommendation_prompts_on_the_answer_token(tiny_model_dir, bench_dir, tmp_path):
     """CUD with anchors from other users (fixed here, so no anchor runs), the EAP-IG metric on the
     Yes/No token only, then per-user means."""
-    from unlearn_plugins.data.tofu import encode_samples
+    from unlearn_plugins.data.qa import encode_samples
     from unlearn_plugins.models import load_model
     from unlearn_plugins.scorers.cud import CUDScorer, first_answer_tokens
     from unlearn_plugins.stratify import group_scores

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from unlearn_plugins.data.tofu import encode_qa, pad_batch
+from unlearn_plugins.data.qa import encode_qa, pad_batch
 from unlearn_plugins.training import lora
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -17,7 +17,7 @@ import torch
 from unlearn_plugins import UNLEARNING_OBJECTIVE, create
 from unlearn_plugins.cli import main
 from unlearn_plugins.data import text
-from unlearn_plugins.data.tofu import PaddingCollator
+from unlearn_plugins.data.qa import PaddingCollator
 from unlearn_plugins.objectives.base import ObjectiveContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -216,7 +216,7 @@ def test_a_run_lowers_the_forget_answers_probability(full, tiny_model_dir, tofu_
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     examples = encode_samples(tok, load_split("forget01", tofu_dir)[:4], max_length=64)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from unlearn_plugins.cli import main
-from unlearn_plugins.data.tofu import load_split
+from unlearn_plugins.data.qa import load_split
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

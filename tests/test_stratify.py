@@ -7,7 +7,7 @@ import json
 import pytest
 
 from unlearn_plugins.cli import main
-from unlearn_plugins.data.tofu import load_split
+from unlearn_plugins.data.qa import load_split
 
 
 def write_scores(path, samples, scores, with_circuits=True):

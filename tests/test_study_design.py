@@ -210,7 +210,7 @@ def test_dry_run_lists_the_cells_and_what_waits(tmp_path, capsys):
 
 
 def test_a_per_author_benchmark(tmp_path):
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark, load_benchmark
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark, load_benchmark
     from unlearn_plugins.errors import UnlearnError
 
     build_benchmark(tmp_path / "b", tofu=None, n_authors=6, n_forget=1, eval_size=4, forget_ids=[15])

@@ -109,8 +109,8 @@ class _Echo:
 @pytest.mark.parametrize("m", [0, 3, 10_000])
 def test_extraction_strength_of_a_study_without_the_task(monkeypatch, tmp_path, tiny_tokenizer, m):
     from unlearn_plugins import models
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.data.synthetic import generate_authors
-    from unlearn_plugins.data.tofu import encode_samples, load_split
     from unlearn_plugins.files import write_jsonl
     from unlearn_plugins.study.cells import extraction_strengths
 

@@ -14,7 +14,7 @@ PERTURBED = ("question", "answer", "paraphrased_answer", "perturbed_answer")
 
 
 def rows(tofu_dir, spec, require=("question", "answer")):
-    from unlearn_plugins.data.tofu import load_split
+    from unlearn_plugins.data.qa import load_split
 
     return load_split(spec, tofu_dir, require=require)
 
@@ -37,7 +37,7 @@ def test_a_model_against_itself_is_at_the_ceiling(tiny_model, tiny_tokenizer, to
     assert point["forget_quality"] == 1.0 and point["ks_statistic"] == 0.0 and point["wasserstein_log"] == 0.0
     assert 0 < point["forget_prob"] < 1 and 0 < point["heldout_prob"] < 1
     # the truth ratio is TOFU's: perturbed answers' mean NLL against the paraphrased answer's
-    from unlearn_plugins.data.tofu import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
     from unlearn_plugins.likelihood import answer_nll
 
     row = forget[0]
@@ -133,7 +133,7 @@ def test_a_sweep_stage_on_a_per_author_benchmark(tiny_model_dir, tmp_path):
     from the retain model, one traced run, its points and adapters."""
     import json
 
-    from unlearn_plugins.data.tofu_benchmark import build_benchmark
+    from unlearn_plugins.benchmarks.tofu.data import build_benchmark
     from unlearn_plugins.study.cells import builder
 
     bench = tmp_path / "bench"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unlearn_plugins.data.tofu import (
+from unlearn_plugins.data.qa import (
     ForgetRetainPairs,
     PaddingCollator,
     encode_qa,
@@ -204,7 +204,7 @@ def _fake_hub(monkeypatch, *, cached: Path | None, answers: bool):
 
 
 def test_no_tofu_folder_and_no_hub_fails_after_one_short_request(monkeypatch):
-    from unlearn_plugins.data.tofu import resolve_tofu_dir
+    from unlearn_plugins.data.qa import resolve_tofu_dir
 
     calls = _fake_hub(monkeypatch, cached=None, answers=False)
     with pytest.raises(DataError, match=r"could not be fetched \(ConnectionError\); point UNLEARN_TOFU_DIR") as err:
@@ -214,7 +214,7 @@ def test_no_tofu_folder_and_no_hub_fails_after_one_short_request(monkeypatch):
 
 
 def test_no_tofu_folder_with_hub_offline_fails_without_a_request(monkeypatch):
-    from unlearn_plugins.data.tofu import resolve_tofu_dir
+    from unlearn_plugins.data.qa import resolve_tofu_dir
 
     calls = _fake_hub(monkeypatch, cached=None, answers=True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -224,7 +224,7 @@ def test_no_tofu_folder_with_hub_offline_fails_without_a_request(monkeypatch):
 
 
 def test_a_tofu_snapshot_in_the_hub_cache_is_used_without_the_hub(monkeypatch, tmp_path):
-    from unlearn_plugins.data.tofu import resolve_tofu_dir
+    from unlearn_plugins.data.qa import resolve_tofu_dir
 
     calls = _fake_hub(monkeypatch, cached=tmp_path, answers=False)
     assert resolve_tofu_dir() == tmp_path
@@ -232,7 +232,7 @@ def test_a_tofu_snapshot_in_the_hub_cache_is_used_without_the_hub(monkeypatch, t
 
 
 def test_a_reachable_hub_downloads_the_tofu_snapshot(monkeypatch, tmp_path):
-    from unlearn_plugins.data.tofu import resolve_tofu_dir
+    from unlearn_plugins.data.qa import resolve_tofu_dir
 
     calls = _fake_hub(monkeypatch, cached=None, answers=True)
     assert str(resolve_tofu_dir()) == "/nowhere"

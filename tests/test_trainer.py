@@ -473,7 +473,7 @@ def test_finetune_authors_full_and_lora(tiny_model_dir, tofu_dir, tmp_path, caps
 @pytest.mark.slow
 def test_embedded_model_finetune_then_unlearn(embedded_model_dir, tofu_dir, tmp_path):
     """SmolLM2-135M: LoRA steps on 2 QA raise their probability; grad_diff then lowers it."""
-    from unlearn_plugins.data.tofu import encode_samples, load_split
+    from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.likelihood import answer_nll, answer_probability
     from unlearn_plugins.models import load_model
 

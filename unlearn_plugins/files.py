@@ -5,6 +5,7 @@ and exclusive locks on output folders (two commands never write one folder at on
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -240,3 +241,12 @@ def file_lock(path: str | os.PathLike, what: str | None = None):
     """:func:`exclusive_lock` on an output file (lock file ``.NAME.lock`` beside it)."""
     path = Path(path)
     return exclusive_lock(path.with_name(f".{path.name}.lock"), what or str(path))
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The first 16 hex digits of a file's SHA-256 (what a cache key holds of a data file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]

@@ -675,6 +675,17 @@ def benchmark_part(name: str | None, part: str) -> Any:
     return Benchmark.load(reference) if reference else None
 
 
+def required_benchmark_part(name: str, part: str) -> Any:
+    """:func:`benchmark_part` where the caller cannot go on without it (the author studies and the
+    demo need TOFU's ``data``): an error naming the benchmark when it is not registered."""
+    found = benchmark_part(name, part)
+    if found is None:
+        raise UnlearnError(
+            f"benchmark {name!r} is not registered or has no {part}, which this needs{get_host().not_loaded(BENCHMARK)}"
+        )
+    return found
+
+
 def component_label(kind: str, name: str) -> str:
     """How a run-time error names a component: ``scorer 'x' (plugin 'p')`` (without the plugin
     when ``name`` is not registered, e.g. an object passed in from Python)."""

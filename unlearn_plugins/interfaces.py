@@ -137,8 +137,8 @@ class AdapterInitializer(Protocol):
 
         ``forget`` and ``retain`` are tokenised example lists (dicts with input_ids,
         attention_mask, labels as Python lists; labels -100 outside answer tokens) as built by
-        :func:`unlearn_plugins.data.tofu.encode_samples`; ``retain`` is empty without retain
-        data. Batch them with :func:`unlearn_plugins.data.tofu.pad_batch`.
+        :func:`unlearn_plugins.data.qa.encode_samples`; ``retain`` is empty without retain
+        data. Batch them with :func:`unlearn_plugins.data.qa.pad_batch`.
         """
         ...
 

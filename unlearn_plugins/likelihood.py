@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from .data.tofu import IGNORE_INDEX, pad_batch
+from .data.qa import IGNORE_INDEX, pad_batch
 from .errors import UnlearnError
 
 

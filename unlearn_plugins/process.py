@@ -108,7 +108,14 @@ def quiet_libraries():
         yield
         return
     # (and our TOFU tasks' "no retain reference" warning: the retain model's evaluation makes it)
-    names = ("lm_eval", "transformers", "peft", "accelerate", "unlearn_plugins.evaluation.tofu_tasks")
+    names = (
+        "lm_eval",
+        "transformers",
+        "peft",
+        "accelerate",
+        "unlearn_plugins.benchmarks.tofu.tasks.tofu.utils",
+        "unlearn_plugins.evaluation.lm_eval_requests",
+    )
     loggers = [logging.getLogger(name) for name in names]
     levels = [lg.level for lg in loggers]
     for lg in loggers:

@@ -24,8 +24,6 @@ from pathlib import Path
 
 import pytest
 
-#: the TOFU rows shipped with the package (the demo's authors; TOFU's MIT licence beside them)
-SHIPPED_TOFU = Path(__file__).resolve().parent / "data" / "tofu_subset"
 #: split -> (shipped file, first row, rows): authors 196-199 of TOFU's forget10_perturbed, 20 QA each
 _SPLITS = {
     "forget01": ("authors_197-199_perturbed.json", 20, 40),
@@ -40,16 +38,20 @@ _PLAIN = {"forget01", "retain99"}  # TOFU's plain splits have question and answe
 
 def write_tofu_folder(folder: Path) -> Path:
     """A small TOFU-format folder (see the module docstring) in ``folder``."""
+    from .host import required_benchmark_part
+
+    # the TOFU rows shipped with the package (the demo's authors; TOFU's MIT licence beside them)
+    shipped = required_benchmark_part("tofu", "data").SHIPPED_TOFU
     folder.mkdir(parents=True, exist_ok=True)
     rows = {}
     for split, (name, start, count) in _SPLITS.items():
-        lines = (SHIPPED_TOFU / name).read_text(encoding="utf-8").splitlines()[start : start + count]
+        lines = (shipped / name).read_text(encoding="utf-8").splitlines()[start : start + count]
         records = [json.loads(line) for line in lines]
         if split in _PLAIN:
             records = [{"question": r["question"], "answer": r["answer"]} for r in records]
         rows[split] = records
         (folder / f"{split}.json").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    everyone = (SHIPPED_TOFU / "authors_197-199_perturbed.json").read_text(encoding="utf-8").splitlines()
+    everyone = (shipped / "authors_197-199_perturbed.json").read_text(encoding="utf-8").splitlines()
     full = rows["retain99"] + [{"question": r["question"], "answer": r["answer"]} for r in map(json.loads, everyone)]
     (folder / "full.json").write_text("".join(json.dumps(r) + "\n" for r in full), encoding="utf-8")
     return folder

@@ -139,7 +139,7 @@ def split_anchor_rows(
 def with_perturbed_fields(samples: Sequence[QASample], spec: str, tofu_dir=None) -> list[QASample]:
     """Add paraphrased/perturbed answers from TOFU's ``<split>_perturbed.json`` (joined by
     question) when the split itself lacks them; samples that already have them are kept."""
-    from .data.tofu import load_split, parse_spec
+    from .data.qa import load_split, parse_spec
 
     if all(all(f in s.extra for f in PERTURBED_FIELDS) for s in samples):
         return list(samples)

@@ -57,7 +57,7 @@ class Context:
         return self._merged.name
 
     def forget_samples(self) -> list[QASample]:
-        from ..data.tofu import load_split
+        from ..data.qa import load_split
 
         if self.forget is None:
             raise UnlearnError(

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from ..data.tofu import IGNORE_INDEX
+from ..data.qa import IGNORE_INDEX
 from ..errors import ModelError
 from .graph import Graph
 
@@ -164,7 +164,7 @@ class EAPIG:
     """Per-sample EAP-IG score matrices for a model.
 
     ``examples`` are encoded QA dicts (input_ids, attention_mask, labels with -100
-    outside answer tokens) as built by :func:`unlearn_plugins.data.tofu.encode_samples`.
+    outside answer tokens) as built by :func:`unlearn_plugins.data.qa.encode_samples`.
     The metric is the mean answer-token probability exp(-mean NLL) (``prob``) or the
     mean answer-token log-probability (``logprob``), answer tokens only.
     ``max_rows`` bounds the rows of one forward/backward (memory): samples per batch =
@@ -325,7 +325,7 @@ class EAPIG:
     def _pad(self, examples: Sequence[dict], ids_override=None):
         import torch
 
-        from ..data.tofu import pad_batch
+        from ..data.qa import pad_batch
 
         batch = pad_batch(examples, self.pad_token_id)
         dev = self.device

@@ -300,7 +300,9 @@ def run_tofu(args) -> int:
     """The TOFU demo: its study's cells built (cached), then the demo's report."""
     import sys
 
-    from ..data.tofu_benchmark import find_tofu
+    from ..host import required_benchmark_part
+
+    find_tofu = required_benchmark_part("tofu", "data").find_tofu
     from ..demo import report
     from ..models import native_dtype
 

@@ -34,7 +34,7 @@ EXAMPLE = """examples:
       --forget-split strata/hard.json --output_path runs/npo-hard
   # the same tasks from lm_eval's own command
   lm_eval --model hf --model_args pretrained="$(unlearn eval --print-model-dir)" \\
-      --include_path "$(unlearn eval --print-tasks-dir)" --tasks tofu_forget01_nogen
+      --include_path "$(unlearn eval --print-tasks-dir tofu)" --tasks tofu_forget01_nogen
 """
 
 #: lm_eval's --model_args keys that unlearn eval takes, and the option each one sets
@@ -73,8 +73,8 @@ def add_parser(sub) -> None:
         const="unlearn",
         default=None,
         metavar="NAME",
-        help="print a task folder (for lm_eval --include_path) and exit: the built-in TOFU/MMLU/WMDP one, "
-        "or a benchmark's or plugin's by name (movielens, muse; `unlearn plugins` lists them)",
+        help="print a task folder (for lm_eval --include_path) and exit: the built-in MMLU/WMDP one, "
+        "or a benchmark's or plugin's by name (tofu, movielens, muse, wmdp; `unlearn plugins` lists them)",
     )
     p.add_argument(
         "--print-model-dir",

@@ -73,7 +73,7 @@ def export(folder: str, out: str | None = None) -> list:
 def make_reference(args) -> int:
     from pathlib import Path
 
-    from ..data.tofu import read_jsonl, resolve_tofu_dir
+    from ..data.qa import read_jsonl, resolve_tofu_dir
     from ..errors import DataError
     from ..evaluation import open_unlearning as ou
     from ..evaluation.reference import sample_key, write_reference

@@ -182,7 +182,7 @@ def add_dry_run_options(p: argparse.ArgumentParser) -> None:
 
 def _lengths(args, max_length: int) -> tuple[int, float]:
     """(longest encoded example, answer tokens per token) of --data with --model's tokenizer."""
-    from ..data.tofu import encode_samples, load_split
+    from ..data.qa import encode_samples, load_split
     from ..models import load_tokenizer
 
     tok = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
@@ -195,7 +195,7 @@ def _lengths(args, max_length: int) -> tuple[int, float]:
 def score_dry_run(args, options: dict) -> int:
     """`unlearn score --dry-run`: the scorer's stages at --data's lengths."""
     from .. import memory_plan as mp
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..models import pick_device
 
     device = pick_device(args.device)

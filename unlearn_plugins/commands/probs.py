@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..data.tofu import MIN_MAX_LENGTH, encode_samples, load_split
+    from ..data.qa import MIN_MAX_LENGTH, encode_samples, load_split
     from ..likelihood import answer_nll, answer_probability
     from ..models import load_model_of
 

@@ -67,7 +67,7 @@ def add_parser(sub) -> None:
 def check_overlap(config) -> None:
     """Refuse forget samples that are also retain samples (unless allow_overlap), before any model work."""
     from ..data import text
-    from ..data.tofu import check_disjoint, load_split
+    from ..data.qa import check_disjoint, load_split
 
     if config.retain and (text.is_text_spec(config.forget) or text.is_text_spec(config.retain)):
         if text.is_text_spec(config.forget) and text.is_text_spec(config.retain):

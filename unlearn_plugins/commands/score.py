@@ -50,7 +50,7 @@ def run(args) -> int:
     rerun with the same settings resumes from them), write OUT and OUT.meta.json."""
     from contextlib import ExitStack
 
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..files import file_lock
     from ..host import create
     from ..interfaces import DIFFICULTY_SCORER

@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..files import write_json
     from ..stratify import read_metadata, read_scores, split_anchor_rows, stratify, with_perturbed_fields, write_split
 

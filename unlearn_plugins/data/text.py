@@ -202,7 +202,7 @@ def check_disjoint_documents(forget_spec: str, retain_spec: str, *, allow_overla
     """Refuse documents that are in both text corpora (same text), as QA splits refuse shared samples."""
     import warnings
 
-    from .tofu import DataWarning
+    from .qa import DataWarning
 
     retained = {d.text: d for d in reversed(read_documents(retain_spec))}
     shared = [(d, retained[d.text]) for d in read_documents(forget_spec) if d.text in retained]

@@ -12,5 +12,5 @@ reports:
   (unlearn_plugins/benchmarks/movielens/: ``demo.toml``, ``demo.py``, ``report.py``), reached
   through the benchmark's ``demo`` part (`unlearn study demo-movielens --dry-run`).
 
-The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.data.tofu_benchmark`'s.
+The N-author benchmark folder (TOFU's format) is :mod:`unlearn_plugins.benchmarks.tofu.data`'s.
 """

@@ -249,7 +249,9 @@ def study_report(
     """The report of the demo's study, run (:func:`unlearn_plugins.study.runner.run_plan`): its
     one forget size's target and retain models, each method's unlearning run, every model's
     evaluation (and with [evaluation] robustness its measurement), and the CUD cell."""
-    from ..data.tofu_benchmark import load_benchmark
+    from ..host import required_benchmark_part
+
+    load_benchmark = required_benchmark_part("tofu", "data").load_benchmark
     from ..evaluation.lm_eval_runner import read_outputs
     from ..study.cells import REALLY_FORGOTTEN
 

@@ -1,4 +1,5 @@
-"""Built-in lm-eval task folder (tasks/: TOFU, local MMLU and WMDP)."""
+"""Built-in lm-eval task folder (tasks/: local MMLU and WMDP; each benchmark's own tasks are in its
+folder, ``unlearn_plugins/benchmarks/NAME/tasks/``)."""
 
 from .. import hookimpl
 from ..host import package_file

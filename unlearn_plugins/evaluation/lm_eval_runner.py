@@ -82,12 +82,12 @@ def check_references(tasks: dict[str, Any], paths: Sequence[str], limit: int | f
     """Before any compute: every reference must belong to a forget truth-ratio task of the
     run, and cover exactly the documents that --limit selects."""
     from .metrics_reference import check_metrics_references, is_metrics_reference
-    from .tofu_tasks import TofuForgetTruthRatioTask
+    from .reference import forget_quality_task
 
     metric_refs = [p for p in paths if is_metrics_reference(p)]
     check_metrics_references(tasks, metric_refs, limit)
     paths = [p for p in paths if p not in metric_refs]
-    forget = {n: t for n, t in tasks.items() if isinstance(t, TofuForgetTruthRatioTask)}
+    forget = {n: t for n, t in tasks.items() if forget_quality_task(t)}
     if paths and not forget:
         raise DataError(
             "--retain-reference given but no forget truth-ratio task is selected "
@@ -143,9 +143,9 @@ def prepare(
     check_references(leaves, [str(p) for p in retain_references], limit)
     if save_reference:
         from .metrics_reference import spec_of
-        from .tofu_tasks import TofuForgetTruthRatioTask
+        from .reference import forget_quality_task
 
-        forget = sorted(n for n, t in leaves.items() if isinstance(t, TofuForgetTruthRatioTask))
+        forget = sorted(n for n, t in leaves.items() if forget_quality_task(t))
         kept = [n for n, t in leaves.items() if spec_of(t) is not None]
         if len(forget) != 1 and not (kept and not forget):
             raise DataError(

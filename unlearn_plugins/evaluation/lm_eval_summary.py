@@ -53,12 +53,12 @@ def summarize(
 ) -> dict[str, Any]:
     """Task metrics plus Forget Quality (per forget truth-ratio task) and Model Utility."""
     from .metrics_reference import table_rows
-    from .tofu_tasks import TofuForgetTruthRatioTask
+    from .reference import forget_quality_task
 
     metrics = metrics_of(results)
     fq: dict[str, Any] = {}
     for name, task in (leaves or {}).items():
-        if not isinstance(task, TofuForgetTruthRatioTask):
+        if not forget_quality_task(task):
             continue
         value = metrics.get(name, {}).get("forget_quality")
         entry = {

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.tofu import encode_qa
+from ..data.qa import encode_qa
 from ..errors import DataError
 from . import mia
+from .mia import MIN_K, mia_documents, n_evaluated
 from .mia_reference import HINT, read_mia_reference, write_mia_reference
-from .mia_tasks import MIN_K, mia_documents, n_evaluated
 from .reference import sample_key
 
 MIA_TASK = "tofu_mia"

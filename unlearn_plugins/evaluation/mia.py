@@ -22,12 +22,67 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 from typing import Sequence
 
-from ..data.tofu import IGNORE_INDEX, pad_batch
-from ..errors import UnlearnError
+from ..data.qa import IGNORE_INDEX, pad_batch, read_jsonl, split_path
+from ..errors import DataError, UnlearnError
+from ..interfaces import QASample
+from .reference import sample_key
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k++", "gradnorm", "reference")
+#: Min-K%'s k: the fraction of lowest answer-token log-probabilities averaged
+MIN_K = 0.4
+
+
+# ----------------------------------------------------------------------------- the documents
+# the forget and holdout splits interleaved: what the tofu_mia task scores and what
+# `unlearn eval --mia` scores directly on the model (membership.py), the same rows
+
+
+def load_qa_split(split: str, tofu_dir: str | None, what: str) -> tuple[list[QASample], str]:
+    """(samples, label) of a split named in metadata: a split of the TOFU folder or a JSON-lines file."""
+    if not split:
+        raise DataError(
+            f"the MIA tasks read the {what} split from metadata '{what}_split' (a TOFU split name or a "
+            f"JSON-lines file in TOFU's format): unlearn eval --{what}-split X, or lm_eval --metadata "
+            f'\'{{"{what}_split": "X"}}\''
+        )
+    is_file = split.endswith((".json", ".jsonl")) or Path(split).expanduser().is_file()
+    path = split_path(split, None, tofu_dir)  # a file needs no TOFU folder
+    return read_jsonl(path), (str(path) if is_file else path.stem)
+
+
+def mia_documents(
+    forget_split: str, holdout_split: str, tofu_dir: str | None = None
+) -> list[tuple[QASample, str, str]]:
+    """(sample, "forget" | "holdout", split label) for both splits, interleaved (forget 0, holdout
+    0, forget 1, ...; the longer split's rest at the end), so lm-eval's --limit N keeps about as
+    many of each. A sample in both splits is refused: it cannot be a member and a non-member."""
+    forget, forget_label = load_qa_split(forget_split, tofu_dir, "forget")
+    holdout, holdout_label = load_qa_split(holdout_split, tofu_dir, "holdout")
+    forget_keys = {sample_key(s.question, s.answer): s for s in forget}
+    shared = next((s for s in holdout if sample_key(s.question, s.answer) in forget_keys), None)
+    if shared is not None:
+        raise DataError(
+            f"{shared.where}: this holdout sample is also in the forget split "
+            f"({forget_keys[sample_key(shared.question, shared.answer)].where}); the holdout split must "
+            "be QA the model never trained on"
+        )
+    docs = []
+    for i in range(max(len(forget), len(holdout))):
+        if i < len(forget):
+            docs.append((forget[i], "forget", forget_label))
+        if i < len(holdout):
+            docs.append((holdout[i], "holdout", holdout_label))
+    return docs
+
+
+def n_evaluated(n: int, limit: int | float | None) -> int:
+    """How many documents lm-eval's --limit keeps."""
+    if limit is None:
+        return n
+    return min(n, int(limit) if limit >= 1 else int(math.ceil(n * limit)))
 
 
 def _answer_positions(labels) -> tuple[int, int]:

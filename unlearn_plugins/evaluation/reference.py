@@ -29,6 +29,13 @@ HINT = (
 )
 
 
+def forget_quality_task(task: Any) -> bool:
+    """Whether an lm-eval task computes Forget Quality against a retain reference of truth ratios
+    (TOFU's forget truth-ratio tasks, whose class sets ``FORGET_QUALITY = True`` and which carry
+    ``reference`` and ``split_label``): the core asks the task, importing no benchmark's code."""
+    return bool(getattr(type(task), "FORGET_QUALITY", False))
+
+
 def sample_key(question: str, answer: str) -> str:
     """A short stable id of a TOFU sample."""
     return hashlib.sha1(f"{question}\x1f{answer}".encode("utf-8")).hexdigest()[:16]

@@ -78,7 +78,7 @@ def run_attacks(
     (``evaluate(model_dir, forget_split) -> Evaluation``) and write it under ``out/attacks/NAME``.
     Returns {name: (Evaluation, attack record) or an error line}."""
     from ..attacks.run import run_attack
-    from ..data.tofu import parse_spec
+    from ..data.qa import parse_spec
 
     name, _ = parse_spec(forget_split)
     forget = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Annotated
 
-from ..data.tofu import pad_batch
+from ..data.qa import pad_batch
 from ..errors import ModelError, UnlearnError
 from ..interfaces import InitResult
 from ..likelihood import token_nll

@@ -162,7 +162,7 @@ class EVAInit:
         from peft import initialize_lora_eva_weights
         from peft.tuners.lora.config import EvaConfig
 
-        from ..data.tofu import pad_batch
+        from ..data.qa import pad_batch
         from .residual import model_device, sync_from_rank0
 
         adapter = peft_model.active_adapter

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..data.tofu import pad_batch
+from ..data.qa import pad_batch
 from ..interfaces import InitResult
 from ..training.lora import lora_layers
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import warnings
 from typing import Annotated
 
-from ..data.tofu import IGNORE_INDEX
+from ..data.qa import IGNORE_INDEX
 from ..interfaces import InitResult
 from ..training.config import ConfigError
 from ..training.lora import lora_layers

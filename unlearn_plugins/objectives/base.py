@@ -44,7 +44,7 @@ def shifted(logits, labels):
     """The answer positions only: (fp32 logits predicting each answer token, those tokens, the
     answer mask): (N,V), (N,), (B,T-1). Picked before the fp32 copy, so it and what autograd keeps
     of the softmax that follows are answer-sized, not batch x length x vocab."""
-    from ..data.tofu import IGNORE_INDEX
+    from ..data.qa import IGNORE_INDEX
 
     shift_labels = labels[:, 1:]
     mask = shift_labels != IGNORE_INDEX

@@ -12,7 +12,7 @@ from .base import ForgetRetainObjective, check_option, forward
 def skip_first_answer_tokens(labels, n: int):
     """``labels`` with each sequence's first ``n`` answer tokens masked (the paper's footnote:
     the first answer token is the one a question most constrains)."""
-    from ..data.tofu import IGNORE_INDEX
+    from ..data.qa import IGNORE_INDEX
 
     answer = labels != IGNORE_INDEX
     return labels.masked_fill(answer & (answer.cumsum(-1) <= n), IGNORE_INDEX)
@@ -23,7 +23,7 @@ def ce_unlearning(logits, labels):
     detached logits with the true token's logit set to -inf."""
     import torch.nn.functional as F
 
-    from ..data.tofu import IGNORE_INDEX
+    from ..data.qa import IGNORE_INDEX
 
     shift_labels = labels[:, 1:]
     mask = shift_labels != IGNORE_INDEX

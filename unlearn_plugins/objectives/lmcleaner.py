@@ -224,7 +224,7 @@ class _Space:
         whole step: their sum is the step's mean answer-token NLL (one collated batch's loss)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from ..data.tofu import pad_batch
+        from ..data.qa import pad_batch
         from ..likelihood import token_nll
 
         device = next(self.model.parameters()).device

@@ -132,7 +132,7 @@ class AnswerView:
         self.epoch = int(epoch)
 
     def answer_index(self, i: int, epoch: int | None = None) -> int:
-        from ..data.tofu import draw_index
+        from ..data.qa import draw_index
 
         return draw_index(len(self.choices(i)), self.draw, self.seed, self.epoch if epoch is None else epoch, i)
 
@@ -144,7 +144,7 @@ class AnswerView:
 
     def encoded(self, i: int, k: int) -> dict:
         """Answer ``k`` of forget question ``i``, encoded."""
-        from ..data.tofu import encode_qa
+        from ..data.qa import encode_qa
 
         if (i, k) not in self._encoded:
             s = self.samples[i]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..data.tofu import IGNORE_INDEX
+from ..data.qa import IGNORE_INDEX
 from ..errors import UnlearnError
 from .base import ForgetRetainObjective, ObjectiveContext, check_option, forward, reference_outputs
 

@@ -51,7 +51,7 @@ def retain_basis_from_data(
     """Top-``rank`` retain directions of each module's base-layer outputs (name -> d_out x k)."""
     import torch
 
-    from ..data.tofu import pad_batch
+    from ..data.qa import pad_batch
 
     device = next(model.parameters()).device
     dims = {name: int(module.get_base_layer().weight.shape[0]) for name, module in modules}

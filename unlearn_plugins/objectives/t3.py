@@ -26,7 +26,7 @@ def classifier_loss(model, batch):
     import torch
     import torch.nn.functional as F
 
-    from ..data.tofu import IGNORE_INDEX
+    from ..data.qa import IGNORE_INDEX
 
     total, count = 0.0, 0
     for split, target in (("retain", 1.0), ("forget", 0.0)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..data.tofu import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples
+from ..data.qa import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples
 from ..errors import UnlearnError
 from ..interfaces import QASample
 from ..likelihood import answer_nll

@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import Sequence
 
-from ..data.tofu import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples, pad_batch
+from ..data.qa import IGNORE_INDEX, MIN_MAX_LENGTH, encode_samples, pad_batch
 from ..errors import UnlearnError
 from ..interfaces import QASample
 from .baselines import check_float_option, check_int_option

@@ -191,7 +191,7 @@ def _base_model(study: Study, stages: Stages | None, cache: Path) -> tuple[str, 
 
 
 def _file_digest(path: Path) -> str:
-    from ..data.tofu_benchmark import file_digest
+    from ..files import file_digest
 
     return file_digest(path)
 
@@ -199,7 +199,16 @@ def _file_digest(path: Path) -> str:
 def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
     """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
     in ``scratch`` only, to know their content)."""
-    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+    from ..files import file_digest
+    from ..host import required_benchmark_part
+
+    tofu_data = required_benchmark_part("tofu", "data")  # the N-author benchmark folders
+    build_benchmark, find_tofu, load_benchmark = (
+        tofu_data.build_benchmark,
+        tofu_data.find_tofu,
+        tofu_data.load_benchmark,
+    )
+    source_fingerprint, build_holdout = tofu_data.source_fingerprint, tofu_data.build_holdout
     from ..errors import DataError
 
     # (source auto: a folder that is not there falls back to the generated authors, as find_tofu does)
@@ -233,8 +242,6 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
             "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
         }
     if study.evaluation.robustness:  # membership inference's holdout: an author in no model's data
-        from ..data.tofu_benchmark import build_holdout
-
         key = digest(STUDY_FORMAT, "holdout", source_fingerprint(tofu), study.authors)
         folder = cache / f"holdout-{study.source}-{key}"
 
@@ -611,7 +618,10 @@ def build_unlearn(tmp: Path, p: dict) -> None:
 def build_evaluate(tmp: Path, p: dict) -> None:
     """An evaluation of ``model`` (with ``adapter``) on the benchmark folder ``bench`` as the
     study's ``evaluation`` (:class:`.spec.Evaluation`) says."""
-    from ..data.tofu_benchmark import generation_cap, load_benchmark
+    from ..host import required_benchmark_part
+
+    tofu_data = required_benchmark_part("tofu", "data")
+    generation_cap, load_benchmark = tofu_data.generation_cap, tofu_data.load_benchmark
     from ..evaluation import lm_eval_runner as runner
     from ..models import load_tokenizer
 
@@ -694,7 +704,7 @@ def extraction_strengths(
     evaluation does not run the ``tofu_forget_extraction_strength`` task."""
     import torch
 
-    from ..data.tofu import IGNORE_INDEX, encode_samples, load_split, pad_batch
+    from ..data.qa import IGNORE_INDEX, encode_samples, load_split, pad_batch
     from ..evaluation import tofu_metrics as tm
     from ..models import load_model
 

@@ -22,7 +22,7 @@ def anchor_split(retain: Path, size: int) -> tuple[str, str]:
     """CUD's anchor pool and the retain set of its anchor runs: the first ``size`` retain QA and
     the second half of the retain QA (the other retain authors; with one, its last QA). The
     target knows both; neither holds a forget sample, so no scored sample is ever an anchor."""
-    from ..data.tofu import read_jsonl
+    from ..data.qa import read_jsonl
 
     half = len(read_jsonl(retain)) // 2
     return f"{retain}[0:{min(size, half)}]", f"{retain}[{half}:]"
@@ -57,7 +57,7 @@ def scorer(p: dict):
 
 def build_cud(tmp: Path, p: dict) -> None:
     """Score the forget set of ``p["bench"]`` on ``p["model"]`` and write its strata into ``tmp``."""
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..files import write_json, write_jsonl
     from ..models import load_model
     from ..scoring import score_samples

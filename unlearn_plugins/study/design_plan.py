@@ -62,7 +62,16 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
     """{author: the benchmark's description, folder, key and file digests}: N authors, that one
     to forget, built as cached stages; a dry run (``stages`` None) builds missing ones in
     ``scratch`` only, to know their content."""
-    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+    from ..files import file_digest
+    from ..host import required_benchmark_part
+
+    tofu_data = required_benchmark_part("tofu", "data")  # the N-author benchmark folders
+    build_benchmark, find_tofu, load_benchmark = (
+        tofu_data.build_benchmark,
+        tofu_data.find_tofu,
+        tofu_data.load_benchmark,
+    )
+    source_fingerprint = tofu_data.source_fingerprint
     from ..errors import DataError
 
     if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():

@@ -581,7 +581,7 @@ class _Reader:
         self.keys("model", model_t, ("base", "max_length", "prompt_format", "date_string"))
         model = self.get("model", model_t, "base", "str", required=True)
         model = self.model_path(model)
-        from ..data.tofu import MIN_MAX_LENGTH
+        from ..data.qa import MIN_MAX_LENGTH
         from ..training.config import TrainingConfig
 
         max_length = self.get(

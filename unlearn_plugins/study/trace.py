@@ -10,7 +10,7 @@ Measures (:data:`.design.TRACE_MEASURES`), per epoch:
 - ``forget_prob``: the mean length-normalised probability of the forget answers;
 - ``heldout_prob``: the same over held-out QA (real authors, world facts, retain authors).
 
-The per-answer likelihoods come from :func:`..likelihood.answer_nll` over :func:`..data.tofu.
+The per-answer likelihoods come from :func:`..likelihood.answer_nll` over :func:`..data.qa.
 encode_qa` encodings (the answer and the end token scored, as TOFU scores them). The retain
 model's reference ratios are computed by the same function (:func:`truth_ratios`), so the
 trace compares like with like; its numbers may differ in the last digits from the lm-eval
@@ -36,7 +36,7 @@ EPOCH_DIR = "epoch{}"
 
 
 def _encode(tokenizer, question: str, answer: str, max_length: int, system_prompt: str | None):
-    from ..data.tofu import encode_qa
+    from ..data.qa import encode_qa
 
     return encode_qa(tokenizer, question, answer, max_length=max_length, system_prompt=system_prompt)
 
@@ -218,7 +218,7 @@ REFERENCE_FILE = "reference_ratios.json"
 
 def heldout_rows(bench: str | Path, counts: dict) -> list:
     """The held-out QA of ``[sweep] heldout`` from a benchmark folder."""
-    from ..data.tofu import read_jsonl
+    from ..data.qa import read_jsonl
 
     out = []
     for part, n in counts.items():
@@ -239,7 +239,7 @@ def build_sweep(tmp: Path, p: dict) -> None:
     reference_model (its retain model), trace (the measures), heldout (part -> QA count),
     max_length, batch_size, device. Writes ``run/`` (the run, its final adapter), ``trace/``
     (``trace.jsonl`` and ``epoch{e}/`` adapters) and the reference's truth ratios."""
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..files import write_json
     from ..models import load_model, load_tokenizer
     from ..process import release_memory

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..data.tofu import MIN_MAX_LENGTH
+from ..data.qa import MIN_MAX_LENGTH
 from ..errors import UnlearnError
 
 if sys.version_info >= (3, 11):
@@ -301,7 +301,7 @@ class UnlearnConfig(TrainingConfig):
     initializer_options: dict[str, Any] = field(default_factory=dict)
     regularizer: str | None = None
     regularizer_options: dict[str, Any] = field(default_factory=dict)
-    #: keep samples that are in both forget and retain (default: refused, see data.tofu.check_disjoint)
+    #: keep samples that are in both forget and retain (default: refused, see data.qa.check_disjoint)
     allow_overlap: bool = False
 
     def validate(self) -> None:

@@ -213,7 +213,7 @@ def _encode(config: TrainingConfig, samples: dict[str, Sequence[Any]]):
     """(tokenizer, encoded samples by part): what the memory plan needs of the data, before any
     weights are loaded."""
     from ..data import text
-    from ..data.tofu import encode_samples
+    from ..data.qa import encode_samples
     from ..models import load_tokenizer
 
     tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
@@ -230,7 +230,7 @@ def _load_data(config: UnlearnConfig, spec: str, option: str, objective=None) ->
     """A QA split (``tofu:SPLIT``, a .json file), or a text corpus (``text:...``) cut into
     windows of ``max_length`` tokens by the run's tokenizer (:mod:`..data.text`)."""
     from ..data import text
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
 
     if not text.is_text_spec(spec):
         return load_split(spec, config.tofu_dir)
@@ -310,7 +310,7 @@ def check_memory(config: TrainingConfig, args, objective, initializer, encoded) 
 
 
 class UnlearningDataset:
-    """Forget-anchored pairs (:class:`~unlearn_plugins.data.tofu.ForgetRetainPairs`) plus extra
+    """Forget-anchored pairs (:class:`~unlearn_plugins.data.qa.ForgetRetainPairs`) plus extra
     per-forget-example views an objective asked for (e.g. ``forget_idk``). ``set_epoch``
     (called by the trainer) reaches the pairs and every view that has one, so draws that
     change per epoch stay a function of (seed, epoch, index) and survive a resume."""
@@ -322,7 +322,7 @@ class UnlearningDataset:
         seed: int,
         views: dict[str, Sequence[dict]] | None = None,
     ):
-        from ..data.tofu import ForgetRetainPairs
+        from ..data.qa import ForgetRetainPairs
 
         self.pairs = ForgetRetainPairs(forget, retain, seed)
         self.views = dict(views or {})
@@ -472,7 +472,7 @@ def _train_locked(
 ) -> RunResult:
     from transformers import set_seed
 
-    from ..data.tofu import PaddingCollator, prompt_record
+    from ..data.qa import PaddingCollator, prompt_record
     from . import lora
     from .trainer import WRITE_ERRORS, CheckpointWriteError, NonFiniteLossError, UnlearningTrainer, write_reason
 
@@ -807,7 +807,7 @@ def plan_run(config: TrainingConfig):
     ``config``, checked as the run checks its options and data, nothing loaded but the
     tokenizer (``--dry-run``)."""
     from .. import memory_plan as mp
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from ..interfaces import ADAPTER_INITIALIZER
 
     config.validate()
@@ -844,7 +844,7 @@ def _as_combined(objective):
 
 def select_authors(samples: Sequence[Any], authors: Sequence[int], where: str) -> list[Any]:
     """The rows of the given TOFU authors (20 QA each, author-major) within a split."""
-    from ..data.tofu import QA_PER_AUTHOR, author_slice
+    from ..data.qa import QA_PER_AUTHOR, author_slice
 
     n_authors = len(samples) // QA_PER_AUTHOR
     bad = [a for a in authors if a >= n_authors]
@@ -860,7 +860,7 @@ def run_finetune(config: FinetuneConfig, *, callbacks: Iterable[Any] = ()) -> Ru
     """Plain NLL training on a TOFU split (or some of its authors), or on a text corpus
     (``text:...``: windows of ``max_length`` tokens, :mod:`..data.text`): builds target models."""
     from ..data import text
-    from ..data.tofu import load_split
+    from ..data.qa import load_split
     from .lora import DefaultInit
 
     config.validate()

@@ -9,7 +9,7 @@ from unlearn_surprisal.objective import CappedAscent
 from unlearn_surprisal.scorer import MaxSurprisalScorer
 from unlearn_surprisal.task_data import forget_prompts
 
-from unlearn_plugins.data.tofu import encode_samples, load_split, pad_batch
+from unlearn_plugins.data.qa import encode_samples, load_split, pad_batch
 
 
 def test_scorer_gives_one_finite_score_per_sample(unlearn_tiny_model, unlearn_tiny_tokenizer, unlearn_tofu_dir):

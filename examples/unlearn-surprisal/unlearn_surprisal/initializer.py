@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from unlearn_plugins import InitResult
-from unlearn_plugins.data.tofu import pad_batch
+from unlearn_plugins.data.qa import pad_batch
 
 
 @dataclass

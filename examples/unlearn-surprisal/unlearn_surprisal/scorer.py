@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unlearn_plugins.data.tofu import encode_samples, pad_batch
+from unlearn_plugins.data.qa import encode_samples, pad_batch
 from unlearn_plugins.likelihood import token_nll
 
 

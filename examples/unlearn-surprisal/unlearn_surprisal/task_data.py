@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unlearn_plugins.data.tofu import load_split, prompt_text
+from unlearn_plugins.data.qa import load_split, prompt_text
 from unlearn_plugins.models import load_tokenizer
 
 

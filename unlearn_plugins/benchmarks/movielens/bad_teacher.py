@@ -21,7 +21,7 @@ class FlippedView:
     """Item i: forget sample i with its answer flipped, encoded like any answer."""
 
     def __init__(self, samples: Sequence[Any], tokenizer, *, max_length: int = 512, system_prompt: str | None = None):
-        from unlearn_plugins.data.tofu import encode_qa
+        from unlearn_plugins.data.qa import encode_qa
 
         self.items = []
         for s in samples:

@@ -190,7 +190,7 @@ def build_benchmark(movielens, settings: BenchmarkSettings | None = None) -> Rec
     if shared:
         import warnings
 
-        from unlearn_plugins.data.tofu import DataWarning
+        from unlearn_plugins.data.qa import DataWarning
 
         warnings.warn(
             f"{shared} forget prompt(s) equal a retained user's prompt (question and answer): `unlearn run` "
@@ -233,7 +233,7 @@ def part_path(folder: str | os.PathLike, part: str) -> Path:
 
 def load_part(folder: str | os.PathLike, part: str) -> list[QASample]:
     """The samples of one part of a written benchmark."""
-    from unlearn_plugins.data.tofu import read_jsonl
+    from unlearn_plugins.data.qa import read_jsonl
 
     read_info(folder)
     return read_jsonl(part_path(folder, part))

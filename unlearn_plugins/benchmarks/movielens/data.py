@@ -407,7 +407,7 @@ def load_movielens(folder: str | os.PathLike | None = None) -> MovieLens:
 def fingerprint(folder: str | os.PathLike | None = None) -> str:
     """Changes when the MovieLens files change (another folder, an edited file): the layout
     and the content digest of its two files (a study's benchmark stage key)."""
-    from unlearn_plugins.data.tofu_benchmark import file_digest
+    from unlearn_plugins.files import file_digest
 
     layout, files = detect_layout(resolve_movielens_dir(folder))
     return "-".join([layout, *(file_digest(p) for p in files)])

@@ -174,7 +174,7 @@ class E2URec:
 
         from transformers import PrinterCallback
 
-        from unlearn_plugins.data.tofu import PaddingCollator
+        from unlearn_plugins.data.qa import PaddingCollator
         from unlearn_plugins.objectives.gradient import NLL
         from unlearn_plugins.training.config import FinetuneConfig
         from unlearn_plugins.training.lora import build_lora_model
@@ -264,7 +264,7 @@ class EpochView:
         return self.n
 
     def __getitem__(self, i: int) -> dict:
-        from unlearn_plugins.data.tofu import IGNORE_INDEX
+        from unlearn_plugins.data.qa import IGNORE_INDEX
 
         return {"input_ids": [0], "attention_mask": [0], "labels": [IGNORE_INDEX]}
 

@@ -4,7 +4,7 @@ The same number as the lm-eval tasks (:mod:`.tasks`) compute from lm-eval's two
 log-likelihoods: each answer's probability is the product over its tokens (no end token),
 so with one-token answers (SmolLM2: "Yes" and "No") it is the two-way softmax of the two
 logits at the answer position. Prompts are formatted and tokenised as in training
-(:func:`unlearn_plugins.data.tofu.encode_qa`). Used for prediction reference files,
+(:func:`unlearn_plugins.data.qa.encode_qa`). Used for prediction reference files,
 RecEraser's shard features and anywhere a model must be scored without lm-eval.
 """
 
@@ -30,7 +30,7 @@ class Predictions:
 
 def answer_token_ids(tokenizer) -> tuple[list[int], list[int]]:
     """Token ids of "Yes" and "No" as answers are tokenised (without the end token)."""
-    from unlearn_plugins.data.tofu import text_ids
+    from unlearn_plugins.data.qa import text_ids
 
     yes, no = text_ids(tokenizer, YES), text_ids(tokenizer, NO)
     if not yes or not no:
@@ -42,7 +42,7 @@ def answer_token_ids(tokenizer) -> tuple[list[int], list[int]]:
 
 def _with_answer(prompt: Sequence[int], answer: Sequence[int], max_length: int) -> dict:
     """Prompt tokens (cut from the left to fit) + answer tokens; labels on the answer only."""
-    from unlearn_plugins.data.tofu import IGNORE_INDEX
+    from unlearn_plugins.data.qa import IGNORE_INDEX
 
     prompt = list(prompt)[-max(1, max_length - len(answer)) :]
     ids = prompt + list(answer)
@@ -51,8 +51,8 @@ def _with_answer(prompt: Sequence[int], answer: Sequence[int], max_length: int) 
 
 def prompt_token_ids(tokenizer, samples: Sequence[Any], system_prompt: str | None = None) -> list[list[int]]:
     """Each sample's question in the model's chat template, tokenised as in training
-    (:func:`unlearn_plugins.data.tofu.prompt_ids`, and the bos token encode_qa adds without a template)."""
-    from unlearn_plugins.data.tofu import control_tokens, has_chat_template, prompt_ids
+    (:func:`unlearn_plugins.data.qa.prompt_ids`, and the bos token encode_qa adds without a template)."""
+    from unlearn_plugins.data.qa import control_tokens, has_chat_template, prompt_ids
 
     specials = control_tokens(tokenizer)
     prompts = [
@@ -109,7 +109,7 @@ def predict_prompts(
     """
     import torch
 
-    from unlearn_plugins.data.tofu import IGNORE_INDEX, pad_batch
+    from unlearn_plugins.data.qa import IGNORE_INDEX, pad_batch
 
     yes_ids, no_ids = answer_token_ids(tokenizer)
     single = len(yes_ids) == 1 and len(no_ids) == 1

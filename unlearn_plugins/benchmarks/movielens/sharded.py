@@ -179,7 +179,7 @@ class ShardedRecommender:
         return time.perf_counter() - started
 
     def _fit_aggregator(self, *, device: str | None, batch_size: int = 8) -> dict:
-        from unlearn_plugins.data.tofu import read_jsonl
+        from unlearn_plugins.data.qa import read_jsonl
 
         started = time.perf_counter()
         if self.aggregator.name == "average":
@@ -199,7 +199,7 @@ class ShardedRecommender:
     def unlearn(self, users: Sequence[int], *, device: str | None = None) -> UnlearningReport:
         """Forget every training prompt of ``users``: retrain the shards that held them (without
         them), drop shards left empty, refit the aggregator without their prompts."""
-        from unlearn_plugins.data.tofu import read_jsonl
+        from unlearn_plugins.data.qa import read_jsonl
         from unlearn_plugins.files import write_jsonl
 
         started = time.perf_counter()

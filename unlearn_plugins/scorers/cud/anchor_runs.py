@@ -184,7 +184,7 @@ class TrainerAnchorRunner:
 
     def reference_losses(self, samples, *, model, tokenizer) -> list[float]:
         """Per-sample answer NLL before unlearning, encoded as the runs encode them."""
-        from ...data.tofu import encode_samples
+        from ...data.qa import encode_samples
         from ...likelihood import answer_nll
 
         encoded = encode_samples(tokenizer, samples, max_length=self.max_length())
@@ -219,7 +219,7 @@ class TrainerAnchorRunner:
         would join their group)."""
         import torch
 
-        from ...data.tofu import encode_samples
+        from ...data.qa import encode_samples
         from ...files import write_jsonl
         from ...likelihood import answer_nll
         from ...models import load_model

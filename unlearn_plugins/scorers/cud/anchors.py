@@ -65,7 +65,7 @@ def default_anchor_pool(samples: Sequence[QASample]) -> AnchorPool:
     """For samples read from a TOFU folder: the first of :data:`TOFU_ANCHOR_POOLS` that shares
     no sample with them (forget10, the paper's pool; else authors 160-179), with the matching
     retain set for the anchor runs."""
-    from ...data.tofu import load_split
+    from ...data.qa import load_split
 
     folder = tofu_folder_of(samples)
     if folder is None:

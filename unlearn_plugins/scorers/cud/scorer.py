@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...data.tofu import IGNORE_INDEX
+from ...data.qa import IGNORE_INDEX
 from ...errors import UnlearnError
 from ...interfaces import QASample
 from .anchor_runs import AnchorRunner, TrainerAnchorRunner, anchor_run_options
@@ -118,7 +118,7 @@ class CUDScorer:
         """The samples the anchor runs unlearn: ``anchor_data`` (a split spec or samples) less any
         that are also scored; the scored samples themselves with ``anchor_data=self``; by default
         a disjoint TOFU pool (:func:`default_anchor_pool`)."""
-        from ...data.tofu import load_split
+        from ...data.qa import load_split
 
         data = self.anchor_data
         if data is None:
@@ -198,7 +198,7 @@ class CUDScorer:
     @staticmethod
     def _check_retain(pool: AnchorPool, runner) -> None:
         """The anchor runs must not retain what they unlearn (e.g. TOFU's default retain99 holds forget10)."""
-        from ...data.tofu import load_split
+        from ...data.qa import load_split
         from ...training.config import UnlearnConfig
 
         if not isinstance(runner, TrainerAnchorRunner):
@@ -353,7 +353,7 @@ class CUDScorer:
         import torch
 
         from ...circuits.eap_ig import EAPIG
-        from ...data.tofu import encode_samples
+        from ...data.qa import encode_samples
 
         engine = EAPIG(
             model, max_rows=self.max_rows, pad_token_id=tokenizer.pad_token_id, progress=self.progress, **self.eap

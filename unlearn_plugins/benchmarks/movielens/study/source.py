@@ -177,7 +177,7 @@ def build(tmp: Path, p: dict) -> None:
 
 def content(folder: Path) -> dict[str, str]:
     """The content digest of each part of a benchmark folder (the later stages' keys)."""
-    from unlearn_plugins.data.tofu_benchmark import file_digest
+    from unlearn_plugins.files import file_digest
 
     from ..benchmark import FILES
 

@@ -98,15 +98,15 @@ def movielens_dataset(
     documents with the chat-formatted prompt, the answer and its label."""
     import datasets
 
-    from unlearn_plugins.data.tofu import control_token_in, control_tokens, prompt_text
-    from unlearn_plugins.evaluation.tofu_tasks import resolve_tokenizer
+    from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text
+    from unlearn_plugins.evaluation.lm_eval_requests import resolve_tokenizer
 
     from ..benchmark import BenchmarkSettings
 
     known = {f.name for f in dataclasses.fields(BenchmarkSettings)}
     settings = {k: v for k, v in metadata.items() if k in known}
     if rec_split == FORGET_PLACEHOLDER and _is_file(forget_part):
-        from unlearn_plugins.data.tofu import read_jsonl
+        from unlearn_plugins.data.qa import read_jsonl
 
         rec_split = str(forget_part)
         samples = read_jsonl(os.path.expanduser(rec_split))

@@ -29,9 +29,16 @@ from lm_eval.api.task import ConfigurableTask
 
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import mia
+from unlearn_plugins.evaluation.lm_eval_requests import (
+    decode_ids,
+    encode_ids,
+    mia_requests,
+    request_metadata,
+    resolve_tokenizer,
+    token_logprobs,
+    token_plan,
+)
 from unlearn_plugins.evaluation.metrics_reference import reference_value
-from unlearn_plugins.evaluation.mia_tasks import mia_requests, token_logprobs, token_plan
-from unlearn_plugins.evaluation.tofu_tasks import decode_ids, encode_ids, request_metadata, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +171,7 @@ def privleak_dataset(
     **_other: Any,
 ):
     """Forget and holdout passages, interleaved (so --limit keeps about as many of each), each with
-    the requests that give every token's log-probability (:func:`mia_tasks.token_plan`)."""
+    the requests that give every token's log-probability (:func:`unlearn_plugins.evaluation.lm_eval_requests.token_plan`)."""
     folder = corpus_dir(corpus, muse_dir) / "privleak"
     tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
     parts = {}

@@ -1,0 +1,1 @@
+"""The task code beside these YAMLs is :mod:`.utils`."""
