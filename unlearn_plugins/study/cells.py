@@ -328,6 +328,39 @@ def evaluation_settings(study: Study, device: str | None) -> tuple:
     return settings
 
 
+def cache_folder(cache: Path, kind: str, name: str, key: str) -> str:
+    """A stage's folder in the cache: ``{kind}-{name}-{key}`` (a ``/`` in the name as ``-``)."""
+    return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+
+
+def finetune_stage(
+    study: Study,
+    label: str,
+    where: tuple[Path, str, str],
+    recipe,
+    base: tuple[str, str],
+    data: tuple[str | None, str],
+    device: str | None,
+    kind: str = "finetune",
+) -> Stage:
+    """A stage fine-tuning the base (``base``: its path and key) with ``recipe`` on ``data`` (a
+    file and its content key), in the cache folder ``where`` (cache, folder kind, name) keyed
+    by ``kind``, the base, the data and the recipe: every study kind's target and retain model."""
+    (base_path, base_key), (file, data_key) = base, data
+    key = digest(STUDY_FORMAT, kind, base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length)
+    params = {
+        "model": base_path,
+        "data": file,
+        "max_length": study.max_length,
+        "seed": recipe.seed,
+        "threads": recipe.threads,
+        "finetune": recipe.finetune,
+        "device": device,
+        "key": key,
+    }
+    return Stage(label, cache_folder(*where, key), "finetune", params)
+
+
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
@@ -344,26 +377,11 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     eval_settings = evaluation_settings(study, device)
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
-    def finetune_stage(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
-        key = digest(
-            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
-        )
-        return Stage(
-            label,
-            folder("target", name, key),
-            "finetune",
-            {
-                "model": base_path,
-                "data": data,
-                "max_length": study.max_length,
-                "seed": recipe.seed,
-                "threads": recipe.threads,
-                "finetune": recipe.finetune,
-                "device": device,
-                "key": key,
-            },
+    def finetune(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
+        return finetune_stage(
+            study, label, (cache, "target", name), recipe, (base_path, base_key), (data, data_key), device
         )
 
     # models: the target and the retain model of every forget size
@@ -371,7 +389,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     model_keys: dict[str, str] = {}
     for cell in expand(study):
         if cell.kind == "target":
-            stage = finetune_stage(
+            stage = finetune(
                 f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
                 "full",
                 study.target,
@@ -383,7 +401,7 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             plan.models["target"] = plan.cells[cell.id].model
         elif cell.kind == "retain":
             bench = benches[cell.forget]
-            stage = finetune_stage(
+            stage = finetune(
                 f"fine-tune the retain model on {len(bench['retain_authors'])} authors ({bench['sizes']['retain']} QA)",
                 "retain",
                 study.retain,
@@ -944,6 +962,8 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "cache_folder",
+    "finetune_stage",
     "EVALUATIONS",
     "is_evaluation",
     "CPU_FP32",

@@ -32,8 +32,10 @@ from .cells import (
     _file,
     _initializer_seed,
     base_model,
+    cache_folder,
     component_revisions,
     evaluation_settings,
+    finetune_stage,
     run_stage,
 )
 from .design import Design, apply_setting
@@ -126,23 +128,13 @@ def plan_design(
     ev = study.evaluation
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def finetune(label: str, name: str, recipe, data_key: str, bench: dict, split: str) -> Stage:
-        key = digest(
-            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
+        where = (cache, "target", name)
+        return finetune_stage(
+            study, label, where, recipe, (base_path, base_key), (_file(bench, split), data_key), device
         )
-        params = {
-            "model": base_path,
-            "data": _file(bench, split),
-            "max_length": study.max_length,
-            "seed": recipe.seed,
-            "threads": recipe.threads,
-            "finetune": recipe.finetune,
-            "device": device,
-            "key": key,
-        }
-        return Stage(label, folder("target", name, key), "finetune", params)
 
     def evaluate(label: str, name: str, key: str, bench: dict, model: str, adapter, references, save: bool) -> Stage:
         return Stage(

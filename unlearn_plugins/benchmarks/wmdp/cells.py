@@ -127,6 +127,8 @@ def plan_wmdp_study(
     study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
 ) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
+    from unlearn_plugins.study.cells import cache_folder, finetune_stage
+
     stream = stream or sys.stderr
     grid = study.benchmark.grid
     stages = None if dry_run else Stages(cache, total=3 if grid else 2, stream=stream)
@@ -140,7 +142,7 @@ def plan_wmdp_study(
     eval_settings = (*evaluation_settings(study, device), data["key"], data["metadata"]["mmlu_per_subject"])
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def evaluate(label: str, name: str, key: str, model: str, adapter: str | None) -> Stage:
         return Stage(
@@ -169,35 +171,19 @@ def plan_wmdp_study(
             stage = evaluate("evaluate the base model", "base", key, base_path, None)
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "target":
-            recipe = study.target
-            key = digest(
-                STUDY_FORMAT,
-                "wmdp-teach",
-                base_key,
-                data["content"]["forget"],
-                recipe.finetune,
-                recipe.seed,
-                recipe.threads,
-                study.max_length,
-            )
-            stage = Stage(
+            stage = finetune_stage(
+                study,
                 "teach the synthetic facts (fine-tune on the forget documents)",
-                folder("wmdpteach", "target", key),
-                "finetune",
-                {
-                    "model": base_path,
-                    "data": data["forget"],
-                    "max_length": study.max_length,
-                    "seed": recipe.seed,
-                    "threads": recipe.threads,
-                    "finetune": recipe.finetune,
-                    "device": device,
-                    "key": key,
-                },
+                (cache, "wmdpteach", "target"),
+                study.target,
+                (base_path, base_key),
+                (data["forget"], data["content"]["forget"]),
+                device,
+                kind="wmdp-teach",
             )
             run = Path(stage.folder) / "run"
-            plan.models["target"] = str(run if recipe.finetune.get("full_finetune") else run / "merged")
-            model_keys["target"] = key
+            plan.models["target"] = str(run if study.target.finetune.get("full_finetune") else run / "merged")
+            model_keys["target"] = stage.params["key"]
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=plan.models["target"])
         elif cell.kind == "eval_full":
             key = digest(STUDY_FORMAT, "wmdp-eval", model_keys["target"], eval_settings)

@@ -54,6 +54,8 @@ def plan_movielens_study(
 ) -> Plan:
     """Every cell of a MovieLens study with its stages and their cache folders. A real run builds
     the base model (``tiny-llama``) and the benchmark here; a dry run writes nothing."""
+    from unlearn_plugins.study.cells import cache_folder
+
     stream = stream or sys.stderr
     if problem := movielens.too_many_users(study.movielens.users, study.movielens.movielens_dir):
         from unlearn_plugins.errors import UnlearnError
@@ -76,7 +78,7 @@ def plan_movielens_study(
     model = study.model  # as given (alias, folder or hub id): the recipes resolve it
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def evaluate(label: str, name: str, key: str, reference: str | None, **where) -> Stage:
         return Stage(
