@@ -361,6 +361,21 @@ def finetune_stage(
     return Stage(label, cache_folder(*where, key), "finetune", params)
 
 
+def unlearn_key(kind: str, model_key: str, data: list, config: dict, *extra, last: tuple = ()) -> str:
+    """An unlearning run's key: its ``kind``, the model's key, the data's content keys, the
+    method's config and ``extra`` (a study kind's own parts), the revisions of the config's
+    components where any, then ``last``."""
+    revisions = component_revisions(config)
+    return digest(STUDY_FORMAT, kind, model_key, *data, config, *extra, *([revisions] if revisions else []), *last)
+
+
+def method_run(study: Study, cell: Cell) -> tuple[Any, dict, bool]:
+    """A method cell's method, its config at the cell's seed, and whether it runs without a
+    retain set (``retain = false``)."""
+    method = study.method(cell.method)
+    return method, {**method.config, "seed": cell.seed}, method.settings.get("retain") is False
+
+
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
@@ -505,19 +520,12 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         else:
-            method = study.method(cell.method)
-            config = {**method.config, "seed": cell.seed}
+            method, config, no_retain = method_run(study, cell)
             config["initializer_options"] = _initializer_seed(config, cell.seed)
-            no_retain = method.settings.get("retain") is False  # retain = false: no retain set
-            run_key = digest(
-                STUDY_FORMAT,
-                "unlearn",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-                *(["no-retain"] if no_retain else []),
+            content = bench["content"]
+            no = ("no-retain",) if no_retain else ()
+            run_key = unlearn_key(
+                "unlearn", model_keys["target"], [content["forget"], content["retain"]], config, last=no
             )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
             unlearn = Stage(
@@ -962,6 +970,8 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "unlearn_key",
+    "method_run",
     "cache_folder",
     "finetune_stage",
     "EVALUATIONS",

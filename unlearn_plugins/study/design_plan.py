@@ -33,10 +33,10 @@ from .cells import (
     _initializer_seed,
     base_model,
     cache_folder,
-    component_revisions,
     evaluation_settings,
     finetune_stage,
     run_stage,
+    unlearn_key,
 )
 from .design import Design, apply_setting
 from .operating_cell import read_result
@@ -228,18 +228,9 @@ def plan_design(
             config = apply_setting({**method.config, "seed": study.seeds[0]}, setting)
             config["epochs"] = float(design.sweep.epochs)
             config["initializer_options"] = _initializer_seed(config, study.seeds[0])
-            key = digest(
-                STUDY_FORMAT,
-                "sweep",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                list(design.sweep.trace),
-                design.sweep.heldout,
-                eval_keys[a],
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            data = [bench["content"]["forget"], bench["content"]["retain"]]
+            sweep = (list(design.sweep.trace), design.sweep.heldout, eval_keys[a])
+            key = unlearn_key("sweep", model_keys["target"], data, config, *sweep)
             stage = Stage(
                 f"traced run: {cell.label}",
                 folder("sweep", f"{method.name}-author{a}-{_name(setting)}", key),
@@ -299,15 +290,8 @@ def plan_design(
                 plan.cells[cell.id] = WaitingCellPlan(cell, [unlearn, check], result=check.folder, waiting=waits)
                 continue
             config["initializer_options"] = _initializer_seed(config, cell.seed)
-            run_key = digest(
-                STUDY_FORMAT,
-                "unlearn",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            data = [bench["content"]["forget"], bench["content"]["retain"]]
+            run_key = unlearn_key("unlearn", model_keys["target"], data, config)
             run_folder = folder("run", name, run_key)
             unlearn = Stage(
                 f"unlearn: {cell.label}",

@@ -28,7 +28,6 @@ from unlearn_plugins.study.cells import (
     Plan,
     Stage,
     base_model,
-    component_revisions,
     evaluation_settings,
     run_stage,
 )
@@ -127,7 +126,7 @@ def plan_wmdp_study(
     study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
 ) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
-    from unlearn_plugins.study.cells import cache_folder, finetune_stage
+    from unlearn_plugins.study.cells import cache_folder, finetune_stage, method_run, unlearn_key
 
     stream = stream or sys.stderr
     grid = study.benchmark.grid
@@ -190,8 +189,7 @@ def plan_wmdp_study(
             stage = evaluate("evaluate the taught model", "target", key, plan.models["target"], None)
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "method":
-            method = study.method(cell.method)
-            config = {**method.config, "seed": cell.seed}
+            method, config, no_retain = method_run(study, cell)
             part = cell.id.rsplit("/", 1)[1] if grid else None
             forget = data["parts"][part] if part else {"forget": data["forget"], "content": data["content"]["forget"]}
             chained = grid == "sustainability"
@@ -199,17 +197,8 @@ def plan_wmdp_study(
             model, model_key = plan.models[start], model_keys[start]
             if chained:
                 config["merge"] = True  # a LoRA run leaves run/merged too: the next request's model
-            no_retain = method.settings.get("retain") is False
-            run_key = digest(
-                STUDY_FORMAT,
-                "wmdp-unlearn",
-                model_key,
-                forget["content"],
-                *([] if no_retain else [data["content"]["retain"]]),
-                config,
-                study.max_length,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            texts = [forget["content"], *([] if no_retain else [data["content"]["retain"]])]
+            run_key = unlearn_key("wmdp-unlearn", model_key, texts, config, study.max_length)
             whole = forget["forget"] == data["forget"]  # the one-forget-set study's run: its folders too
             name = f"{method.name}-seed{cell.seed}" if whole else cell.id.replace("/", "-")
             run_folder = folder("wmdprun", name, run_key)

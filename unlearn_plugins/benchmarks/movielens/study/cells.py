@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from unlearn_plugins.stages import DONE, Stages, digest
-from unlearn_plugins.study.cells import STUDY_FORMAT, CellPlan, Plan, Stage, base_model, component_revisions, run_stage
+from unlearn_plugins.study.cells import STUDY_FORMAT, CellPlan, Plan, Stage, base_model, run_stage
 from unlearn_plugins.study.spec import Study, expand
 
 from . import source as movielens
@@ -54,7 +54,7 @@ def plan_movielens_study(
 ) -> Plan:
     """Every cell of a MovieLens study with its stages and their cache folders. A real run builds
     the base model (``tiny-llama``) and the benchmark here; a dry run writes nothing."""
-    from unlearn_plugins.study.cells import cache_folder
+    from unlearn_plugins.study.cells import cache_folder, method_run, unlearn_key
 
     stream = stream or sys.stderr
     if problem := movielens.too_many_users(study.movielens.users, study.movielens.movielens_dir):
@@ -173,19 +173,11 @@ def plan_movielens_study(
             stage = evaluate("evaluate the target model", "target", key, reference, model=plan.models["target"])
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "method":
-            method = study.method(cell.method)
             # (the initializer keeps its own seed: a MovieLens study's runs are the demo's)
-            config = {**method.config, "seed": cell.seed}
-            no_retain = method.settings.get("retain") is False
-            run_key = digest(
-                STUDY_FORMAT,
-                "rec-unlearn",
-                model_keys["target"],
-                content["train_forget"],
-                *([] if no_retain else [content["train_retain"]]),
-                config,
-                *(["no-retain"] if no_retain else []),
-                *([revisions] if (revisions := component_revisions(config)) else []),
+            method, config, no_retain = method_run(study, cell)
+            parts = [content["train_forget"], *([] if no_retain else [content["train_retain"]])]
+            run_key = unlearn_key(
+                "rec-unlearn", model_keys["target"], parts, config, *(["no-retain"] if no_retain else [])
             )
             run_folder = folder("recrun", f"{method.name}-seed{cell.seed}", run_key)
             unlearn = Stage(
