@@ -196,19 +196,50 @@ def _file_digest(path: Path) -> str:
     return file_digest(path)
 
 
-def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
-    """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
-    in ``scratch`` only, to know their content)."""
-    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
+def study_tofu(study: Study):
+    """The TOFU data a TOFU study's benchmarks are cut from (:func:`.data.tofu_benchmark.find_tofu`),
+    a missing folder or a bad source named in one error."""
+    from ..data.tofu_benchmark import find_tofu
     from ..errors import DataError
 
     # (source auto: a folder that is not there falls back to the generated authors, as find_tofu does)
     if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
         raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
     try:
-        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
+        return find_tofu(study.source, study.tofu_dir, study.authors)
     except DataError as exc:
         raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
+
+
+def benchmark_stage(stages: Stages | None, label: str, folder: Path, build, scratch: Path, key: str) -> dict:
+    """A TOFU benchmark folder built as a cached stage (a dry run, ``stages`` None, builds a
+    missing one in ``scratch`` only, to know its content) and its description, folder, key and
+    file digests."""
+    from ..data.tofu_benchmark import file_digest, load_benchmark
+
+    if stages is not None:
+        run_stage(stages, label, folder, build)
+    elif not (folder / DONE).is_file():
+        folder = scratch / folder.name
+        build(folder)
+        (folder / DONE).write_text("{}")
+    bench = load_benchmark(folder)
+    if bench is None:
+        raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
+    return {
+        **bench.describe(),
+        "folder": str(folder),
+        "key": key,
+        "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
+    }
+
+
+def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
+    """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
+    in ``scratch`` only, to know their content)."""
+    from ..data.tofu_benchmark import build_benchmark, source_fingerprint
+
+    tofu = study_tofu(study)
     out = {}
     for k in study.forget_sizes:
         key = digest(STUDY_FORMAT, "bench", source_fingerprint(tofu), study.authors, k, study.evaluation.mu_size)
@@ -217,21 +248,7 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
         def build(tmp: Path, k=k) -> None:
             build_benchmark(tmp, tofu=tofu, n_authors=study.authors, n_forget=k, eval_size=study.evaluation.mu_size)
 
-        if stages is not None:
-            run_stage(stages, f"benchmark: {study.authors} authors, forget {k}", folder, build)
-        elif not (folder / DONE).is_file():
-            folder = scratch / folder.name
-            build(folder)
-            (folder / DONE).write_text("{}")
-        bench = load_benchmark(folder)
-        if bench is None:
-            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
-        out[k] = {
-            **bench.describe(),
-            "folder": str(folder),
-            "key": key,
-            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
-        }
+        out[k] = benchmark_stage(stages, f"benchmark: {study.authors} authors, forget {k}", folder, build, scratch, key)
     if study.evaluation.robustness:  # membership inference's holdout: an author in no model's data
         from ..data.tofu_benchmark import build_holdout
 
@@ -970,6 +987,8 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "study_tofu",
+    "benchmark_stage",
     "unlearn_key",
     "method_run",
     "cache_folder",

@@ -22,7 +22,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnlearnError
 from ..stages import DONE, Stages, digest
 from .cells import (
     STUDY_FORMAT,
@@ -32,10 +31,11 @@ from .cells import (
     _file,
     _initializer_seed,
     base_model,
+    benchmark_stage,
     cache_folder,
     evaluation_settings,
     finetune_stage,
-    run_stage,
+    study_tofu,
     unlearn_key,
 )
 from .design import Design, apply_setting
@@ -64,16 +64,10 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
     """{author: the benchmark's description, folder, key and file digests}: N authors, that one
     to forget, built as cached stages; a dry run (``stages`` None) builds missing ones in
     ``scratch`` only, to know their content."""
-    from ..data.tofu_benchmark import build_benchmark, file_digest, find_tofu, load_benchmark, source_fingerprint
-    from ..errors import DataError
+    from ..data.tofu_benchmark import build_benchmark, source_fingerprint
 
-    if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
-        raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
-    try:
-        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
-    except DataError as exc:
-        raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
     design: Design = study.design
+    tofu = study_tofu(study)
     fingerprint = source_fingerprint(tofu)
     out = {}
     for a in design.authors:
@@ -85,20 +79,10 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
                 tmp, tofu=tofu, n_authors=study.authors, n_forget=1, eval_size=study.evaluation.mu_size, forget_ids=[a]
             )
 
-        if stages is not None:
-            run_stage(stages, f"benchmark: {study.authors} authors, forget author {a}", folder, build)
-        elif not (folder / DONE).is_file():
-            folder = scratch / folder.name
-            build(folder)
-        bench = load_benchmark(folder)
-        if bench is None:
-            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
-        out[a] = {
-            **bench.describe(),
-            "folder": str(folder) if stages is not None else None,  # a dry run's scratch folder goes away
-            "key": key,
-            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
-        }
+        label = f"benchmark: {study.authors} authors, forget author {a}"
+        out[a] = benchmark_stage(stages, label, folder, build, scratch, key)
+        if stages is None:  # a dry run's scratch folder goes away
+            out[a]["folder"] = None
     return out
 
 
