@@ -411,38 +411,29 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     def folder(kind: str, name: str, key: str) -> str:
         return cache_folder(cache, kind, name, key)
 
-    def finetune(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
-        return finetune_stage(
-            study, label, (cache, "target", name), recipe, (base_path, base_key), (data, data_key), device
-        )
-
     # models: the target and the retain model of every forget size
     first = benches[study.forget_sizes[0]]
     model_keys: dict[str, str] = {}
     for cell in expand(study):
-        if cell.kind == "target":
-            stage = finetune(
-                f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
-                "full",
-                study.target,
-                first["content"]["full"],
-                _file(first, "full"),
-            )
-            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
-            model_keys["target"] = stage.params["key"]
-            plan.models["target"] = plan.cells[cell.id].model
-        elif cell.kind == "retain":
-            bench = benches[cell.forget]
-            stage = finetune(
-                f"fine-tune the retain model on {len(bench['retain_authors'])} authors ({bench['sizes']['retain']} QA)",
-                "retain",
-                study.retain,
-                bench["content"]["retain"],
-                _file(bench, "retain"),
-            )
-            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
-            model_keys[cell.id] = stage.params["key"]
-            plan.models[cell.id] = plan.cells[cell.id].model
+        if cell.kind not in ("target", "retain"):
+            continue
+        target = cell.kind == "target"
+        bench, split = (first, "full") if target else (benches[cell.forget], "retain")
+        model = "the target" if target else "the retain model"
+        authors = study.authors if target else len(bench["retain_authors"])
+        stage = finetune_stage(
+            study,
+            f"fine-tune {model} on {authors} authors ({bench['sizes'][split]} QA)",
+            (cache, "target", split),
+            study.target if target else study.retain,
+            (base_path, base_key),
+            (_file(bench, split), bench["content"][split]),
+            device,
+        )
+        plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
+        model_id = "target" if target else cell.id
+        model_keys[model_id] = stage.params["key"]
+        plan.models[model_id] = plan.cells[cell.id].model
     if study.target.given is not None:
         plan.models["target"] = study.target.given
         model_keys["target"] = _given_key(study.target.given, study, device)
