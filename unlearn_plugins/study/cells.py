@@ -386,6 +386,13 @@ def unlearn_key(kind: str, model_key: str, data: list, config: dict, *extra, las
     return digest(STUDY_FORMAT, kind, model_key, *data, config, *extra, *([revisions] if revisions else []), *last)
 
 
+def unlearn_stage(cell: Cell, folder: str, config: dict, model: str, data: dict, device: str | None, **extra) -> Stage:
+    """A method cell's unlearning run: ``config`` on ``model`` with ``data`` (the bench folder,
+    or the forget and retain files) in ``folder``; ``extra``: more parameters, last."""
+    params = {"config": config, "model": model, **data, "device": device, **extra}
+    return Stage(f"unlearn: {cell.label}", folder, "unlearn", params)
+
+
 def method_run(study: Study, cell: Cell) -> tuple[Any, dict, bool]:
     """A method cell's method, its config at the cell's seed, and whether it runs without a
     retain set (``retain = false``)."""
@@ -536,17 +543,9 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
                 "unlearn", model_keys["target"], [content["forget"], content["retain"]], config, last=no
             )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": config,
-                    "model": plan.models["target"],
-                    "bench": bench["folder"],
-                    "device": device,
-                    **({"retain": None} if no_retain else {}),
-                },
+            retain = {"retain": None} if no_retain else {}
+            unlearn = unlearn_stage(
+                cell, run_folder, config, plan.models["target"], {"bench": bench["folder"]}, device, **retain
             )
             # the adapter is evaluated merged into the weights where that is exact (fp32 weights);
             # a method trained with full_finetune (LUNAR, T3) leaves a whole model instead
@@ -978,6 +977,7 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "unlearn_stage",
     "study_tofu",
     "benchmark_stage",
     "unlearn_key",

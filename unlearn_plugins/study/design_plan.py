@@ -37,6 +37,7 @@ from .cells import (
     finetune_stage,
     study_tofu,
     unlearn_key,
+    unlearn_stage,
 )
 from .design import Design, apply_setting
 from .operating_cell import read_result
@@ -277,12 +278,7 @@ def plan_design(
             data = [bench["content"]["forget"], bench["content"]["retain"]]
             run_key = unlearn_key("unlearn", model_keys["target"], data, config)
             run_folder = folder("run", name, run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
-            )
+            unlearn = unlearn_stage(cell, run_folder, config, plan.models["target"], {"bench": bench["folder"]}, device)
             key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[a], bench["key"], settings, *merged)
             reference = str(Path(folder("eval", "retain", eval_keys[a])) / "reference.json")
             check = evaluate(

@@ -126,7 +126,7 @@ def plan_wmdp_study(
     study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
 ) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
-    from unlearn_plugins.study.cells import cache_folder, finetune_stage, method_run, unlearn_key
+    from unlearn_plugins.study.cells import cache_folder, finetune_stage, method_run, unlearn_key, unlearn_stage
 
     stream = stream or sys.stderr
     grid = study.benchmark.grid
@@ -202,18 +202,8 @@ def plan_wmdp_study(
             whole = forget["forget"] == data["forget"]  # the one-forget-set study's run: its folders too
             name = f"{method.name}-seed{cell.seed}" if whole else cell.id.replace("/", "-")
             run_folder = folder("wmdprun", name, run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": {**config, "max_length": study.max_length},
-                    "model": model,
-                    "forget": forget["forget"],
-                    "retain": None if no_retain else data["retain"],
-                    "device": device,
-                },
-            )
+            texts = {"forget": forget["forget"], "retain": None if no_retain else data["retain"]}
+            unlearn = unlearn_stage(cell, run_folder, {**config, "max_length": study.max_length}, model, texts, device)
             full = bool(config.get("full_finetune"))
             run = Path(run_folder) / "run"
             if chained:  # evaluated as the next request gets it

@@ -54,7 +54,7 @@ def plan_movielens_study(
 ) -> Plan:
     """Every cell of a MovieLens study with its stages and their cache folders. A real run builds
     the base model (``tiny-llama``) and the benchmark here; a dry run writes nothing."""
-    from unlearn_plugins.study.cells import cache_folder, method_run, unlearn_key
+    from unlearn_plugins.study.cells import cache_folder, method_run, unlearn_key, unlearn_stage
 
     stream = stream or sys.stderr
     if problem := movielens.too_many_users(study.movielens.users, study.movielens.movielens_dir):
@@ -180,18 +180,11 @@ def plan_movielens_study(
                 "rec-unlearn", model_keys["target"], parts, config, *(["no-retain"] if no_retain else [])
             )
             run_folder = folder("recrun", f"{method.name}-seed{cell.seed}", run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": config,
-                    "model": plan.models["target"],
-                    "forget": _part(bench_dir, "train_forget"),
-                    "retain": None if no_retain else _part(bench_dir, "train_retain"),
-                    "device": device,
-                },
-            )
+            data = {
+                "forget": _part(bench_dir, "train_forget"),
+                "retain": None if no_retain else _part(bench_dir, "train_retain"),
+            }
+            unlearn = unlearn_stage(cell, run_folder, config, plan.models["target"], data, device)
             key = digest(STUDY_FORMAT, "rec-eval", run_key, ref_key, bench["key"], eval_settings)
             stage = evaluate(
                 f"evaluate: {cell.label}",
