@@ -5,9 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from ..errors import DataError
+
+
+def json_lines(path: str | os.PathLike, fail: Callable[[int, str], Exception]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line of a recorded JSON-lines file (read
+    as UTF-8 text, split at line breaks); a malformed line raises ``fail(line number, "malformed
+    JSON (the parser's first words)")``, the caller's error naming its file."""
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise fail(lineno, f"malformed JSON ({str(exc).splitlines()[0][:80]})") from None
+        yield lineno, value
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

@@ -196,28 +196,64 @@ def _file_digest(path: Path) -> str:
     return file_digest(path)
 
 
-def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
-    """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
-    in ``scratch`` only, to know their content)."""
-    from ..files import file_digest
+def tofu_data():
+    """The TOFU benchmark's data module (``benchmarks/tofu/data.py``), reached through the
+    benchmark registry: the N-author benchmark folders a TOFU study is cut from."""
     from ..host import required_benchmark_part
 
-    tofu_data = required_benchmark_part("tofu", "data")  # the N-author benchmark folders
-    build_benchmark, find_tofu, load_benchmark = (
-        tofu_data.build_benchmark,
-        tofu_data.find_tofu,
-        tofu_data.load_benchmark,
-    )
-    source_fingerprint, build_holdout = tofu_data.source_fingerprint, tofu_data.build_holdout
+    return required_benchmark_part("tofu", "data")
+
+
+def study_tofu(study: Study):
+    """The TOFU data a TOFU study's benchmarks are cut from (the TOFU benchmark's ``find_tofu``),
+    a missing folder or a bad source named in one error."""
     from ..errors import DataError
+
+    find_tofu = tofu_data().find_tofu
 
     # (source auto: a folder that is not there falls back to the generated authors, as find_tofu does)
     if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
         raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
     try:
-        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
+        return find_tofu(study.source, study.tofu_dir, study.authors)
     except DataError as exc:
         raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
+
+
+def benchmark_stage(stages: Stages | None, label: str, folder: Path, build, scratch: Path, key: str) -> dict:
+    """A TOFU benchmark folder built as a cached stage (a dry run, ``stages`` None, builds a
+    missing one in ``scratch`` only, to know its content) and its description, folder, key and
+    file digests."""
+    from ..files import file_digest
+
+    load_benchmark = tofu_data().load_benchmark
+    if stages is not None:
+        run_stage(stages, label, folder, build)
+    elif not (folder / DONE).is_file():
+        folder = scratch / folder.name
+        build(folder)
+        (folder / DONE).write_text("{}")
+    bench = load_benchmark(folder)
+    if bench is None:
+        raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
+    return {
+        **bench.describe(),
+        "folder": str(folder),
+        "key": key,
+        "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
+    }
+
+
+def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
+    """The benchmark folder of every forget size (cached stages; a dry run builds missing ones
+    in ``scratch`` only, to know their content)."""
+    data = tofu_data()
+    build_benchmark, source_fingerprint, build_holdout = (
+        data.build_benchmark,
+        data.source_fingerprint,
+        data.build_holdout,
+    )
+    tofu = study_tofu(study)
     out = {}
     for k in study.forget_sizes:
         key = digest(STUDY_FORMAT, "bench", source_fingerprint(tofu), study.authors, k, study.evaluation.mu_size)
@@ -226,21 +262,7 @@ def prepare_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch
         def build(tmp: Path, k=k) -> None:
             build_benchmark(tmp, tofu=tofu, n_authors=study.authors, n_forget=k, eval_size=study.evaluation.mu_size)
 
-        if stages is not None:
-            run_stage(stages, f"benchmark: {study.authors} authors, forget {k}", folder, build)
-        elif not (folder / DONE).is_file():
-            folder = scratch / folder.name
-            build(folder)
-            (folder / DONE).write_text("{}")
-        bench = load_benchmark(folder)
-        if bench is None:
-            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
-        out[k] = {
-            **bench.describe(),
-            "folder": str(folder),
-            "key": key,
-            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
-        }
+        out[k] = benchmark_stage(stages, f"benchmark: {study.authors} authors, forget {k}", folder, build, scratch, key)
     if study.evaluation.robustness:  # membership inference's holdout: an author in no model's data
         key = digest(STUDY_FORMAT, "holdout", source_fingerprint(tofu), study.authors)
         folder = cache / f"holdout-{study.source}-{key}"
@@ -335,6 +357,61 @@ def evaluation_settings(study: Study, device: str | None) -> tuple:
     return settings
 
 
+def cache_folder(cache: Path, kind: str, name: str, key: str) -> str:
+    """A stage's folder in the cache: ``{kind}-{name}-{key}`` (a ``/`` in the name as ``-``)."""
+    return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+
+
+def finetune_stage(
+    study: Study,
+    label: str,
+    where: tuple[Path, str, str],
+    recipe,
+    base: tuple[str, str],
+    data: tuple[str | None, str],
+    device: str | None,
+    kind: str = "finetune",
+) -> Stage:
+    """A stage fine-tuning the base (``base``: its path and key) with ``recipe`` on ``data`` (a
+    file and its content key), in the cache folder ``where`` (cache, folder kind, name) keyed
+    by ``kind``, the base, the data and the recipe: every study kind's target and retain model."""
+    (base_path, base_key), (file, data_key) = base, data
+    key = digest(STUDY_FORMAT, kind, base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length)
+    params = {
+        "model": base_path,
+        "data": file,
+        "max_length": study.max_length,
+        "seed": recipe.seed,
+        "threads": recipe.threads,
+        "finetune": recipe.finetune,
+        "device": device,
+        "key": key,
+    }
+    return Stage(label, cache_folder(*where, key), "finetune", params)
+
+
+def unlearn_key(kind: str, model_key: str, data: list, config: dict, *extra, last: tuple = ()) -> str:
+    """An unlearning run's key: its ``kind``, the model's key, the data's content keys, the
+    method's config and ``extra`` (a study kind's own parts), the revisions of the config's
+    components where any, then ``last``."""
+    revisions = component_revisions(config)
+    return digest(STUDY_FORMAT, kind, model_key, *data, config, *extra, *([revisions] if revisions else []), *last)
+
+
+def unlearn_stage(cell: Cell, folder: str, config: dict, model: str, data: dict, device: str | None, **extra) -> Stage:
+    """A method cell's unlearning run: ``config`` on ``model`` with ``data`` (the bench folder,
+    or the forget and retain files) in ``folder``; ``extra``: more parameters, last."""
+    params = {"config": config, "model": model, **data, "device": device, **extra}
+    return Stage(f"unlearn: {cell.label}", folder, "unlearn", params)
+
+
+def method_run(study: Study, cell: Cell) -> tuple[Any, dict, bool]:
+    """A method cell's method, its config at the cell's seed, and whether it runs without a
+    retain set (``retain = false``)."""
+    method = study.method(cell.method)
+    return method, {**method.config, "seed": cell.seed}, method.settings.get("retain") is False
+
+
 def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None) -> Plan:
     """Every cell with its stages and their cache folders. A real run builds the base model (if
     it is ``tiny-llama``) and the benchmark folders here (seconds); a dry run writes nothing."""
@@ -351,55 +428,31 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
     eval_settings = evaluation_settings(study, device)
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
-
-    def finetune_stage(label: str, name: str, recipe, data_key: str, data: str | None) -> Stage:
-        key = digest(
-            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
-        )
-        return Stage(
-            label,
-            folder("target", name, key),
-            "finetune",
-            {
-                "model": base_path,
-                "data": data,
-                "max_length": study.max_length,
-                "seed": recipe.seed,
-                "threads": recipe.threads,
-                "finetune": recipe.finetune,
-                "device": device,
-                "key": key,
-            },
-        )
+        return cache_folder(cache, kind, name, key)
 
     # models: the target and the retain model of every forget size
     first = benches[study.forget_sizes[0]]
     model_keys: dict[str, str] = {}
     for cell in expand(study):
-        if cell.kind == "target":
-            stage = finetune_stage(
-                f"fine-tune the target on {study.authors} authors ({first['sizes']['full']} QA)",
-                "full",
-                study.target,
-                first["content"]["full"],
-                _file(first, "full"),
-            )
-            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
-            model_keys["target"] = stage.params["key"]
-            plan.models["target"] = plan.cells[cell.id].model
-        elif cell.kind == "retain":
-            bench = benches[cell.forget]
-            stage = finetune_stage(
-                f"fine-tune the retain model on {len(bench['retain_authors'])} authors ({bench['sizes']['retain']} QA)",
-                "retain",
-                study.retain,
-                bench["content"]["retain"],
-                _file(bench, "retain"),
-            )
-            plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
-            model_keys[cell.id] = stage.params["key"]
-            plan.models[cell.id] = plan.cells[cell.id].model
+        if cell.kind not in ("target", "retain"):
+            continue
+        target = cell.kind == "target"
+        bench, split = (first, "full") if target else (benches[cell.forget], "retain")
+        model = "the target" if target else "the retain model"
+        authors = study.authors if target else len(bench["retain_authors"])
+        stage = finetune_stage(
+            study,
+            f"fine-tune {model} on {authors} authors ({bench['sizes'][split]} QA)",
+            (cache, "target", split),
+            study.target if target else study.retain,
+            (base_path, base_key),
+            (_file(bench, split), bench["content"][split]),
+            device,
+        )
+        plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=_made_model(stage))
+        model_id = "target" if target else cell.id
+        model_keys[model_id] = stage.params["key"]
+        plan.models[model_id] = plan.cells[cell.id].model
     if study.target.given is not None:
         plan.models["target"] = study.target.given
         model_keys["target"] = _given_key(study.target.given, study, device)
@@ -494,32 +547,17 @@ def plan_study(study: Study, *, cache: Path, device: str | None = None, dry_run:
             )
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         else:
-            method = study.method(cell.method)
-            config = {**method.config, "seed": cell.seed}
+            method, config, no_retain = method_run(study, cell)
             config["initializer_options"] = _initializer_seed(config, cell.seed)
-            no_retain = method.settings.get("retain") is False  # retain = false: no retain set
-            run_key = digest(
-                STUDY_FORMAT,
-                "unlearn",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-                *(["no-retain"] if no_retain else []),
+            content = bench["content"]
+            no = ("no-retain",) if no_retain else ()
+            run_key = unlearn_key(
+                "unlearn", model_keys["target"], [content["forget"], content["retain"]], config, last=no
             )
             run_folder = folder("run", f"{method.name}-forget{k}-seed{cell.seed}", run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": config,
-                    "model": plan.models["target"],
-                    "bench": bench["folder"],
-                    "device": device,
-                    **({"retain": None} if no_retain else {}),
-                },
+            retain = {"retain": None} if no_retain else {}
+            unlearn = unlearn_stage(
+                cell, run_folder, config, plan.models["target"], {"bench": bench["folder"]}, device, **retain
             )
             # the adapter is evaluated merged into the weights where that is exact (fp32 weights);
             # a method trained with full_finetune (LUNAR, T3) leaves a whole model instead
@@ -954,6 +992,13 @@ __all__ = [
     "extraction_strengths",
     "cell_source",
     "STUDY_FORMAT",
+    "unlearn_stage",
+    "study_tofu",
+    "benchmark_stage",
+    "unlearn_key",
+    "method_run",
+    "cache_folder",
+    "finetune_stage",
     "EVALUATIONS",
     "is_evaluation",
     "CPU_FP32",

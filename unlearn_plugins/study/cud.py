@@ -34,12 +34,14 @@ def split_unlearn(unlearn: dict) -> tuple[dict, dict]:
     return shared, {k: v for k, v in unlearn.items() if isinstance(v, dict)}
 
 
-def scorer(p: dict):
-    """The stage's CUD scorer (``p``: the stage's parameters)."""
+def scorer(p: dict, anchor: tuple | None = None, **extra):
+    """The stage's CUD scorer (``p``: the stage's parameters; ``anchor``: its anchor pool and
+    the anchor runs' retain set, by default split from the TOFU benchmark's retain set;
+    ``extra``: more of the scorer's options, a MovieLens study's ``answer_tokens``)."""
     from ..scorers.cud import CUDScorer
 
-    options = dict(p["scorer"])
-    pool, anchor_retain = anchor_split(Path(p["bench"]) / "retain.json", p["anchor_pool"])
+    options = {**p["scorer"], **extra}
+    pool, anchor_retain = anchor or anchor_split(Path(p["bench"]) / "retain.json", p["anchor_pool"])
     shared, by_objective = split_unlearn(p["unlearn"])
     unlearn = {**shared, "retain": anchor_retain, "max_length": p["max_length"], "save_steps": 0}
     return CUDScorer(

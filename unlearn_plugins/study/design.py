@@ -278,15 +278,7 @@ def read_design(reader, extra: dict, study) -> Design | None:
         verdict = _verdict(reader, _table(reader, tables, "verdict"), comparisons, method_names, tests, statistics)
     report: tuple[str, ...] = ()
     if "report" in extra:
-        value = extra["report"]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise reader.error("evaluation", "report", f"must be a list of metric names, got {_show(value)}")
-        for v in value:
-            if v not in REPORT_EXTRAS:
-                raise reader.error("evaluation", "report", f"unknown metric {v!r}; known: {', '.join(REPORT_EXTRAS)}")
-        if len(set(value)) != len(value):
-            raise reader.error("evaluation", "report", "lists a metric twice")
-        report = tuple(value)
+        report = _name_list(reader, "evaluation", "report", extra["report"], REPORT_EXTRAS, "metric", "metric names")
     return Design(
         unit=unit,
         test_authors=tests,
@@ -331,6 +323,19 @@ def _number(reader, table, values, key, default, *, low=None, high=None, open_en
     return float(value)
 
 
+def _name_list(reader, table: str, key: str, value: Any, known, what: str, listed: str | None = None) -> tuple:
+    """``value``: a list of ``known`` names, none twice (``what``: one of them; ``listed``: the
+    list's words in the error, by default ``what`` + "s")."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise reader.error(table, key, f"must be a list of {listed or what + 's'}, got {_show(value)}")
+    for v in value:
+        if v not in known:
+            raise reader.error(table, key, f"unknown {what} {v!r}; known: {', '.join(known)}")
+    if len(set(value)) != len(value):
+        raise reader.error(table, key, f"lists a {what} twice")
+    return tuple(value)
+
+
 def _number_list(reader, table: str, values: dict, key: str, *, integer: bool, positive: bool = True) -> tuple:
     value = values.get(key)
     if not isinstance(value, list) or not value:
@@ -363,14 +368,7 @@ def _sweep(reader, t: dict, method_sweeps: dict, study, reserved: int | None) ->
         raise reader.error("sweep", "lr", "missing")
     lrs = _number_list(reader, "sweep", t, "lr", integer=False)
     epochs = reader.get("sweep", t, "epochs", "int", required=True, minimum=1)
-    trace = t.get("trace", ["forget_quality"])
-    if not isinstance(trace, list) or not all(isinstance(v, str) for v in trace):
-        raise reader.error("sweep", "trace", f"must be a list of measures, got {_show(trace)}")
-    for v in trace:
-        if v not in TRACE_MEASURES:
-            raise reader.error("sweep", "trace", f"unknown measure {v!r}; known: {', '.join(TRACE_MEASURES)}")
-    if len(set(trace)) != len(trace):
-        raise reader.error("sweep", "trace", "lists a measure twice")
+    trace = _name_list(reader, "sweep", "trace", t.get("trace", ["forget_quality"]), TRACE_MEASURES, "measure")
     if "forget_quality" not in trace:
         raise reader.error("sweep", "trace", "must include forget_quality (the operating-point rule ranks by it)")
     heldout: dict = {}

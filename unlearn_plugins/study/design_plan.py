@@ -22,7 +22,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnlearnError
 from ..stages import DONE, Stages, digest
 from .cells import (
     STUDY_FORMAT,
@@ -32,9 +31,14 @@ from .cells import (
     _file,
     _initializer_seed,
     base_model,
-    component_revisions,
+    benchmark_stage,
+    cache_folder,
     evaluation_settings,
-    run_stage,
+    finetune_stage,
+    study_tofu,
+    tofu_data,
+    unlearn_key,
+    unlearn_stage,
 )
 from .design import Design, apply_setting
 from .operating_cell import read_result
@@ -62,25 +66,11 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
     """{author: the benchmark's description, folder, key and file digests}: N authors, that one
     to forget, built as cached stages; a dry run (``stages`` None) builds missing ones in
     ``scratch`` only, to know their content."""
-    from ..files import file_digest
-    from ..host import required_benchmark_part
+    data = tofu_data()
+    build_benchmark, source_fingerprint = data.build_benchmark, data.source_fingerprint
 
-    tofu_data = required_benchmark_part("tofu", "data")  # the N-author benchmark folders
-    build_benchmark, find_tofu, load_benchmark = (
-        tofu_data.build_benchmark,
-        tofu_data.find_tofu,
-        tofu_data.load_benchmark,
-    )
-    source_fingerprint = tofu_data.source_fingerprint
-    from ..errors import DataError
-
-    if study.tofu_dir and study.source == "tofu" and not Path(study.tofu_dir).expanduser().is_dir():
-        raise UnlearnError(f"{study.path}: [benchmark] tofu_dir: TOFU folder not found: {study.tofu_dir}")
-    try:
-        tofu = find_tofu(study.source, study.tofu_dir, study.authors)
-    except DataError as exc:
-        raise UnlearnError(f"{study.path}: [benchmark] source: {exc}") from None
     design: Design = study.design
+    tofu = study_tofu(study)
     fingerprint = source_fingerprint(tofu)
     out = {}
     for a in design.authors:
@@ -92,20 +82,10 @@ def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch:
                 tmp, tofu=tofu, n_authors=study.authors, n_forget=1, eval_size=study.evaluation.mu_size, forget_ids=[a]
             )
 
-        if stages is not None:
-            run_stage(stages, f"benchmark: {study.authors} authors, forget author {a}", folder, build)
-        elif not (folder / DONE).is_file():
-            folder = scratch / folder.name
-            build(folder)
-        bench = load_benchmark(folder)
-        if bench is None:
-            raise UnlearnError(f"{folder}: benchmark folder unreadable; delete it and run again")
-        out[a] = {
-            **bench.describe(),
-            "folder": str(folder) if stages is not None else None,  # a dry run's scratch folder goes away
-            "key": key,
-            "content": {n: file_digest(folder / f"{n}.json") for n in ("full", "retain", "forget")},
-        }
+        label = f"benchmark: {study.authors} authors, forget author {a}"
+        out[a] = benchmark_stage(stages, label, folder, build, scratch, key)
+        if stages is None:  # a dry run's scratch folder goes away
+            out[a]["folder"] = None
     return out
 
 
@@ -135,23 +115,13 @@ def plan_design(
     ev = study.evaluation
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def finetune(label: str, name: str, recipe, data_key: str, bench: dict, split: str) -> Stage:
-        key = digest(
-            STUDY_FORMAT, "finetune", base_key, data_key, recipe.finetune, recipe.seed, recipe.threads, study.max_length
+        where = (cache, "target", name)
+        return finetune_stage(
+            study, label, where, recipe, (base_path, base_key), (_file(bench, split), data_key), device
         )
-        params = {
-            "model": base_path,
-            "data": _file(bench, split),
-            "max_length": study.max_length,
-            "seed": recipe.seed,
-            "threads": recipe.threads,
-            "finetune": recipe.finetune,
-            "device": device,
-            "key": key,
-        }
-        return Stage(label, folder("target", name, key), "finetune", params)
 
     def evaluate(label: str, name: str, key: str, bench: dict, model: str, adapter, references, save: bool) -> Stage:
         return Stage(
@@ -245,18 +215,9 @@ def plan_design(
             config = apply_setting({**method.config, "seed": study.seeds[0]}, setting)
             config["epochs"] = float(design.sweep.epochs)
             config["initializer_options"] = _initializer_seed(config, study.seeds[0])
-            key = digest(
-                STUDY_FORMAT,
-                "sweep",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                list(design.sweep.trace),
-                design.sweep.heldout,
-                eval_keys[a],
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            data = [bench["content"]["forget"], bench["content"]["retain"]]
+            sweep = (list(design.sweep.trace), design.sweep.heldout, eval_keys[a])
+            key = unlearn_key("sweep", model_keys["target"], data, config, *sweep)
             stage = Stage(
                 f"traced run: {cell.label}",
                 folder("sweep", f"{method.name}-author{a}-{_name(setting)}", key),
@@ -316,22 +277,10 @@ def plan_design(
                 plan.cells[cell.id] = WaitingCellPlan(cell, [unlearn, check], result=check.folder, waiting=waits)
                 continue
             config["initializer_options"] = _initializer_seed(config, cell.seed)
-            run_key = digest(
-                STUDY_FORMAT,
-                "unlearn",
-                model_keys["target"],
-                bench["content"]["forget"],
-                bench["content"]["retain"],
-                config,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            data = [bench["content"]["forget"], bench["content"]["retain"]]
+            run_key = unlearn_key("unlearn", model_keys["target"], data, config)
             run_folder = folder("run", name, run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {"config": config, "model": plan.models["target"], "bench": bench["folder"], "device": device},
-            )
+            unlearn = unlearn_stage(cell, run_folder, config, plan.models["target"], {"bench": bench["folder"]}, device)
             key = digest(STUDY_FORMAT, "eval", run_key, eval_keys[a], bench["key"], settings, *merged)
             reference = str(Path(folder("eval", "retain", eval_keys[a])) / "reference.json")
             check = evaluate(

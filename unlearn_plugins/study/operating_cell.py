@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..data.jsonl import json_lines
 from ..evaluation.tofu_metrics import MU_PARTS
 from .operating_point import MEASURES, OperatingPointError, Rule, choose, next_to_evaluate
 from .statistics import mu_paired_bootstrap
@@ -176,13 +177,7 @@ def check_trace_file(folder: str | Path, epochs: int) -> None:
     sweep at most once, measures in their ranges; else OperatingPointError naming the line."""
     path = Path(folder) / "trace" / "trace.jsonl"
     seen = set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            point = json.loads(line)
-        except ValueError as exc:
-            raise OperatingPointError(f"line {lineno}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
+    for lineno, point in json_lines(path, lambda n, why: OperatingPointError(f"line {n}: {why}")):
         measures = {k: v for k, v in point.items() if k in MEASURES} if isinstance(point, dict) else point
         if isinstance(point, dict):
             measures["epoch"] = point.get("epoch")

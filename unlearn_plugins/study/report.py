@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import tables
+from ..data.jsonl import json_lines
 from ..errors import DataError, UnlearnError
 from ..evaluation.tofu_metrics import MU_PARTS
 from ..files import atomic_open, write_json
@@ -148,13 +149,7 @@ def _read_samples(path: Path, where: str, checks: Sequence[str]) -> list[dict]:
     """The rows of a samples file; each a JSON object with an integer ``doc_id`` and, for the
     ``checks`` metrics (the ones Model Utility is recomputed from), a number in its range."""
     rows = []
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise CorruptEvaluation(f"{where}:{lineno}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
+    for lineno, row in json_lines(path, lambda n, why: CorruptEvaluation(f"{where}:{n}: {why}")):
         if not isinstance(row, dict):
             raise CorruptEvaluation(f"{where}:{lineno}: must be a JSON object, got {_kind(row)}")
         if checks:

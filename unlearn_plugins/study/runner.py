@@ -43,27 +43,19 @@ class Outcome:
         return [cell for cell, r in self.results.items() if r["status"] != "done"]
 
 
-def plan_cells(
-    study: Study,
-    *,
-    cache: Path,
-    device: str | None = None,
-    dry_run: bool = False,
-    stream=None,
-    records: Path | None = None,
-) -> Plan:
+def plan_cells(study: Study, *, cache: Path, device: str | None = None, records: Path | None = None, **options) -> Plan:
     """The study's cells and stages: :func:`.cells.plan_study`, for a study of a registered
     benchmark (``[benchmark] source``) its study part's ``plan``, for an author-unit study
-    :func:`.design_plan.plan_design` (``records``: a dry run keys test cells at the operating
+    :func:`.design_plan.plan_design` (``options``: ``dry_run``, ``stream``; ``records``: a dry run keys test cells at the operating
     points recorded there, as a run restoring them would)."""
     from ..host import benchmark_part
 
     if (part := benchmark_part(study.source, "study")) is not None:
-        plan = part.plan(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+        plan = part.plan(study, cache=cache, device=device, **options)
     elif study.design is not None:
-        plan = plan_design(study, cache=cache, device=device, dry_run=dry_run, stream=stream, records=records)
+        plan = plan_design(study, cache=cache, device=device, records=records, **options)
     else:
-        plan = plan_study(study, cache=cache, device=device, dry_run=dry_run, stream=stream)
+        plan = plan_study(study, cache=cache, device=device, **options)
     plan.identity = stage_identity(device)
     return plan
 
@@ -550,45 +542,25 @@ def run_plan(
             progress.close()
 
 
-def run_study(
-    study: Study,
-    *,
-    out: str | Path,
-    cache: Path,
-    workers: int = 1,
-    executor: str = "local",
-    scheduler: str | None = None,
-    device: str | None = None,
-    threads: int | None = None,
-    stream=None,
-    records: str | Path | None = None,
-    records_any_device: bool = False,
-) -> Outcome:
-    """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``.
-    ``records``: a folder of finished cells' results (:mod:`unlearn_plugins.study.records`),
-    restored into the cache first and added to as cells finish."""
+def run_study(study: Study, *, out: str | Path, cache: Path, stream=None, **options) -> Outcome:
+    """Build every cell (in ``workers`` processes, or on Dask) and write the report in ``out``;
+    ``options`` are :func:`run_plan`'s (``workers``, ``executor``, ``records``, ...): ``records``,
+    a folder of finished cells' results (:mod:`unlearn_plugins.study.records`), is restored into
+    the cache first and added to as cells finish."""
     stream = stream or sys.stderr
     out = Path(out)
     started = time.perf_counter()
     check_out(out, study)
-    plan, results = run_plan(
-        study,
-        out=out,
-        cache=cache,
-        workers=workers,
-        executor=executor,
-        scheduler=scheduler,
-        device=device,
-        threads=threads,
-        stream=stream,
-        records=records,
-        records_any_device=records_any_device,
-    )
+    plan, results = run_plan(study, out=out, cache=cache, stream=stream, **options)
     return _write_report(
         out,
         plan,
         results,
-        {"executor": executor, "workers": workers, "wall_time_s": round(time.perf_counter() - started, 1)},
+        {
+            "executor": options.get("executor", "local"),
+            "workers": options.get("workers", 1),
+            "wall_time_s": round(time.perf_counter() - started, 1),
+        },
         stream,
     )
 

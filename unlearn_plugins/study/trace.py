@@ -140,25 +140,15 @@ class TraceCallback(_trainer_callback()):
     seconds spent measuring, and the measures)."""
 
     def __init__(
-        self,
-        out: str | Path,
-        tokenizer,
-        *,
-        forget,
-        reference_ratios: Sequence[float],
-        heldout=(),
-        measures: Sequence[str] = ("forget_quality", "ks_statistic", "wasserstein_log", "forget_prob"),
-        max_length: int = 512,
-        batch_size: int = 8,
-        system_prompt: str | None = None,
-        save_adapters: bool = True,
+        self, out: str | Path, tokenizer, *, forget, reference_ratios, heldout=(), save_adapters=True, **options
     ):
+        """``options``: :func:`trace_point`'s (``measures``, ``max_length``, ``batch_size``,
+        ``system_prompt``), the same defaults."""
         self.out = Path(out)
         self.tokenizer = tokenizer
-        self.forget, self.heldout = list(forget), list(heldout)
-        self.reference_ratios = list(reference_ratios)
-        self.measures = tuple(measures)
-        self.options = {"max_length": max_length, "batch_size": batch_size, "system_prompt": system_prompt}
+        # lists: the data may be a one-pass iterable, measured every epoch
+        self.point = {"forget": list(forget), "reference_ratios": list(reference_ratios), "heldout": list(heldout)}
+        self.options = options
         self.save_adapters = save_adapters
         self.points: list[dict[str, Any]] = []
 
@@ -172,17 +162,7 @@ class TraceCallback(_trainer_callback()):
             folder = self.out / EPOCH_DIR.format(epoch)
             save_epoch_adapter(model, folder, Path(args.output_dir) / lora.INITIAL_ADAPTER)
             point["adapter"] = folder.name
-        point.update(
-            trace_point(
-                model,
-                self.tokenizer,
-                forget=self.forget,
-                reference_ratios=self.reference_ratios,
-                heldout=self.heldout,
-                measures=self.measures,
-                **self.options,
-            )
-        )
+        point.update(trace_point(model, self.tokenizer, **self.point, **self.options))
         point["seconds"] = round(time.perf_counter() - started, 2)
         self.points.append(point)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ from unlearn_plugins.study.cells import (
     Plan,
     Stage,
     base_model,
-    component_revisions,
     evaluation_settings,
     run_stage,
 )
@@ -127,6 +126,8 @@ def plan_wmdp_study(
     study: Study, *, cache: Path, device: str | None = None, dry_run: bool = False, stream=None
 ) -> Plan:
     """Every cell of a WMDP study with its stages and their cache folders."""
+    from unlearn_plugins.study.cells import cache_folder, finetune_stage, method_run, unlearn_key, unlearn_stage
+
     stream = stream or sys.stderr
     grid = study.benchmark.grid
     stages = None if dry_run else Stages(cache, total=3 if grid else 2, stream=stream)
@@ -140,7 +141,7 @@ def plan_wmdp_study(
     eval_settings = (*evaluation_settings(study, device), data["key"], data["metadata"]["mmlu_per_subject"])
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def evaluate(label: str, name: str, key: str, model: str, adapter: str | None) -> Stage:
         return Stage(
@@ -169,43 +170,26 @@ def plan_wmdp_study(
             stage = evaluate("evaluate the base model", "base", key, base_path, None)
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "target":
-            recipe = study.target
-            key = digest(
-                STUDY_FORMAT,
-                "wmdp-teach",
-                base_key,
-                data["content"]["forget"],
-                recipe.finetune,
-                recipe.seed,
-                recipe.threads,
-                study.max_length,
-            )
-            stage = Stage(
+            stage = finetune_stage(
+                study,
                 "teach the synthetic facts (fine-tune on the forget documents)",
-                folder("wmdpteach", "target", key),
-                "finetune",
-                {
-                    "model": base_path,
-                    "data": data["forget"],
-                    "max_length": study.max_length,
-                    "seed": recipe.seed,
-                    "threads": recipe.threads,
-                    "finetune": recipe.finetune,
-                    "device": device,
-                    "key": key,
-                },
+                (cache, "wmdpteach", "target"),
+                study.target,
+                (base_path, base_key),
+                (data["forget"], data["content"]["forget"]),
+                device,
+                kind="wmdp-teach",
             )
             run = Path(stage.folder) / "run"
-            plan.models["target"] = str(run if recipe.finetune.get("full_finetune") else run / "merged")
-            model_keys["target"] = key
+            plan.models["target"] = str(run if study.target.finetune.get("full_finetune") else run / "merged")
+            model_keys["target"] = stage.params["key"]
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder, model=plan.models["target"])
         elif cell.kind == "eval_full":
             key = digest(STUDY_FORMAT, "wmdp-eval", model_keys["target"], eval_settings)
             stage = evaluate("evaluate the taught model", "target", key, plan.models["target"], None)
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "method":
-            method = study.method(cell.method)
-            config = {**method.config, "seed": cell.seed}
+            method, config, no_retain = method_run(study, cell)
             part = cell.id.rsplit("/", 1)[1] if grid else None
             forget = data["parts"][part] if part else {"forget": data["forget"], "content": data["content"]["forget"]}
             chained = grid == "sustainability"
@@ -213,32 +197,13 @@ def plan_wmdp_study(
             model, model_key = plan.models[start], model_keys[start]
             if chained:
                 config["merge"] = True  # a LoRA run leaves run/merged too: the next request's model
-            no_retain = method.settings.get("retain") is False
-            run_key = digest(
-                STUDY_FORMAT,
-                "wmdp-unlearn",
-                model_key,
-                forget["content"],
-                *([] if no_retain else [data["content"]["retain"]]),
-                config,
-                study.max_length,
-                *([revisions] if (revisions := component_revisions(config)) else []),
-            )
+            texts = [forget["content"], *([] if no_retain else [data["content"]["retain"]])]
+            run_key = unlearn_key("wmdp-unlearn", model_key, texts, config, study.max_length)
             whole = forget["forget"] == data["forget"]  # the one-forget-set study's run: its folders too
             name = f"{method.name}-seed{cell.seed}" if whole else cell.id.replace("/", "-")
             run_folder = folder("wmdprun", name, run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": {**config, "max_length": study.max_length},
-                    "model": model,
-                    "forget": forget["forget"],
-                    "retain": None if no_retain else data["retain"],
-                    "device": device,
-                },
-            )
+            texts = {"forget": forget["forget"], "retain": None if no_retain else data["retain"]}
+            unlearn = unlearn_stage(cell, run_folder, {**config, "max_length": study.max_length}, model, texts, device)
             full = bool(config.get("full_finetune"))
             run = Path(run_folder) / "run"
             if chained:  # evaluated as the next request gets it

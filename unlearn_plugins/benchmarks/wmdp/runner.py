@@ -247,6 +247,7 @@ def run(study, args, out: str, cache) -> int:
     import time
     from pathlib import Path
 
+    from unlearn_plugins.commands.study import execution_options, failed_cells
     from unlearn_plugins.errors import UnlearnError
     from unlearn_plugins.files import folder_lock
     from unlearn_plugins.study.runner import run_plan
@@ -263,27 +264,14 @@ def run(study, args, out: str, cache) -> int:
         plan_ = plan_wmdp_study(study, cache=cache, device=args.device, dry_run=True)
         results = {}
     else:
-        plan_, results = run_plan(
-            study,
-            out=out,
-            cache=cache,
-            workers=args.workers,
-            executor=args.executor,
-            scheduler=args.scheduler,
-            device=args.device,
-            threads=args.threads,
-        )
+        plan_, results = run_plan(study, out=out, cache=cache, **execution_options(args))
     failed = [cell for cell, r in results.items() if r["status"] != "done"]
     with folder_lock(Path(out), f"--out {out}"):
         table, files = report.write_report(Path(out), plan_, results, wall_s=time.perf_counter() - started)
     print(table)
     print(f"report -> {out}/ ({', '.join(sorted(files))})")
     if failed:
-        print(
-            f"error: {len(failed)} of {len(results)} cells failed: {', '.join(failed[:5])}"
-            f"{', ...' if len(failed) > 5 else ''} (logs: {out}/logs)",
-            file=sys.stderr,
-        )
+        print(failed_cells(failed, f"of {len(results)} cells failed", f"logs: {out}/logs"), file=sys.stderr)
         return 1
     return 0
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from unlearn_plugins.stages import DONE, Stages, digest
-from unlearn_plugins.study.cells import STUDY_FORMAT, CellPlan, Plan, Stage, base_model, component_revisions, run_stage
+from unlearn_plugins.study.cells import STUDY_FORMAT, CellPlan, Plan, Stage, base_model, run_stage
 from unlearn_plugins.study.spec import Study, expand
 
 from . import source as movielens
@@ -54,6 +54,8 @@ def plan_movielens_study(
 ) -> Plan:
     """Every cell of a MovieLens study with its stages and their cache folders. A real run builds
     the base model (``tiny-llama``) and the benchmark here; a dry run writes nothing."""
+    from unlearn_plugins.study.cells import cache_folder, method_run, unlearn_key, unlearn_stage
+
     stream = stream or sys.stderr
     if problem := movielens.too_many_users(study.movielens.users, study.movielens.movielens_dir):
         from unlearn_plugins.errors import UnlearnError
@@ -76,7 +78,7 @@ def plan_movielens_study(
     model = study.model  # as given (alias, folder or hub id): the recipes resolve it
 
     def folder(kind: str, name: str, key: str) -> str:
-        return str(cache / f"{kind}-{name.replace('/', '-')}-{key}")
+        return cache_folder(cache, kind, name, key)
 
     def evaluate(label: str, name: str, key: str, reference: str | None, **where) -> Stage:
         return Stage(
@@ -171,33 +173,18 @@ def plan_movielens_study(
             stage = evaluate("evaluate the target model", "target", key, reference, model=plan.models["target"])
             plan.cells[cell.id] = CellPlan(cell, [stage], result=stage.folder)
         elif cell.kind == "method":
-            method = study.method(cell.method)
             # (the initializer keeps its own seed: a MovieLens study's runs are the demo's)
-            config = {**method.config, "seed": cell.seed}
-            no_retain = method.settings.get("retain") is False
-            run_key = digest(
-                STUDY_FORMAT,
-                "rec-unlearn",
-                model_keys["target"],
-                content["train_forget"],
-                *([] if no_retain else [content["train_retain"]]),
-                config,
-                *(["no-retain"] if no_retain else []),
-                *([revisions] if (revisions := component_revisions(config)) else []),
+            method, config, no_retain = method_run(study, cell)
+            parts = [content["train_forget"], *([] if no_retain else [content["train_retain"]])]
+            run_key = unlearn_key(
+                "rec-unlearn", model_keys["target"], parts, config, *(["no-retain"] if no_retain else [])
             )
             run_folder = folder("recrun", f"{method.name}-seed{cell.seed}", run_key)
-            unlearn = Stage(
-                f"unlearn: {cell.label}",
-                run_folder,
-                "unlearn",
-                {
-                    "config": config,
-                    "model": plan.models["target"],
-                    "forget": _part(bench_dir, "train_forget"),
-                    "retain": None if no_retain else _part(bench_dir, "train_retain"),
-                    "device": device,
-                },
-            )
+            data = {
+                "forget": _part(bench_dir, "train_forget"),
+                "retain": None if no_retain else _part(bench_dir, "train_retain"),
+            }
+            unlearn = unlearn_stage(cell, run_folder, config, plan.models["target"], data, device)
             key = digest(STUDY_FORMAT, "rec-eval", run_key, ref_key, bench["key"], eval_settings)
             stage = evaluate(
                 f"evaluate: {cell.label}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from unlearn_plugins.study.cud import split_unlearn
+from unlearn_plugins.study.cud import scorer
 
 
 def build_cud_users(tmp: Path, p: dict) -> None:
@@ -17,33 +17,14 @@ def build_cud_users(tmp: Path, p: dict) -> None:
     and write the CUD-easy and CUD-hard users into ``tmp``."""
     from unlearn_plugins.files import write_json, write_jsonl
     from unlearn_plugins.models import load_model
-    from unlearn_plugins.scorers.cud import CUDScorer
     from unlearn_plugins.scoring import score_samples
     from unlearn_plugins.stratify import group_scores, metadata_path, stratify_groups, write_split
 
     from ..benchmark import load_part, part_path
 
     bench = p["bench"]
-    options = dict(p["scorer"])
-    shared, by_objective = split_unlearn(p["unlearn"])
-    unlearn = {
-        **shared,
-        "retain": str(part_path(bench, "anchor_retain")),
-        "max_length": p["max_length"],
-        "save_steps": 0,
-    }
-    cud = CUDScorer(
-        anchor_data=load_part(bench, "anchor_pool"),
-        objectives=options.pop("objectives"),
-        seeds=options.pop("seeds"),
-        model_spec=p["model"],
-        unlearn_options=unlearn,
-        unlearn_by_objective=by_objective or None,
-        max_length=p["max_length"],
-        answer_tokens=1,  # the Yes/No token
-        progress=True,
-        **options,
-    )
+    anchor = (load_part(bench, "anchor_pool"), str(part_path(bench, "anchor_retain")))
+    cud = scorer(p, anchor, answer_tokens=1)  # the EAP-IG metric on the Yes/No token
     samples = load_part(bench, "train_forget")
     model, tok = load_model(p["model"], device=p["device"])
     rows = score_samples(cud, samples, model=model, tokenizer=tok, scorer_name="cud")
