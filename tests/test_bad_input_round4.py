@@ -330,13 +330,13 @@ def test_9_a_misspelt_disabled_plugin_is_said(capsys, monkeypatch):
 
 
 def test_9_a_disabled_task_folder_is_named_by_unknown_tasks(capsys, monkeypatch, tiny_model_dir, tmp_path):
-    monkeypatch.setenv("UNLEARN_DISABLE_PLUGINS", "builtin-tasks")
+    monkeypatch.setenv("UNLEARN_DISABLE_PLUGINS", "builtin-tofu")
     code, _, err = cli(capsys, "eval", "--model", tiny_model_dir, "--tasks", "tofu_forget01_truth_ratio", "--limit",
                        "1", "--device", "cpu", "--out", tmp_path / "o")  # fmt: skip
     assert code == 1
     line = error_line(err)
     assert line.startswith("error: unknown lm-eval task(s): tofu_forget01_truth_ratio. ")
-    assert line.endswith("; not loaded: plugin 'builtin-tasks' (built-in) is disabled by UNLEARN_DISABLE_PLUGINS")
+    assert line.endswith("; not loaded: plugin 'builtin-tofu' (built-in) is disabled by UNLEARN_DISABLE_PLUGINS")
 
 
 # ----------------------------------------------------------------------------- unlearn-lm-eval --model hf-prefix

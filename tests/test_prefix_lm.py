@@ -188,19 +188,22 @@ def test_lm_eval_cli_runs_the_tofu_tasks_with_hf_prefix(tiny_model_dir, tofu_dir
 
 
 def test_lm_eval_simple_evaluate_with_hf_prefix_gives_our_numbers(tiny_model_dir, tofu_dir):
-    """lm-eval's own entry, ``simple_evaluate(model="hf-prefix")`` with the task folder as its
+    """lm-eval's own entry, ``simple_evaluate(model="hf-prefix")`` with TOFU's task folder as its
     TaskManager's include_path (the class registered by importing prefix_lm), gives the numbers
     of ``evaluate_model(scoring="prefix")``: the same requests, the same class."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     import unlearn_plugins.evaluation.prefix_lm  # noqa: F401  (registers hf-prefix)
-    from unlearn_plugins.evaluation.lm_eval_runner import builtin_task_dir, evaluate_model
+    from unlearn_plugins.evaluation.lm_eval_runner import evaluate_model
+    from unlearn_plugins.host import get_component
+    from unlearn_plugins.interfaces import LM_EVAL_TASK_DIR
 
     tasks = ["tofu_forget01_prob", "tofu_forget01_truth_ratio", "tofu_retain_truth_ratio"]
     ours = evaluate_model(str(tiny_model_dir), tasks, limit=3, batch_size=2, tofu_dir=str(tofu_dir))
     metadata = {"tofu_dir": str(tofu_dir), "tokenizer": str(tiny_model_dir)}  # as evaluate_model gives them
-    manager = TaskManager(include_path=str(builtin_task_dir()), metadata=metadata)
+    tofu_tasks = get_component(LM_EVAL_TASK_DIR, "tofu")  # TOFU's task folder, as `--print-tasks-dir tofu` prints it
+    manager = TaskManager(include_path=str(tofu_tasks), metadata=metadata)
     theirs = lm_eval.simple_evaluate(
         model="hf-prefix",
         model_args={"pretrained": str(tiny_model_dir), "softmax_dtype": "float32", "dtype": "float32"},

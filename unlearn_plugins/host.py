@@ -502,13 +502,15 @@ class PluginHost:
 
     def not_loaded(self, kind: str) -> str:
         """The plugins of ``kind`` that were not loaded (disabled or refused: built-ins of that
-        kind, every third-party one), as :meth:`get` appends them to an unknown name; "" when none."""
+        kind, every third-party one), as :meth:`get` appends them to an unknown name; "" when none.
+        A benchmark brings task folders too: it counts for ``lm_eval_task_dir``."""
         builtin = {e.name: e for e in self.registry}
+        kinds = {kind, BENCHMARK} if kind == LM_EVAL_TASK_DIR else {kind}
         notes = []
         for info in [*self.plugins.values(), *self.refused]:
             if not (info.disabled or info.errors):
                 continue
-            if info.source == "built-in" and (info.name not in builtin or builtin[info.name].kind != kind):
+            if info.source == "built-in" and (info.name not in builtin or builtin[info.name].kind not in kinds):
                 continue
             state = f"disabled by {info.disabled_by}" if info.disabled else f"refused ({info.errors[0]})"
             notes.append(f"plugin {info.name!r} ({info.source}) is {state}")
