@@ -77,17 +77,25 @@ class PeakSampler:
         return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)  # bytes on macOS, KiB on Linux
 
 
-def release_memory() -> None:
+def release_memory(*, between_stages: bool = False) -> None:
     """Hand the memory a finished stage freed back to the system. glibc keeps freed heap pages
     (torch's CPU tensors come from malloc), so a worker that had built a 3.4 GB stage stayed at
     2.7 GB through every later one, and each stage's peak started there (measured on the demo's
     fine-tune: 2.70 GB resident after it, 0.73 GB after malloc_trim). A no-op without glibc.
     On CUDA, torch's cached free blocks go back to the card too (for the next stage, or
-    another process on the same GPU)."""
+    another process on the same GPU).
+
+    ``between_stages``: no stage's objects are alive, so what survives the collection is what
+    the process keeps for good (imported libraries and their caches); it is moved out of the
+    collector's view (``gc.freeze``). Every later full collection, this one's and the Trainer's
+    at each training start, then scans only what was made since: with torch, transformers and
+    lm-eval imported, one scanned ~475k objects in 0.4-1.5 s."""
     import ctypes
     import gc
 
     gc.collect()
+    if between_stages:
+        gc.freeze()
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError, TypeError):  # not glibc (macOS, musl, Windows)

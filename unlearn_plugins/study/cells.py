@@ -893,7 +893,7 @@ def run_stage(
             return "waited"
         if stages.timings[label]["cached"]:
             return "cached"
-        release_memory()  # the next stage in this process starts from what this one left
+        release_memory(between_stages=True)  # the next stage in this process starts from what this one left
         return "built"
 
 
