@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support_training import run_cli
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.data.qa import DataWarning
@@ -29,12 +30,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def snapshot(root: Path) -> dict[str, bytes | None]:
     """Every path under ``root`` with its bytes (None for folders)."""
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def error_line(err: str) -> str:
@@ -87,29 +82,10 @@ def model_args(tiny_model_dir, tofu_dir):
 
 
 def run_args(tiny_model_dir, tofu_dir, out, *extra):
-    return [
-        "run",
-        *model_args(tiny_model_dir, tofu_dir),
-        "--forget",
-        "tofu:forget01[0:4]",
-        "--retain",
-        "tofu:retain99[0:8]",
-        "--max-length",
-        "64",
-        "--lora-r",
-        "2",
-        "--batch-size",
-        "2",
-        "--grad-accum",
-        "1",
-        "--max-steps",
-        "1",
-        "--save-steps",
-        "0",
-        "--out",
-        out,
-        *extra,
-    ]
+    """One step on 4 forget and 8 retain QA, LoRA r 2, no checkpoint."""
+    data = ["--forget", "tofu:forget01[0:4]", "--retain", "tofu:retain99[0:8]"]
+    sizes = ["--max-length", "64", "--lora-r", "2", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "1"]
+    return ["run", *model_args(tiny_model_dir, tofu_dir), *data, *sizes, "--save-steps", "0", "--out", out, *extra]
 
 
 # ----------------------------------------------------------------------------- item 1: numeric options
