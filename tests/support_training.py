@@ -1,7 +1,8 @@
 """What many tests share to train, score or launch on the tiny model: one small TOFU run as
-`unlearn run` flags and as a config, the `unlearn score` flags, a two-process launch, and the
-check that a residual init's saved adapter applies to the original base. One copy, so a change
-to the small run reaches every test that trains it."""
+`unlearn run` flags and as a config, a few QA to encode, the CLI's exit code and output, the
+`unlearn score` flags, a two-process launch, and the check that a residual init's saved adapter
+applies to the original base. One copy, so a change to the small run reaches every test that
+trains it."""
 
 from __future__ import annotations
 

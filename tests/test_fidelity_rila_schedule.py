@@ -97,9 +97,9 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
             used.append(optimizer.param_groups[0]["lr"])
 
     lr = 1e-3
-    data = {"forget": "tofu:forget01[0:10]", "retain": "tofu:retain99[0:10]", "objective": "grad_diff"}
+    run = {"forget": "tofu:forget01[0:10]", "retain": "tofu:retain99[0:10]", "objective": "grad_diff"}
     schedule = {"lr": lr, "lr_scheduler": "linear", "warmup_epochs": 1.0, "epochs": 2, "save_steps": 0}
-    options = {"device": "cpu", "lora_alpha": 8, "grad_accum": 2, **data, **schedule}
+    options = {"device": "cpu", "lora_alpha": 8, "grad_accum": 2, **run, **schedule}
     config = small_config(tmp_path / "run", tiny_model_dir, tofu_dir, **options)
     result = run_unlearning(config, callbacks=[LrOfEachStep()])
     # 10 examples / batch 2 = 5 batches = 3 optimizer steps per epoch (2 + 2 + 1): T = 6, warmup W = 3
