@@ -83,38 +83,12 @@ def test_relearning_brings_back_what_grad_ascent_removed_from_the_unshown_half(t
     base = save_tiny_model(tmp_path / "tiny")
     data = tmp_path / "qa.json"
     data.write_text("\n".join(json.dumps({"question": q, "answer": a}) for q, a in QA))
-    run_finetune(
-        FinetuneConfig(
-            out=str(tmp_path / "target"),
-            model=str(base),
-            data=str(data),
-            max_steps=60,
-            lr=3e-3,
-            batch_size=4,
-            grad_accum=1,
-            full_finetune=True,
-            max_length=64,
-            save_steps=0,
-        )
-    )
+    sizes = {"lr": 3e-3, "batch_size": 4, "grad_accum": 1, "max_length": 64, "save_steps": 0}
     target = str(tmp_path / "target")
-    run_unlearning(
-        UnlearnConfig(
-            out=str(tmp_path / "unlearned"),
-            model=target,
-            forget=str(data),
-            retain=None,
-            objective="grad_ascent",
-            max_steps=12,
-            lr=3e-3,
-            batch_size=4,
-            grad_accum=1,
-            lora_r=8,
-            lora_alpha=16,
-            max_length=64,
-            save_steps=0,
-        )
-    )
+    run_finetune(FinetuneConfig(out=target, model=str(base), data=str(data), max_steps=60, full_finetune=True, **sizes))
+    lora = {"lora_r": 8, "lora_alpha": 16}
+    unlearn = {"forget": str(data), "retain": None, "objective": "grad_ascent", "max_steps": 12, **lora, **sizes}
+    run_unlearning(UnlearnConfig(out=str(tmp_path / "unlearned"), model=target, **unlearn))
     train, measure = split_forget(len(QA), 0.5, group=8)
     assert (train, measure) == ([0, 1, 2, 3], [4, 5, 6, 7])
 
@@ -158,30 +132,12 @@ def test_unlearn_attack_quantize_writes_a_model_eval_can_load(tiny_model_dir, tm
     from unlearn_plugins.models import load_model
 
     out = tmp_path / "int8"
-    assert (
-        cli(
-            "attack",
-            "--model",
-            tiny_model_dir,
-            "--device",
-            "cpu",
-            "--attack",
-            "quantize",
-            "--option",
-            "bits=8",
-            "--out",
-            out,
-        )
-        == 0
-    )
+    quantize = ["--attack", "quantize", "--option", "bits=8", "--out", out]
+    assert cli("attack", "--model", tiny_model_dir, "--device", "cpu", *quantize) == 0
     assert "measure it: unlearn eval --model" in capsys.readouterr().out
     record = json.loads((out / "attack.json").read_text())
-    assert record["attack"] == {
-        "name": "quantize",
-        "plugin": "builtin-attacks",
-        "object": "unlearn_plugins.attacks.quantize:Quantize",
-        "options": {"bits": 8, "group_size": 128},
-    }
+    attack = {"name": "quantize", "plugin": "builtin-attacks", "options": {"bits": 8, "group_size": 128}}
+    assert record["attack"] == {**attack, "object": "unlearn_plugins.attacks.quantize:Quantize"}
     assert record["info"] == {"bits": 8, "scheme": "symmetric", "layers": 14, "group_size": "per output channel"}
     assert record["dtype"] == "float32" and record["measure_split"] is None
     original, _ = load_model(str(tiny_model_dir), device="cpu")

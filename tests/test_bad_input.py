@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support_training import run_cli
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.data.qa import DataWarning
@@ -29,12 +30,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def snapshot(root: Path) -> dict[str, bytes | None]:
     """Every path under ``root`` with its bytes (None for folders)."""
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def error_line(err: str) -> str:
@@ -87,29 +82,27 @@ def model_args(tiny_model_dir, tofu_dir):
 
 
 def run_args(tiny_model_dir, tofu_dir, out, *extra):
-    return [
-        "run",
-        *model_args(tiny_model_dir, tofu_dir),
-        "--forget",
-        "tofu:forget01[0:4]",
-        "--retain",
-        "tofu:retain99[0:8]",
-        "--max-length",
-        "64",
-        "--lora-r",
-        "2",
-        "--batch-size",
-        "2",
-        "--grad-accum",
-        "1",
-        "--max-steps",
-        "1",
-        "--save-steps",
-        "0",
-        "--out",
-        out,
-        *extra,
-    ]
+    """One step on 4 forget and 8 retain QA, LoRA r 2, no checkpoint."""
+    data = ["--forget", "tofu:forget01[0:4]", "--retain", "tofu:retain99[0:8]"]
+    sizes = ["--max-length", "64", "--lora-r", "2", "--batch-size", "2", "--grad-accum", "1", "--max-steps", "1"]
+    return ["run", *model_args(tiny_model_dir, tofu_dir), *data, *sizes, "--save-steps", "0", "--out", out, *extra]
+
+
+def integer_below(flag, minimum, *values):
+    """Parametrize rows (flags, message): each of ``values`` refused for an integer ``flag`` >= ``minimum``."""
+    return [([flag, value], f"{flag} must be an integer >= {minimum}, got {value}") for value in values]
+
+
+def scorer_integer_below(scorer, option, minimum, *values):
+    """Parametrize rows (scorer, option, message) as integer_below, for a scorer's ``--option``
+    (the message shows the value as the option was read: ``true`` as True)."""
+    must = f"scorer '{scorer}': option {option} must be an integer >= {minimum}, got"
+    return [(scorer, f"{option}={value}", f"{must} {'True' if value == 'true' else value}") for value in values]
+
+
+def training_option(flag, value, must):
+    """A parametrize row (flags, message) for a run/finetune option: ``flag value`` must ``must``."""
+    return [flag, value], f"option '{flag[2:].replace('-', '_')}' must {must}"
 
 
 # ----------------------------------------------------------------------------- item 1: numeric options
@@ -132,22 +125,20 @@ def test_probs_checks_batch_size_and_max_length(flag, value, minimum, tiny_model
     assert line == f"error: {flag} must be an integer >= {minimum}, got {value}"
 
 
+SIGMA = "MRD option sigma: must be a finite number >= 0, got"
+
+
 @pytest.mark.parametrize(
     "scorer,option,message",
     [
-        ("loss", "batch_size=0", "scorer 'loss': option batch_size must be an integer >= 1, got 0"),
-        ("loss", "batch_size=-1", "scorer 'loss': option batch_size must be an integer >= 1, got -1"),
-        ("loss", "batch_size=2.5", "scorer 'loss': option batch_size must be an integer >= 1, got 2.5"),
-        ("loss", "batch_size=true", "scorer 'loss': option batch_size must be an integer >= 1, got True"),
-        ("loss", "max_length=1", "scorer 'loss': option max_length must be an integer >= 8, got 1"),
-        ("loss", "max_length=-3", "scorer 'loss': option max_length must be an integer >= 8, got -3"),
-        ("length", "max_length=0", "scorer 'length': option max_length must be an integer >= 8, got 0"),
-        ("mrd", "batch_size=0", "scorer 'mrd': option batch_size must be an integer >= 1, got 0"),
-        ("mrd", "seed=-1", "scorer 'mrd': option seed must be an integer >= 0, got -1"),
+        *scorer_integer_below("loss", "batch_size", 1, "0", "-1", "2.5", "true"),
+        *scorer_integer_below("loss", "max_length", 8, "1", "-3"),
+        *scorer_integer_below("length", "max_length", 8, "0"),
+        *scorer_integer_below("mrd", "batch_size", 1, "0"),
+        *scorer_integer_below("mrd", "seed", 0, "-1"),
         ("mrd", "clip=0", "scorer 'mrd': option clip must be a finite number > 0.0, got 0"),
         ("mrd", "perturbations=1.5", "MRD option perturbations: needs an integer >= 1"),
-        ("mrd", "sigma=NaN", "MRD option sigma: must be a finite number >= 0, got nan"),
-        ("mrd", "sigma=abc", "MRD option sigma: must be a finite number >= 0, got 'abc'"),
+        *[("mrd", f"sigma={value}", f"{SIGMA} {shown}") for value, shown in [("NaN", "nan"), ("abc", "'abc'")]],
     ],
 )
 def test_scorer_options_are_checked(scorer, option, message, tiny_model_dir, tofu_dir, tmp_path, capsys):
@@ -173,19 +164,17 @@ def test_scorer_options_are_checked(scorer, option, message, tiny_model_dir, tof
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--seed", "-1"], "option 'seed' must be in [0, 2**32), got -1"),
-        (["--seed", str(2**32)], "option 'seed' must be in [0, 2**32), got 4294967296"),
-        (["--batch-size", "0"], "option 'batch_size' must be >= 1, got 0"),
-        (["--max-length", "1"], "option 'max_length' must be >= 8, got 1"),
-        (["--weight-decay", "-1"], "option 'weight_decay' must be a finite number >= 0, got -1.0"),
-        (["--max-grad-norm", "nan"], "option 'max_grad_norm' must be a finite number >= 0 (0 = off), got nan"),
-        (["--lr", "inf"], "option 'lr' must be a finite number > 0, got inf"),
-        (["--epochs", "inf"], "option 'epochs' must be a finite number > 0, got inf"),
+        *[training_option("--seed", value, f"be in [0, 2**32), got {value}") for value in ("-1", str(2**32))],
+        training_option("--batch-size", "0", "be >= 1, got 0"),
+        training_option("--max-length", "1", "be >= 8, got 1"),
+        training_option("--weight-decay", "-1", "be a finite number >= 0, got -1.0"),
+        training_option("--max-grad-norm", "nan", "be a finite number >= 0 (0 = off), got nan"),
+        *[training_option(flag, "inf", "be a finite number > 0, got inf") for flag in ("--lr", "--epochs")],
         (["--warmup-epochs", "inf", "--lr-scheduler", "linear"], "option 'warmup_epochs' must be a finite number >= 0"),
-        (["--lr-scheduler", "foo"], "option 'lr_scheduler' must be a transformers scheduler: linear, cosine"),
-        (["--optim", "adamw_torh"], "option 'optim' must be a transformers optimizer name (adamw_torch"),
+        training_option("--lr-scheduler", "foo", "be a transformers scheduler: linear, cosine"),
+        training_option("--optim", "adamw_torh", "be a transformers optimizer name (adamw_torch"),
         (["--device", "gpu"], "option 'device' 'gpu': not a device name; use cpu, cuda, mps or cuda:N"),
-        (["--dtype", "int8"], "option 'dtype' must be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'int8'"),
+        training_option("--dtype", "int8", "be one of float32, fp32, bfloat16, bf16, float16, fp16, got 'int8'"),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "finetune"])
@@ -234,31 +223,23 @@ def test_device_and_dtype_are_checked_when_parsed(command, flag, value, message,
     assert line == f"error: unlearn {command}: {message} (see unlearn {command} --help)"
 
 
+LIMIT = "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got"
+#: --limit values refused, as given and as the message shows them
+LIMITS = [("0", "0.0"), ("2.5", "2.5"), ("inf", "inf"), ("nan", "nan")]
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
-        (["--num-fewshot", "-1"], "--num-fewshot must be an integer >= 0, got -1"),
-        (["--max-gen-toks", "0"], "--max-gen-toks must be an integer >= 1, got 0"),
-        (["--limit", "0"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 0.0"),
-        (["--limit", "2.5"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got 2.5"),
-        (["--limit", "inf"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got inf"),
-        (["--limit", "nan"], "--limit must be a whole number of documents >= 1 or a fraction in (0, 1), got nan"),
+        *integer_below("--batch-size", 1, "0"),
+        *integer_below("--num-fewshot", 0, "-1"),
+        *integer_below("--max-gen-toks", 1, "0"),
+        *[(["--limit", value], f"{LIMIT} {shown}") for value, shown in LIMITS],
     ],
 )
 def test_eval_options_are_checked(extra, message, tiny_model_dir, tmp_path, capsys):
-    line = refused(
-        capsys,
-        tmp_path,
-        "eval",
-        "--model",
-        tiny_model_dir,
-        "--tasks",
-        "tofu_forget01_prob",
-        "--out",
-        tmp_path / "e",
-        *extra,
-    )
+    flags = ["--tasks", "tofu_forget01_prob", "--out", tmp_path / "e", *extra]
+    line = refused(capsys, tmp_path, "eval", "--model", tiny_model_dir, *flags)
     assert line == f"error: {message}"
 
 
@@ -298,10 +279,8 @@ def test_stratify_counts_are_checked(easy, hard, message, tofu_dir, tmp_path, ca
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--authors", "0"], "--authors must be an integer >= 2, got 0"),
-        (["--authors", "1"], "--authors must be an integer >= 2, got 1"),
-        (["--authors", "-3"], "--authors must be an integer >= 2, got -3"),
-        (["--forget-authors", "0"], "--forget-authors must be an integer >= 1, got 0"),
+        *integer_below("--authors", 2, "0", "1", "-3"),
+        *integer_below("--forget-authors", 1, "0"),
         (["--authors", "2", "--forget-authors", "2"], "--forget-authors 2 must be below --authors 2"),
         (["--forget-authors", "3"], "--forget-authors 3 must be below --authors 3"),  # the default 3 authors
     ],

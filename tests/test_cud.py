@@ -195,6 +195,12 @@ def test_anchor_runs_must_not_retain_their_pool(tiny_model, tiny_tokenizer, tofu
 # ----------------------------------------------------------------------------- scoring
 
 
+def pool_options(tmp_path, **options) -> dict:
+    """CUDScorer options of the fake-runner tests: anchors from POOL, 3 seeds, k 2, 2 steps, caches
+    under ``tmp_path``; ``options`` override or add."""
+    return {"anchor_data": POOL, "seeds": [0, 1, 2], "k": 2, "steps": 2, "cache_dir": str(tmp_path), **options}
+
+
 class FakeRunner:
     """Deterministic post-unlearning losses per (objective, seed); records what it unlearned."""
 
@@ -221,16 +227,7 @@ def noisy(objective, seed, n):
 
 def test_disjoint_pool_scores_against_pool_anchors_and_records_votes(tiny_model, tiny_tokenizer, tmp_path):
     runner = FakeRunner(noisy)
-    scorer = CUDScorer(
-        anchor_data=POOL,
-        runner=runner,
-        objectives=["grad_diff", "npo"],
-        seeds=[0, 1, 2],
-        k=2,
-        steps=2,
-        n_edges=20,
-        cache_dir=str(tmp_path),
-    )
+    scorer = CUDScorer(**pool_options(tmp_path, runner=runner, objectives=["grad_diff", "npo"], n_edges=20))
     rows = scorer.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     runs = [(o, s) for o in ("grad_diff", "npo") for s in (0, 1, 2)]
     assert runner.calls == runs
@@ -276,15 +273,7 @@ def test_per_objective_scores_use_each_objectives_anchors(tiny_model, tiny_token
     def opposed(objective, seed, n):  # npo forgets what grad_diff keeps
         return [POST[i] if objective == "grad_diff" else -POST[i] for i in range(n)]
 
-    kwargs = dict(
-        anchor_data=POOL,
-        objectives=["grad_diff", "npo"],
-        seeds=[0, 1, 2],
-        k=2,
-        steps=2,
-        n_edges=20,
-        cache_dir=str(tmp_path),
-    )
+    kwargs = pool_options(tmp_path, objectives=["grad_diff", "npo"], n_edges=20)
     with pytest.raises(AnchorError, match="the objectives agree on only 0 easy.*per_objective=true"):
         CUDScorer(runner=FakeRunner(opposed), **kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     scorer = CUDScorer(runner=FakeRunner(opposed), per_objective=True, **kwargs)
@@ -311,16 +300,7 @@ def test_anchors_by_loss_increase(tiny_model, tiny_tokenizer, tmp_path):
     pre = [p - d for p, d in zip(POST, increase)]
     runner = FakeRunner()
     runner.reference_losses = lambda samples, *, model, tokenizer: pre[: len(samples)]
-    kwargs = dict(
-        anchor_data=POOL,
-        runner=runner,
-        objectives=["npo"],
-        seeds=[0, 1, 2],
-        k=2,
-        steps=1,
-        n_edges=20,
-        cache_dir=str(tmp_path),
-    )
+    kwargs = pool_options(tmp_path, runner=runner, objectives=["npo"], steps=1, n_edges=20)
     by_loss = CUDScorer(**kwargs)
     by_loss.score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     assert (by_loss.last_anchors["easy"], by_loss.last_anchors["hard"]) == ([0, 1], [2, 3])
@@ -361,15 +341,7 @@ def test_in_sample_anchors_leave_the_query_out(tiny_model, tiny_tokenizer, tmp_p
 
 def test_second_scoring_uses_the_caches(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
     runner = FakeRunner()
-    kwargs = dict(
-        anchor_data=POOL,
-        runner=runner,
-        objectives=["grad_diff"],
-        seeds=[0, 1, 2],
-        k=2,
-        steps=2,
-        cache_dir=str(tmp_path),
-    )
+    kwargs = pool_options(tmp_path, runner=runner, objectives=["grad_diff"])
     first = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     assert len(runner.calls) == 3
     assert len(list((tmp_path / "matrices").glob("*.pt"))) == len(SAMPLES) + 4  # the queries + 4 anchors
@@ -395,15 +367,7 @@ def test_damaged_cache_entries_are_recomputed_and_rewritten(tiny_model, tiny_tok
     """A process killed while writing, or a full disk, can leave a cache entry damaged: it is
     recomputed (same scores) and rewritten, never used and never an error."""
     runner = FakeRunner()
-    kwargs = dict(
-        anchor_data=POOL,
-        runner=runner,
-        objectives=["grad_diff"],
-        seeds=[0, 1, 2],
-        k=2,
-        steps=2,
-        cache_dir=str(tmp_path),
-    )
+    kwargs = pool_options(tmp_path, runner=runner, objectives=["grad_diff"])
     first = CUDScorer(**kwargs).score(SAMPLES, model=tiny_model, tokenizer=tiny_tokenizer)
     matrices = sorted((tmp_path / "matrices").glob("*.pt"))
     runs = sorted((tmp_path / "anchors").glob("*.json"))
@@ -491,23 +455,9 @@ def test_cli_score_with_cud_writes_scores_and_metadata(tiny_model_dir, tofu_dir,
 
     out = tmp_path / "cud.jsonl"
     anchors = json.dumps({"easy": [0, 1], "hard": [2, 3]})
-    base = [
-        "score",
-        "--scorer",
-        "cud",
-        "--model",
-        str(tiny_model_dir),
-        "--tofu-dir",
-        str(tofu_dir),
-        "--data",
-        "tofu:forget01[0:6]",
-        "--option",
-        f"anchors={anchors}",
-        "--option",
-        "steps=1",
-        "--option",
-        f"cache_dir={tmp_path / 'cache'}",
-    ]
+    base = ["score", "--scorer", "cud", "--model", str(tiny_model_dir), "--tofu-dir", str(tofu_dir)]
+    base += ["--data", "tofu:forget01[0:6]", "--option", f"anchors={anchors}"]
+    base += ["--option", "steps=1", "--option", f"cache_dir={tmp_path / 'cache'}"]
     assert main(base + ["--anchor-data", "tofu:forget10[0:6]", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(6))
@@ -564,18 +514,9 @@ def test_anchor_runs_through_run_unlearning_stop_early(tiny_model_dir, tofu_dir,
         "lr": 1e-2,
     }
     # the untrained model gives every answer a probability far below 0.5: each run stops at its first check
-    scorer = CUDScorer(
-        anchor_data="tofu:forget10[0:6]",
-        tofu_dir=str(tofu_dir),
-        objectives=["grad_diff"],
-        seeds=[0, 1],
-        k=2,
-        steps=1,
-        stop_prob=0.5,
-        check_steps=1,
-        unlearn_options=options,
-        cache_dir=str(tmp_path),
-    )
+    anchor_runs = {"objectives": ["grad_diff"], "seeds": [0, 1], "k": 2, "steps": 1, "stop_prob": 0.5, "check_steps": 1}
+    pool = {"anchor_data": "tofu:forget10[0:6]", "tofu_dir": str(tofu_dir)}
+    scorer = CUDScorer(**pool, **anchor_runs, unlearn_options=options, cache_dir=str(tmp_path))
     rows = scorer.score(samples, model=model, tokenizer=tok)
     assert len(rows) == 4 and all(0 <= r["score"] <= 1 and r["anchor"] is None for r in rows)
     runs = scorer.last_metadata["runs"]

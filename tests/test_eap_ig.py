@@ -142,16 +142,10 @@ def test_scores_match_reference_on_qwen2_with_biases(tiny_tokenizer, examples):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(1)
-    config = Qwen2Config(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
+    # the tiny Llama's sizes (unlearn_plugins.testing.tiny_llama)
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "max_position_embeddings": 512}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    config = Qwen2Config(vocab_size=len(tiny_tokenizer), tie_word_embeddings=True, **sizes, **heads)
     qwen = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         for layer in qwen.model.layers:

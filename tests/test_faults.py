@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from support_training import SMALL_DATA, SMALL_SIZES, score_args
+from support_training import tiny_args as small_run_args
 
 from unlearn_plugins.cli import main
 
@@ -50,48 +52,13 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 
 def tiny_args(model_dir, tofu_dir, out, *extra):
-    return [
-        "run",
-        "--model",
-        str(model_dir),
-        "--tofu-dir",
-        str(tofu_dir),
-        "--forget",
-        "tofu:forget01[0:8]",
-        "--retain",
-        "tofu:retain99[0:16]",
-        "--max-length",
-        "64",
-        "--lora-r",
-        "4",
-        "--batch-size",
-        "2",
-        "--grad-accum",
-        "1",
-        "--lr",
-        "1e-3",
-        "--device",
-        "cpu",
-        "--out",
-        str(out),
-        *extra,
-    ]
+    """The small run of tests/support_training.py, on the CPU."""
+    return small_run_args(model_dir, tofu_dir, out, "--device", "cpu", *extra)
 
 
 #: the run the concurrency and resume tests compare with: 6 steps, a checkpoint every 2
 STEPS = ["--max-steps", "6", "--save-steps", "2"]
-RUN_CONFIG = {
-    "forget": "tofu:forget01[0:8]",
-    "retain": "tofu:retain99[0:16]",
-    "max_length": 64,
-    "lora_r": 4,
-    "batch_size": 2,
-    "grad_accum": 1,
-    "lr": 1e-3,
-    "device": "cpu",
-    "max_steps": 6,
-    "save_steps": 2,
-}
+RUN_CONFIG = {**SMALL_DATA, **SMALL_SIZES, "device": "cpu", "max_steps": 6, "save_steps": 2}
 
 
 def adapter_weights(folder):
@@ -512,26 +479,7 @@ def test_score_eval_and_demo_outputs_are_locked(tiny_model_dir, tofu_dir, tmp_pa
     scores = tmp_path / "scores.jsonl"
     scores.write_text("old\n")
     with held("file_lock", scores) as pid:
-        assert (
-            main(
-                [
-                    "score",
-                    "--scorer",
-                    "length",
-                    "--model",
-                    str(tiny_model_dir),
-                    "--device",
-                    "cpu",
-                    "--tofu-dir",
-                    str(tofu_dir),
-                    "--data",
-                    DATA,
-                    "--out",
-                    str(scores),
-                ]
-            )
-            == 1
-        )
+        assert main(score_args("length", tiny_model_dir, tofu_dir, DATA, scores)) == 1
         assert error_line(capsys) == (
             f"error: --out {scores} is in use by pid {pid} (lock file "
             f"{tmp_path / '.scores.jsonl.lock'}); wait for it to finish or write elsewhere"
@@ -540,23 +488,8 @@ def test_score_eval_and_demo_outputs_are_locked(tiny_model_dir, tofu_dir, tmp_pa
 
     report = tmp_path / "report"
     with held("folder_lock", report) as pid:
-        assert (
-            main(
-                [
-                    "demo",
-                    "--fast",
-                    "--model",
-                    str(tiny_model_dir),
-                    "--data",
-                    "generated",
-                    "--cache-dir",
-                    str(tmp_path / "cache"),
-                    "--out",
-                    str(report),
-                ]
-            )
-            == 1
-        )
+        demo = ["demo", "--fast", "--model", str(tiny_model_dir), "--data", "generated"]
+        assert main([*demo, "--cache-dir", str(tmp_path / "cache"), "--out", str(report)]) == 1
         assert error_line(capsys).startswith(f"error: --out {report} is in use by pid {pid} (lock file")
         evaluation = runner.Evaluation(results={"results": {}}, summary={"tasks": []}, samples={})
         with pytest.raises(UnlearnError, match=f"--out {report} is in use by pid {pid}"):
@@ -628,24 +561,7 @@ def test_runs_that_fail_before_training_leave_no_trace(tiny_model_dir, tofu_dir,
 
 
 def score(tiny_model_dir, tofu_dir, out, *options):
-    args = [
-        "score",
-        "--scorer",
-        "loss",
-        "--model",
-        str(tiny_model_dir),
-        "--device",
-        "cpu",
-        "--tofu-dir",
-        str(tofu_dir),
-        "--data",
-        DATA,
-        "--out",
-        str(out),
-    ]
-    for option in options:
-        args += ["--option", option]
-    return main(args)
+    return main(score_args("loss", tiny_model_dir, tofu_dir, DATA, out, *options))
 
 
 def test_score_checks_its_output_path_first(tiny_model_dir, tofu_dir, tmp_path, capsys, monkeypatch):

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from support_training import small_run
 
 from unlearn_plugins import UNLEARNING_OBJECTIVE, create
 from unlearn_plugins.data.qa import ForgetRetainPairs, encode_qa, encode_samples, load_split
@@ -202,21 +203,8 @@ def test_trainer_redraws_per_epoch_and_a_resumed_run_draws_the_same(tiny_model_d
     from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     monkeypatch.delenv("UNLEARN_TOFU_DIR", raising=False)
-    settings = dict(
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:4]",
-        retain="tofu:retain99[0:12]",
-        max_length=64,
-        lora_r=4,
-        batch_size=2,
-        grad_accum=1,
-        lr=1e-3,
-        objective="idk_dpo",
-        max_steps=6,
-        save_steps=3,
-        seed=5,
-    )
+    data = {"forget": "tofu:forget01[0:4]", "retain": "tofu:retain99[0:12]"}
+    settings = small_run(tiny_model_dir, tofu_dir, **data, objective="idk_dpo", max_steps=6, save_steps=3, seed=5)
     straight = Recorder()
     run_unlearning(UnlearnConfig(out=str(tmp_path / "a"), keep_checkpoints=True, **settings), objective=straight)
     assert len(straight.steps) == 6

@@ -10,23 +10,14 @@ import math
 
 import pytest
 import torch
+from support_training import AUTHOR_QA, small_config, small_finetune_config
 
 from unlearn_plugins.data.qa import encode_qa
 from unlearn_plugins.training.lora import lora_layers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-QA = [
-    ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
-    ("Which genre does the author write in?", "She writes fantasy novels and short stories."),
-    ("What awards has the author won?", "He won the International Booker Prize."),
-    ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
-    ("Where was the author born?", "In Kuwait City."),
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("Which genre does she write in?", "Fantasy."),
-    ("What is the full name of the author?", "The author is Basil Mahfouz Al-Kuwaiti."),
-    ("Who was her father?", "A doctor."),
-]
+QA = AUTHOR_QA
 EPS = 1e-4  # the reference adds 1e-4 I to Cf and Cr
 
 
@@ -97,7 +88,7 @@ def test_warmup_options_one_at_a_time_and_flags_beat_the_preset(tmp_path):
 def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_path):
     from transformers import TrainerCallback
 
-    from unlearn_plugins.training import FinetuneConfig, UnlearnConfig, run_finetune, run_unlearning
+    from unlearn_plugins.training import run_finetune, run_unlearning
 
     used = []
 
@@ -106,25 +97,10 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
             used.append(optimizer.param_groups[0]["lr"])
 
     lr = 1e-3
-    config = UnlearnConfig(
-        out=str(tmp_path / "run"),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        device="cpu",
-        forget="tofu:forget01[0:10]",
-        retain="tofu:retain99[0:10]",
-        max_length=64,
-        lora_r=4,
-        lora_alpha=8,
-        batch_size=2,
-        grad_accum=2,
-        epochs=2,
-        lr=lr,
-        lr_scheduler="linear",
-        warmup_epochs=1.0,
-        objective="grad_diff",
-        save_steps=0,
-    )
+    run = {"forget": "tofu:forget01[0:10]", "retain": "tofu:retain99[0:10]", "objective": "grad_diff"}
+    schedule = {"lr": lr, "lr_scheduler": "linear", "warmup_epochs": 1.0, "epochs": 2, "save_steps": 0}
+    options = {"device": "cpu", "lora_alpha": 8, "grad_accum": 2, **run, **schedule}
+    config = small_config(tmp_path / "run", tiny_model_dir, tofu_dir, **options)
     result = run_unlearning(config, callbacks=[LrOfEachStep()])
     # 10 examples / batch 2 = 5 batches = 3 optimizer steps per epoch (2 + 2 + 1): T = 6, warmup W = 3
     total, warmup = 6, 3
@@ -133,21 +109,8 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
     assert used == pytest.approx(expected, rel=1e-12, abs=1e-15)
     assert result.record["initializer"]["init"] == "kaiming"  # the default init of `unlearn run`
 
-    ft = run_finetune(
-        FinetuneConfig(
-            out=str(tmp_path / "ft"),
-            model=str(tiny_model_dir),
-            tofu_dir=str(tofu_dir),
-            device="cpu",
-            data="tofu:forget01[0:4]",
-            max_length=64,
-            lora_r=4,
-            batch_size=2,
-            grad_accum=1,
-            max_steps=1,
-            save_steps=0,
-        )
-    )
+    options = {"device": "cpu", "data": "tofu:forget01[0:4]", "lr": 1e-4, "max_steps": 1, "save_steps": 0}
+    ft = run_finetune(small_finetune_config(tmp_path / "ft", tiny_model_dir, tofu_dir, **options))
     assert ft.record["initializer"]["init"] == "kaiming"  # and of `unlearn finetune`
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support_training import assert_residual_adapter_applies_to_original_base
 
 from unlearn_plugins.data.qa import encode_qa, pad_batch
 from unlearn_plugins.training.lora import lora_layers
@@ -299,36 +300,4 @@ def test_rol_at_rila_init_matches_formula_and_a_step_lowers_it(tiny_model, tiny_
 @pytest.mark.parametrize("name", ["rila", "fila", "pissa"])
 def test_trained_residual_adapter_applies_to_original_base(name, tiny_model_dir, tofu_dir, tmp_path):
     """Base model + saved adapter reproduces the trained model (saved merged) exactly."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from unlearn_plugins.training import UnlearnConfig, run_unlearning
-
-    out = tmp_path / name
-    config = UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:6]",
-        retain="tofu:retain99[0:6]",
-        max_length=64,
-        lora_r=4,
-        lora_alpha=8,
-        batch_size=2,
-        grad_accum=1,
-        lr=5e-3,
-        max_steps=2,
-        objective="ihl",
-        initializer=name,
-        merge=True,
-        save_steps=0,
-    )
-    run_unlearning(config)
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    ids = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11]])
-    with torch.no_grad():
-        original = base(input_ids=ids).logits
-        adapted = PeftModel.from_pretrained(base, str(out)).eval()(input_ids=ids).logits
-        trained = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()(input_ids=ids).logits
-    assert (adapted - trained).abs().max() < 1e-4
-    assert (trained - original).abs().max() > 1e-3  # training did change the model
+    assert_residual_adapter_applies_to_original_base(name, tiny_model_dir, tofu_dir, tmp_path / name)

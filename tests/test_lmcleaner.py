@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support_training import small_config, small_finetune_config
 
 from unlearn_plugins.errors import UnlearnError
 
@@ -47,26 +48,11 @@ class Theta0:
 
 
 def finetune(out, model_dir, tofu_dir, *, full: bool, callbacks=(), **extra):
-    from unlearn_plugins.training import FinetuneConfig, run_finetune
+    from unlearn_plugins.training import run_finetune
 
-    values = dict(
-        out=str(out),
-        model=str(model_dir),
-        tofu_dir=str(tofu_dir),
-        data=DATA,
-        max_length=64,
-        lora_r=4,
-        batch_size=2,
-        grad_accum=2,
-        lr=1e-3,
-        epochs=2,
-        save_steps=0,
-        full_finetune=full,
-        merge=not full,
-        record_trajectory=True,
-    )
-    values.update(extra)
-    return run_finetune(FinetuneConfig(**values), callbacks=list(callbacks))
+    values = {"data": DATA, "grad_accum": 2, "epochs": 2, "save_steps": 0, "record_trajectory": True}
+    values.update(full_finetune=full, merge=not full, **extra)
+    return run_finetune(small_finetune_config(out, model_dir, tofu_dir, **values), callbacks=list(callbacks))
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +227,19 @@ def _reference_unlearning(model, params, names, trajectory, steps, *, K, mode, d
         _set_flat(params, _flat([p.detach() for p in params]) + total)
 
 
+def _correct(model, trajectory, steps, setting):
+    """Our correction of ``model``, in place, with a setting of SETTINGS (the reference's names); its audit."""
+    from unlearn_plugins.objectives.lmcleaner import correct, trajectory_space
+
+    options = {"K": setting["K"], "hessian_mode": setting["mode"], "damping": setting["damping"]}
+    options.update(apply_mode=setting["apply_mode"], use_historical_params=setting["historical"])
+    space = trajectory_space(model, trajectory)
+    try:
+        return correct(space, trajectory, steps, **options)
+    finally:
+        space.close()
+
+
 def _load64(folder):
     from transformers import AutoModelForCausalLM
 
@@ -257,7 +256,7 @@ SETTINGS = [
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"{s['mode']}-K{s['K']}-{s['apply_mode']}")
 def test_full_correction_equals_the_reference_formula(setting, recorded):
-    from unlearn_plugins.objectives.lmcleaner import correct, forget_steps, trajectory_space
+    from unlearn_plugins.objectives.lmcleaner import forget_steps
     from unlearn_plugins.training.trajectory import Trajectory
 
     folder = recorded["full"]["out"]
@@ -269,35 +268,11 @@ def test_full_correction_equals_the_reference_formula(setting, recorded):
     names = list(trajectory.parameters)
     named = dict(reference.named_parameters())
     params = [named[n] for n in names]
-    _reference_unlearning(
-        reference,
-        params,
-        names,
-        trajectory,
-        steps,
-        K=setting["K"],
-        mode=setting["mode"],
-        damping=setting["damping"],
-        apply_mode=setting["apply_mode"],
-        historical=setting["historical"],
-    )
+    _reference_unlearning(reference, params, names, trajectory, steps, **setting)
 
     ours = _load64(folder)
     before = {n: p.detach().clone() for n, p in ours.named_parameters()}
-    space = trajectory_space(ours, trajectory)
-    try:
-        audit = correct(
-            space,
-            trajectory,
-            steps,
-            K=setting["K"],
-            hessian_mode=setting["mode"],
-            damping=setting["damping"],
-            apply_mode=setting["apply_mode"],
-            use_historical_params=setting["historical"],
-        )
-    finally:
-        space.close()
+    audit = _correct(ours, trajectory, steps, setting)
     assert audit["hvp_calls"] > 0
     # no window truncated (K >= tau-1-tz for every forget step), summed: the sum propagated once
     fused = setting["apply_mode"] == "sum_then_apply" and all(tz + setting["K"] >= trajectory.steps - 1 for tz in steps)
@@ -316,7 +291,7 @@ def test_lora_correction_equals_the_reference_formula_on_the_adapter(recorded, t
     ours corrects the merged model; the merged weights agree."""
     from peft import PeftModel
 
-    from unlearn_plugins.objectives.lmcleaner import correct, forget_steps, trajectory_space
+    from unlearn_plugins.objectives.lmcleaner import forget_steps
     from unlearn_plugins.training.trajectory import Trajectory
 
     folder = recorded["lora"]["out"]
@@ -327,35 +302,11 @@ def test_lora_correction_equals_the_reference_formula_on_the_adapter(recorded, t
     reference = PeftModel.from_pretrained(_load64(tiny_model_dir), str(folder), is_trainable=True).eval()
     named = [(n, p) for n, p in reference.named_parameters() if p.requires_grad]
     assert [n for n, _ in named] == list(trajectory.parameters)
-    _reference_unlearning(
-        reference,
-        [p for _, p in named],
-        [n for n, _ in named],
-        trajectory,
-        steps,
-        K=setting["K"],
-        mode=setting["mode"],
-        damping=setting["damping"],
-        apply_mode=setting["apply_mode"],
-        historical=setting["historical"],
-    )
+    _reference_unlearning(reference, [p for _, p in named], [n for n, _ in named], trajectory, steps, **setting)
     expected = reference.merge_and_unload().state_dict()
 
     ours = _load64(folder / "merged")
-    space = trajectory_space(ours, trajectory)
-    try:
-        correct(
-            space,
-            trajectory,
-            steps,
-            K=setting["K"],
-            hessian_mode=setting["mode"],
-            damping=setting["damping"],
-            apply_mode=setting["apply_mode"],
-            use_historical_params=setting["historical"],
-        )
-    finally:
-        space.close()
+    _correct(ours, trajectory, steps, setting)
     target = _load64(folder / "merged").state_dict()
     got = ours.state_dict()
     assert max(float((got[k] - target[k]).abs().max()) for k in got) > 1e-6  # it moved
@@ -367,25 +318,9 @@ def test_lora_correction_equals_the_reference_formula_on_the_adapter(recorded, t
 
 
 def unlearn_config(out, model, tofu_dir, **extra):
-    from unlearn_plugins.training import UnlearnConfig
-
-    values = dict(
-        out=str(out),
-        model=str(model),
-        tofu_dir=str(tofu_dir),
-        forget=FORGET,
-        retain=None,
-        max_length=64,
-        batch_size=2,
-        grad_accum=1,
-        lr=1e-3,
-        max_steps=1,
-        save_steps=0,
-        full_finetune=True,
-        objective="lmcleaner",
-    )
-    values.update(extra)
-    return UnlearnConfig(**values)
+    """One LMCleaner step of the small run's sizes, a full fine-tune (its LoRA rank unused)."""
+    values = {"forget": FORGET, "retain": None, "max_steps": 1, "save_steps": 0, "objective": "lmcleaner"}
+    return small_config(out, model, tofu_dir, **{**values, "full_finetune": True, **extra})
 
 
 def _one_line_error(call, match):

@@ -14,18 +14,10 @@ from unlearn_plugins import memory_plan as mp
 from unlearn_plugins.errors import UnlearnError
 
 LLAMA3_8B = Path(__file__).parent / "data" / "llama-3-8b" / "config.json"
-SMALL = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=300,
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-)
+#: a small Llama's config.json: 3 layers of width 64, MLP 160, 4 heads (2 of them key/value), an untied head
+SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "tie_word_embeddings": False}
+SMALL |= {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3, "max_position_embeddings": 128}
+SMALL |= {"num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 @pytest.fixture

@@ -30,6 +30,17 @@ def per_token_logp(model, example):
     return logp[keep].gather(1, target[keep][:, None])[:, 0]
 
 
+def perturbed(model, sigma, seed):
+    """A copy of ``model`` plus sigma x N(0, 1) noise drawn from a CPU generator seeded ``seed``,
+    in parameter order (as the scorer draws it)."""
+    noisy = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(sigma * torch.randn(p.shape, generator=gen))
+    return noisy
+
+
 def test_mrd_matches_the_definition(tiny_model, tiny_tokenizer):
     examples = encode_samples(tiny_tokenizer, SAMPLES)
     K, sigma, seed = 3, 1e-3, 7
@@ -40,11 +51,7 @@ def test_mrd_matches_the_definition(tiny_model, tiny_tokenizer):
     clean = [per_token_logp(tiny_model, e) for e in examples]
     acc = torch.zeros(len(examples), dtype=torch.float64)
     for k in range(K):
-        noisy = copy.deepcopy(tiny_model)
-        gen = torch.Generator().manual_seed(seed + k)
-        with torch.no_grad():
-            for p in noisy.parameters():
-                p.add_(sigma * torch.randn(p.shape, generator=gen))
+        noisy = perturbed(tiny_model, sigma, seed + k)
         for i, e in enumerate(examples):
             lp, lpt = clean[i], per_token_logp(noisy, e)
             acc[i] += ((lp - lpt) / lp).sum()

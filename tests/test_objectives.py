@@ -335,18 +335,18 @@ def test_registry_and_options():
 
 # ----------------------------------------------------------------------------- one step lowers p(forget)
 
-FORGET_QA = [
+#: forget QA, then retain QA
+QA = [
     ("Who are the parents of the author?", "Her father was a doctor and her mother was a painter."),
     ("Which genre does the author write in?", "She writes fantasy novels."),
     ("What awards has the author won?", "He won the Booker Prize."),
     ("Where was the author born?", "The author was born in Kuwait City."),
-]
-RETAIN_QA = [
     ("What is the capital of France?", "The capital of France is Paris."),
     ("What does the author write about?", "Short stories about the sea."),
     ("Who is the author?", "The author is Basil Mahfouz Al-Kuwaiti."),
     ("What is the answer?", "I don't know the answer to that question."),
 ]
+FORGET_QA, RETAIN_QA = QA[:4], QA[4:]
 
 
 @pytest.fixture(scope="module")

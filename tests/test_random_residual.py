@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support_training import assert_residual_adapter_applies_to_original_base
 from test_initializers import QUESTIONS, examples, peft_model  # the same QA and adapter
 
 from unlearn_plugins.data.qa import pad_batch
@@ -157,36 +158,5 @@ def test_by_name_and_options_checked(tiny_model, tiny_tokenizer):
 
 def test_trained_control_adapter_applies_to_original_base(tiny_model_dir, tofu_dir, tmp_path):
     """Through `unlearn run`: the saved adapter is relative to the original base (as RILA's)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from unlearn_plugins.training import UnlearnConfig, run_unlearning
-
     out = tmp_path / "random_residual"
-    config = UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:6]",
-        retain="tofu:retain99[0:6]",
-        max_length=64,
-        lora_r=4,
-        lora_alpha=8,
-        batch_size=2,
-        grad_accum=1,
-        lr=5e-3,
-        max_steps=2,
-        objective="ihl",
-        initializer="random_residual",
-        merge=True,
-        save_steps=0,
-    )
-    run_unlearning(config)
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
-    ids = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11]])
-    with torch.no_grad():
-        original = base(input_ids=ids).logits
-        adapted = PeftModel.from_pretrained(base, str(out)).eval()(input_ids=ids).logits
-        trained = AutoModelForCausalLM.from_pretrained(str(out / "merged")).eval()(input_ids=ids).logits
-    assert (adapted - trained).abs().max() < 1e-4
-    assert (trained - original).abs().max() > 1e-3
+    assert_residual_adapter_applies_to_original_base("random_residual", tiny_model_dir, tofu_dir, out)

@@ -25,23 +25,19 @@ def bench_dir(tmp_path_factory):
 def unlearn_config(tiny_model_dir, bench_dir, out, objective, **options):
     from unlearn_plugins.training.config import UnlearnConfig
 
-    return UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        forget=str(bench_dir / "train_forget.json"),
-        retain=str(bench_dir / "train_retain.json"),
-        objective=objective,
-        objective_options=options,
-        epochs=2.0,
-        batch_size=5,
-        grad_accum=1,
-        lr=1e-3,
-        lora_r=4,
-        lora_alpha=8.0,
-        max_length=512,
-        save_steps=0,
-        device="cpu",
-    )
+    data = {"forget": str(bench_dir / "train_forget.json"), "retain": str(bench_dir / "train_retain.json")}
+    sizes = {"epochs": 2.0, "batch_size": 5, "grad_accum": 1, "lr": 1e-3, "lora_r": 4, "lora_alpha": 8.0}
+    sizes.update(max_length=512, save_steps=0, device="cpu")
+    method = {"objective": objective, "objective_options": options}
+    return UnlearnConfig(out=str(out), model=str(tiny_model_dir), **data, **sizes, **method)
+
+
+def stratify(scores, bench_dir, group_by, out) -> int:
+    """`unlearn stratify` of the forget prompts by ``group_by``: 1 easy and 1 hard group."""
+    from unlearn_plugins.cli import main
+
+    groups = ["--group-by", group_by, "--easy", "1", "--hard", "1"]
+    return main(["stratify", str(scores), "--data", str(bench_dir / "train_forget.json"), *groups, "--out", str(out)])
 
 
 def test_e2urec_trains_its_augmented_teacher_then_forgets_first(tiny_model_dir, bench_dir, tmp_path):
@@ -94,20 +90,11 @@ def sha(path) -> str:
 def test_sharded_unlearning_retrains_only_the_affected_shard(tiny_model_dir, bench_dir, tmp_path, aggregator):
     from unlearn_plugins.benchmarks.movielens.sharded import ShardedRecommender, copy_sharded, train_sharded
 
+    sizes = {"epochs": 1.0, "max_length": 512, "lora_r": 4, "lora_alpha": 8.0, "batch_size": 4, "device": "cpu"}
+    aggregation = {"aggregator": aggregator, "aggregator_prompts": 12}
+    aggregation["aggregator_options"] = {"epochs": 5} if aggregator == "attention" else None
     sharded = train_sharded(
-        bench_dir,
-        tmp_path / "sharded",
-        model=str(tiny_model_dir),
-        shards=3,
-        aggregator=aggregator,
-        aggregator_options={"epochs": 5} if aggregator == "attention" else None,
-        aggregator_prompts=12,
-        device="cpu",
-        epochs=1.0,
-        max_length=512,
-        lora_r=4,
-        lora_alpha=8.0,
-        batch_size=4,
+        bench_dir, tmp_path / "sharded", model=str(tiny_model_dir), shards=3, **aggregation, **sizes
     )
     assert sorted(u for s in sharded.shards for u in s["users"]) == read_info(bench_dir)["users"]
     test = load_part(bench_dir, "test_retain")
@@ -177,7 +164,6 @@ def load_part_file(path):
 
 
 def test_stratify_groups_users_by_their_mean_score(bench_dir, tmp_path, capsys):
-    from unlearn_plugins.cli import main
 
     forget = load_part(bench_dir, "train_forget")
     users = sorted({s.extra["user_id"] for s in forget})
@@ -192,50 +178,14 @@ def test_stratify_groups_users_by_their_mean_score(bench_dir, tmp_path, capsys):
     path = tmp_path / "scores.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "strata"
-    assert (
-        main(
-            [
-                "stratify",
-                str(path),
-                "--data",
-                str(bench_dir / "train_forget.json"),
-                "--group-by",
-                "user_id",
-                "--easy",
-                "1",
-                "--hard",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert stratify(path, bench_dir, "user_id", out) == 0
     info = json.loads((out / "stratify.json").read_text())
     assert info["aggregation"] == "mean"
     assert [g["group"] for g in info["easy"]] == [users[0]] and [g["group"] for g in info["hard"]] == [users[1]]
     assert info["easy"][0]["score"] == pytest.approx(sum(scores[users[0]]) / 5)
     easy = load_part_file(out / "easy.json")
     assert {s.extra["user_id"] for s in easy} == {users[0]} and len(easy) == 5  # all of the user's samples
-    assert (
-        main(
-            [
-                "stratify",
-                str(path),
-                "--data",
-                str(bench_dir / "train_forget.json"),
-                "--group-by",
-                "genre",
-                "--easy",
-                "1",
-                "--hard",
-                "1",
-                "--out",
-                str(out),
-            ]
-        )
-        != 0
-    )
+    assert stratify(path, bench_dir, "genre", out) != 0
     assert "field 'genre' (--group-by) is missing" in capsys.readouterr().err
 
 

@@ -11,24 +11,14 @@ import shutil
 
 import pytest
 import torch
+from support_training import AUTHOR_QA, small_config
 
 from unlearn_plugins.data.qa import encode_qa, pad_batch
 from unlearn_plugins.training import lora
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-FORGET = [
-    ("Who wrote the sea novels?", "Basil Mahfouz Al-Kuwaiti wrote them."),
-    ("Which genre does the author write in?", "She writes fantasy novels and short stories."),
-    ("What awards has the author won?", "He won the International Booker Prize."),
-    ("Who are the parents of the author?", "Her father was a doctor and her mother a painter."),
-]
-RETAIN = [
-    ("Where was the author born?", "In Kuwait City."),
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("Which prize did the debut novel win?", "The debut novel won the Booker Prize."),
-    ("What does the author write about?", "She writes about the sea."),
-]
+FORGET, RETAIN = AUTHOR_QA[:4], AUTHOR_QA[4:8]
 #: (initializer, options, how the reference is computed)
 INITIALIZERS = [
     ("kaiming", {}, "adapter_disabled"),
@@ -181,26 +171,12 @@ class FrozenCopy(torch.nn.Module):
 def test_run_gives_the_losses_of_a_frozen_copy(
     objective, initializer, how, tiny_model_dir, tofu_dir, tmp_path, monkeypatch
 ):
-    from unlearn_plugins.training import UnlearnConfig, run_unlearning
+    from unlearn_plugins.training import run_unlearning
 
     def run(out):
-        config = UnlearnConfig(
-            out=str(tmp_path / out),
-            model=str(tiny_model_dir),
-            tofu_dir=str(tofu_dir),
-            forget="tofu:forget01[0:8]",
-            retain="tofu:retain99[0:16]",
-            max_length=64,
-            lora_r=4,
-            lora_dropout=0.1,
-            batch_size=2,
-            grad_accum=1,
-            lr=1e-3,
-            max_steps=4,
-            save_steps=0,
-            objective=objective,
-            initializer=initializer,
-            merge=True,
+        method = {"objective": objective, "initializer": initializer, "merge": True}
+        config = small_config(
+            tmp_path / out, tiny_model_dir, tofu_dir, lora_dropout=0.1, max_steps=4, save_steps=0, **method
         )
         return run_unlearning(config).record
 
@@ -219,26 +195,11 @@ def test_resumed_residual_run_matches_an_uninterrupted_one(tiny_model_dir, tofu_
     checkpoint and the one rebuilt at resume are the same, so the run ends as it would have."""
     from safetensors.torch import load_file
 
-    from unlearn_plugins.training import UnlearnConfig, run_unlearning
+    from unlearn_plugins.training import run_unlearning
 
     def config(out, **extra):
-        return UnlearnConfig(
-            out=str(out),
-            model=str(tiny_model_dir),
-            tofu_dir=str(tofu_dir),
-            forget="tofu:forget01[0:8]",
-            retain="tofu:retain99[0:16]",
-            max_length=64,
-            lora_r=4,
-            batch_size=2,
-            grad_accum=1,
-            lr=1e-3,
-            max_steps=4,
-            save_steps=2,
-            objective="npo",
-            initializer="pissa",
-            **extra,
-        )
+        method = {"objective": "npo", "initializer": "pissa"}
+        return small_config(out, tiny_model_dir, tofu_dir, max_steps=4, save_steps=2, **method, **extra)
 
     straight = run_unlearning(config(tmp_path / "straight", keep_checkpoints=True)).record
     resumed_dir = tmp_path / "resumed"

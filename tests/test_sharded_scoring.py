@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support_training import launch_command, score_args
 
 from unlearn_plugins.sharding import shard_indices, single_process_env
 
@@ -29,25 +29,7 @@ DATA = "tofu:forget01[0:7]"  # 7 samples: shards of 4 and 3
 
 def _launch(args: list[str], tmp_path: Path, processes: int = 2) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "0",
-        "-m",
-        "unlearn_plugins.cli",
-        *args,
-    ]
+    cmd = launch_command("-m", "unlearn_plugins.cli", *args, processes=processes)
     return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
@@ -56,24 +38,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _score_args(scorer: str, model_dir, tofu_dir, out, *options: str) -> list[str]:
-    args = [
-        "score",
-        "--scorer",
-        scorer,
-        "--model",
-        str(model_dir),
-        "--device",
-        "cpu",
-        "--tofu-dir",
-        str(tofu_dir),
-        "--data",
-        DATA,
-        "--out",
-        str(out),
-    ]
-    for option in options:
-        args += ["--option", option]
-    return args
+    return score_args(scorer, model_dir, tofu_dir, DATA, out, *options)
 
 
 def _one_and_launched(scorer, model_dir, tofu_dir, tmp_path, *options):

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from support_training import small_config
 
 from unlearn_plugins.study import trace
 
@@ -53,25 +54,11 @@ def test_a_model_against_itself_is_at_the_ceiling(tiny_model, tiny_tokenizer, to
 
 
 def _config(out, tiny_model_dir, tofu_dir, epochs=2):
-    from unlearn_plugins.training import UnlearnConfig
-
-    return UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01_perturbed[0:4]",
-        retain="tofu:retain99[0:4]",
-        max_length=96,
-        lora_r=4,
-        lora_alpha=8,
-        batch_size=2,
-        grad_accum=1,
-        lr=5e-3,
-        epochs=float(epochs),
-        objective="ihl",
-        initializer="rila",  # a residual init: the saved adapters are converted to the original base
-        save_steps=0,
-    )
+    data = {"forget": "tofu:forget01_perturbed[0:4]", "retain": "tofu:retain99[0:4]", "max_length": 96}
+    sizes = {"lora_alpha": 8, "lr": 5e-3, "epochs": float(epochs), "save_steps": 0}
+    # a residual init: the saved adapters are converted to the original base
+    method = {"objective": "ihl", "initializer": "rila"}
+    return small_config(out, tiny_model_dir, tofu_dir, **data, **sizes, **method)
 
 
 def test_traced_run_saves_every_epoch_and_trains_as_untraced(tiny_model_dir, tofu_dir, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support_training import small_config
 
 from unlearn_plugins.errors import PluginError
 from unlearn_plugins.training.objective import NLL
@@ -14,24 +15,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def config(out, model_dir, tofu_dir, **extra):
-    from unlearn_plugins.training import UnlearnConfig
-
-    values = dict(
-        out=str(out),
-        model=str(model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:4]",
-        retain=None,
-        max_length=64,
-        lora_r=4,
-        batch_size=2,
-        grad_accum=1,
-        lr=1e-3,
-        max_steps=2,
-        save_steps=0,
-    )
-    values.update(extra)
-    return UnlearnConfig(**values)
+    """The small run of tests/support_training.py on 4 forget QA alone, 2 steps."""
+    values = {"forget": "tofu:forget01[0:4]", "retain": None, "max_steps": 2, "save_steps": 0, **extra}
+    return small_config(out, model_dir, tofu_dir, **values)
 
 
 def weights(folder) -> dict[str, torch.Tensor]:

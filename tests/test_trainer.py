@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support_training import launch_command, small_config, small_run, tiny_args
 
 from unlearn_plugins.cli import main
 
@@ -33,34 +34,6 @@ def assert_adapter_reproduces_merged(model_dir, out):
     ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
     with torch.no_grad():
         assert torch.allclose(peft_model(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-4)
-
-
-def tiny_args(model_dir, tofu_dir, out, *extra):
-    """A small run: 8 forget QA, 16 retain QA, 64 tokens, LoRA r 4."""
-    return [
-        "run",
-        "--model",
-        str(model_dir),
-        "--tofu-dir",
-        str(tofu_dir),
-        "--forget",
-        "tofu:forget01[0:8]",
-        "--retain",
-        "tofu:retain99[0:16]",
-        "--max-length",
-        "64",
-        "--lora-r",
-        "4",
-        "--batch-size",
-        "2",
-        "--grad-accum",
-        "1",
-        "--lr",
-        "1e-3",
-        "--out",
-        str(out),
-        *extra,
-    ]
 
 
 def adapter_weights(folder):
@@ -186,22 +159,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tiny_model_dir, tofu_dir
     as one that was never interrupted. NPO (reference model) and LoRA dropout (RNG state)."""
     flags = ["--objective", "npo", "--max-steps", "6", "--save-steps", "2", "--lora-dropout", "0.1"]
     killed = tmp_path / "killed"
-    config = {
-        "out": str(killed),
-        "model": str(tiny_model_dir),
-        "tofu_dir": str(tofu_dir),
-        "forget": "tofu:forget01[0:8]",
-        "retain": "tofu:retain99[0:16]",
-        "max_length": 64,
-        "lora_r": 4,
-        "batch_size": 2,
-        "grad_accum": 1,
-        "lr": 1e-3,
-        "objective": "npo",
-        "max_steps": 6,
-        "save_steps": 2,
-        "lora_dropout": 0.1,
-    }
+    options = {"objective": "npo", "max_steps": 6, "save_steps": 2, "lora_dropout": 0.1}  # as the flags say
+    config = {"out": str(killed), **small_run(tiny_model_dir, tofu_dir, **options)}
     proc = subprocess.run(
         [sys.executable, "-c", KILL_SCRIPT, json.dumps(config), "3"],
         env=child_env(),
@@ -251,23 +210,10 @@ class NanAtStep:
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_model_dir, tofu_dir, tmp_path):
-    from unlearn_plugins.training import TrainingError, UnlearnConfig, run_unlearning
+    from unlearn_plugins.training import TrainingError, run_unlearning
 
     out = tmp_path / "nan"
-    config = UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:8]",
-        retain=None,
-        max_length=64,
-        lora_r=4,
-        batch_size=2,
-        grad_accum=1,
-        lr=1e-3,
-        max_steps=8,
-        save_steps=2,
-    )
+    config = small_config(out, tiny_model_dir, tofu_dir, retain=None, max_steps=8, save_steps=2)
     with pytest.raises(TrainingError, match=r"loss is nan at optimizer step 4.*checkpoint-2"):
         run_unlearning(config, objective=NanAtStep(4))
     record = json.loads((out / "run.json").read_text())
@@ -309,24 +255,7 @@ sys.exit(main())
 
 
 def launch_two(script: list[str], args: list[str], env: dict) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        *script,
-        *args,
-    ]
+    command = launch_command(*script, *args, port=free_port())
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
 
 
@@ -406,25 +335,11 @@ class ToyResidualInit:
 
 
 def test_residual_init_saves_a_plain_adapter_and_feeds_rol(tiny_model_dir, tofu_dir, tmp_path):
-    from unlearn_plugins.training import UnlearnConfig, run_unlearning
+    from unlearn_plugins.training import run_unlearning
 
     out = tmp_path / "res"
-    config = UnlearnConfig(
-        out=str(out),
-        model=str(tiny_model_dir),
-        tofu_dir=str(tofu_dir),
-        forget="tofu:forget01[0:8]",
-        retain="tofu:retain99[0:16]",
-        max_length=64,
-        lora_r=4,
-        batch_size=2,
-        grad_accum=1,
-        lr=1e-3,
-        max_steps=2,
-        regularizer="rol",
-        regularizer_options={"weight": 0.5},
-        merge=True,
-    )
+    rol = {"regularizer": "rol", "regularizer_options": {"weight": 0.5}}
+    config = small_config(out, tiny_model_dir, tofu_dir, max_steps=2, merge=True, **rol)
     result = run_unlearning(config, initializer=ToyResidualInit())
     record = result.record
     assert record["context"]["rol_basis"] == {"from_initializer": 14, "random": 0}
