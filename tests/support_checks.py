@@ -80,13 +80,7 @@ reserved_author = {reserved}
 
 [target]
 seed = 0
-
-[target.finetune]
-lr = 1e-3
-epochs = 1.0
-lora_r = 8
-lora_alpha = 16.0
-batch_size = 8
+finetune = {{ lr = 1e-3, epochs = 1.0, lora_r = 8, lora_alpha = 16.0, batch_size = 8 }}
 
 [retain]
 

@@ -259,8 +259,9 @@ def test_10_benchmark_known_keys_name_the_author_unit_keys(tmp_path, capsys):
 
 
 def test_10_a_given_target_in_an_author_unit_study_gets_a_hint_it_can_follow(tmp_path, capsys, tiny_model_dir):
-    text = STUDY.replace("[target]\nseed = 0\n\n[target.finetune]\nlr = 1e-3\nepochs = 1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8\n",
-                         f'[target]\ngiven = "{tiny_model_dir}"\n')  # fmt: skip
+    recipe = "seed = 0\nfinetune = { lr = 1e-3, epochs = 1.0, lora_r = 8, lora_alpha = 16.0, batch_size = 8 }\n"
+    assert recipe in STUDY
+    text = STUDY.replace(recipe, f'given = "{tiny_model_dir}"\n')
     path = author_study(tmp_path, text)
     assert refused_dry_run(capsys, path) == (
         f"error: {path}: [retain]: the target is given, so the retain models need a recipe ([retain.finetune], "
