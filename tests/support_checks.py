@@ -63,13 +63,11 @@ def author_study_toml(name: str, authors: int, test_authors: list[int], reserved
     table (with a blank line after it), ``rest``: the tables after those ([sweep], more
     [[methods]] and [[comparisons]], [evaluation], ...)."""
     return f"""
+model = {{ base = "tiny-llama", max_length = 128 }}
+
 [study]
 name = "{name}"
 seeds = [0]
-
-[model]
-base = "tiny-llama"
-max_length = 128
 
 [benchmark]
 source = "generated"
