@@ -12,63 +12,19 @@ import random
 import shutil
 from pathlib import Path
 
-STUDY = """
-[study]
-name = "synthetic_authors"
-seeds = [0]
+from support_checks import author_study_toml
 
-[model]
-base = "tiny-llama"
-max_length = 128
-
-[benchmark]
-source = "generated"
-authors = 8
-unit = "author"
-test_authors = [13, 14, 15, 16, 17, 18]
-reserved_author = 12
-
-[target]
-seed = 0
-
-[target.finetune]
-lr = 1e-3
-epochs = 1.0
-lora_r = 8
-lora_alpha = 16.0
-batch_size = 8
-
-[retain]
-
-[budget]
-batch_size = 4
-lora_r = 8
-lora_alpha = 16.0
-
-[[methods]]
-name = "ihl"
-objective = "ihl"
-initializer = "kaiming"
-
-[[methods]]
-name = "reglu"
-objective = "ihl"
-initializer = "rila"
-regularizer = "rol"
-sweep = { rol_weight = [0.1, 0.5] }
-
-[sweep]
+STUDY = author_study_toml(
+    "synthetic_authors",
+    8,
+    [13, 14, 15, 16, 17, 18],
+    12,
+    rest="""[sweep]
 author = 12
 lr = [1e-3]
 epochs = 2
 trace = ["forget_quality", "wasserstein_log"]
 model_utility_evaluations_max = 1
-
-[[comparisons]]
-family = "primary"
-metric = "forget_quality"
-method = "reglu"
-rivals = ["ihl"]
 
 [[comparisons]]
 family = "leader"
@@ -85,7 +41,8 @@ utility_margin = 0.02
 mu_size = 4
 batch_size = 8
 gen_margin = 4
-"""
+""",
+)
 
 DATE = "2026-01-01T00-00-00.000000"
 #: forget QA per author, QA per Model Utility part

@@ -1,4 +1,4 @@
-"""The tiny-model demos' results.json as recorded before the demo became a study (issue 33): a
+"""The tiny-model demos' results.json as recorded before the demo became a study: a
 refactoring of the demo's pipeline must leave every number of its report as it was. Compared
 here: everything in results.json but what differs between two runs by nature (paths, stage
 cache keys, timings), exactly, on a machine that resolves ``--train-dtype auto`` as the one that

@@ -1,4 +1,4 @@
-"""Adapters trained from the `smollm2-135m` alias load anywhere (issue 15 item 5): they name
+"""Adapters trained from the `smollm2-135m` alias load anywhere: they name
 the hub model HuggingFaceTB/SmolLM2-135M-Instruct as their base, so PEFT's
 AutoPeftModelForCausalLM finds it by hub id (here: offline, with a local Hugging Face cache
 standing in for the hub), while our loader keeps resolving the alias to its local conversion."""

@@ -1,4 +1,4 @@
-"""Running an author-unit study (issue 34) through ``unlearn study``: the sweep on the reserved
+"""Running an author-unit study through ``unlearn study``: the sweep on the reserved
 author, the operating points, a second planning pass that keys the test cells at their points,
 the author-unit report (comparisons over the authors, paired Model Utility, noise ceiling,
 traces), and the records: the report regenerates from them alone and a rerun builds nothing."""

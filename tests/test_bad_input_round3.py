@@ -1,4 +1,4 @@
-"""Bad input and faults, round three (issue 32, items 5, 8, 10 and 11): a full disk, work thrown
+"""Bad input and faults: a full disk, work thrown
 away or overwritten, tracebacks and misleading messages. Each case goes through the CLI where a
 user meets it and asserts the exit code, the one-line `error:` (what and where) and that nothing
 already written was lost or left half-written.
@@ -40,6 +40,11 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def eval_cli(capsys, model_dir, tofu_dir, tasks, *args) -> tuple[int, str, str]:
+    """`unlearn eval` of ``tasks`` on the model in ``model_dir``."""
+    return cli(capsys, "eval", "--model", model_dir, "--tofu-dir", tofu_dir, "--tasks", tasks, *args)
 
 
 def error_line(err: str) -> str:
@@ -131,7 +136,7 @@ def tiny_report(study_cache, tmp_path_factory) -> Path:
     return out
 
 
-# ----------------------------------------------------------------------------- item 5: a full disk
+# ----------------------------------------------------------------------------- a full disk
 
 
 def test_eval_on_a_full_disk_is_an_error_and_leaves_nothing_half_written(tiny_model_dir, tofu_dir, tmp_path, capsys):
@@ -142,22 +147,8 @@ def test_eval_on_a_full_disk_is_an_error_and_leaves_nothing_half_written(tiny_mo
         (out / "earlier").mkdir(parents=True)
         (out / "earlier" / "results_1.json").write_text("{}\n")
         before = tree(out)
-        code, stdout, err = cli(
-            capsys,
-            "eval",
-            "--model",
-            tiny_model_dir,
-            "--tofu-dir",
-            tofu_dir,
-            "--tasks",
-            "tofu_forget01_truth_ratio",
-            "--limit",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            out,
-        )
+        flags = ["--limit", "2", "--device", "cpu", "--out", out]
+        code, stdout, err = eval_cli(capsys, tiny_model_dir, tofu_dir, "tofu_forget01_truth_ratio", *flags)
         after = tree(out)
     assert code == 1 and "results ->" not in stdout
     line = error_line(err)
@@ -223,7 +214,7 @@ def test_a_study_report_on_a_full_disk_keeps_the_previous_report_whole(tiny_repo
     assert after == before
 
 
-# ----------------------------------------------------------------------------- item 8: work thrown away or overwritten
+# ----------------------------------------------------------------------------- work thrown away or overwritten
 
 
 def test_save_reference_without_a_truth_ratio_task_is_refused_before_the_model_loads(
@@ -236,22 +227,8 @@ def test_save_reference_without_a_truth_ratio_task_is_refused_before_the_model_l
 
     monkeypatch.setattr(models, "load_model", no_loading)
     ref = tmp_path / "ref.json"
-    code, _, err = cli(
-        capsys,
-        "eval",
-        "--model",
-        tiny_model_dir,
-        "--tofu-dir",
-        tofu_dir,
-        "--tasks",
-        "tofu_forget01_prob",
-        "--limit",
-        "2",
-        "--save-reference",
-        ref,
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ["--limit", "2", "--save-reference", ref, "--out", tmp_path / "out"]
+    code, _, err = eval_cli(capsys, tiny_model_dir, tofu_dir, "tofu_forget01_prob", *flags)
     assert code == 1
     assert error_line(err) == (
         "error: --save-reference needs exactly one forget truth-ratio task in the run (found: none), or tasks "
@@ -274,20 +251,8 @@ def test_a_reference_is_never_saved_over_the_one_it_reads(flags, tiny_model_dir,
     before = tree(tmp_path)
     args = [f.format(d=tmp_path) for f in flags]
     extra = ["--forget-split", "forget01", "--holdout-split", "holdout01"] if "--mia" in flags else []
-    code, _, err = cli(
-        capsys,
-        "eval",
-        "--model",
-        tiny_model_dir,
-        "--tofu-dir",
-        tofu_dir,
-        "--tasks",
-        "tofu_forget01_truth_ratio",
-        *args,
-        *extra,
-        "--out",
-        tmp_path / "out",
-    )
+    flags = [*args, *extra, "--out", tmp_path / "out"]
+    code, _, err = eval_cli(capsys, tiny_model_dir, tofu_dir, "tofu_forget01_truth_ratio", *flags)
     assert code == 1
     save, given = args[0], args[1]
     read, path = args[2], args[3]
@@ -319,7 +284,7 @@ def test_another_study_of_the_same_name_does_not_replace_the_report(tiny_report,
 
 
 def test_study_out_that_is_read_only_is_refused_before_any_work(study_cache, tmp_path, capsys):
-    """Item 10: every worker failed with a traceback on its log, the --out error came at the end."""
+    """Every worker failed with a traceback on its log, the --out error came at the end."""
     cache = tmp_path / "cache"
     with small_disk(tmp_path / "ro", "64k", read_only=True) as disk:
         code, _, err = cli(capsys, "study", "tiny", "--out", disk / "report", "--cache-dir", cache, "--threads", "1")
@@ -328,7 +293,7 @@ def test_study_out_that_is_read_only_is_refused_before_any_work(study_cache, tmp
     assert tree(cache) == {}
 
 
-# ----------------------------------------------------------------------------- item 10: tracebacks
+# ----------------------------------------------------------------------------- tracebacks
 
 
 def test_a_dask_scheduler_address_that_is_not_one_is_refused_before_any_work(tmp_path, capsys):
@@ -345,20 +310,8 @@ def test_a_dask_scheduler_address_that_is_not_one_is_refused_before_any_work(tmp
 
 
 def test_max_gen_toks_over_the_models_length_is_refused(tiny_model_dir, tofu_dir, tmp_path, capsys):
-    code, _, err = cli(
-        capsys,
-        "eval",
-        "--model",
-        tiny_model_dir,
-        "--tofu-dir",
-        tofu_dir,
-        "--tasks",
-        "tofu_forget01_rouge",
-        "--max-gen-toks",
-        "100000",
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ["--max-gen-toks", "100000", "--out", tmp_path / "out"]
+    code, _, err = eval_cli(capsys, tiny_model_dir, tofu_dir, "tofu_forget01_rouge", *flags)
     assert code == 1
     assert error_line(err) == (
         f"error: --max-gen-toks 100000: over the model's maximum length (512 tokens, max_position_embeddings in "
@@ -384,24 +337,8 @@ def test_a_corrupt_response_cache_is_named(tiny_model_dir, tofu_dir, tmp_path, c
     db = db.with_name(db.name + "_rank0.db")
     db.write_bytes(b"not an SQLite database, but a file someone cut short")
     before = tree(tmp_path)
-    code, _, err = cli(
-        capsys,
-        "eval",
-        "--model",
-        tiny_model_dir,
-        "--tofu-dir",
-        tofu_dir,
-        "--tasks",
-        "tofu_forget01_prob",
-        "--limit",
-        "1",
-        "--device",
-        "cpu",
-        "--use-cache",
-        tmp_path / "cache",
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ["--limit", "1", "--device", "cpu", "--use-cache", tmp_path / "cache", "--out", tmp_path / "out"]
+    code, _, err = eval_cli(capsys, tiny_model_dir, tofu_dir, "tofu_forget01_prob", *flags)
     assert code == 1
     assert error_line(err) == (
         f"error: --use-cache: {db} is not a readable SQLite database (file is not a database); remove it to start "
@@ -516,7 +453,7 @@ def test_a_weight_file_holding_a_malicious_pickle_is_refused_unrun(tiny_model_di
     assert tree(tmp_path) == before  # and the payload did not run
 
 
-# ----------------------------------------------------------------------------- item 11: misleading messages
+# ----------------------------------------------------------------------------- misleading messages
 
 
 def test_forget_split_takes_the_tofu_prefix(tiny_model_dir, tofu_dir, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Bad input and faults, round four: a verdict stated from no data, a finished author dropped
+"""Bad input and faults: a verdict stated from no data, a finished author dropped
 with exit 0, recorded operating points restored unchecked, `--dry-run --records` miscounting,
 checks that could run before any work, intervals outside a metric's range, a `[cud]` table
 ignored, `unlearn-lm-eval --model hf-prefix`'s options, `UNLEARN_DISABLE_PLUGINS`, and messages
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from author_records import STUDY, write_records
+from support_checks import damage_file, property_settings
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import builtin_studies
@@ -190,11 +191,16 @@ def author_study(tmp_path: Path, text: str = STUDY, name: str = "s.toml") -> Pat
     return path
 
 
+def refused_dry_run(capsys, path: Path, *extra) -> str:
+    """`unlearn study PATH --dry-run`: exit 1 and its one `error:` line."""
+    code, _, err = cli(capsys, "study", path, "--dry-run", *extra)
+    assert code == 1
+    return error_line(err)
+
+
 def test_7_a_cud_table_in_an_author_unit_study_is_refused(tmp_path, capsys):
     path = author_study(tmp_path, STUDY + "\n[cud]\nanchor_pool = 4\n")
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    assert error_line(err) == (
+    assert refused_dry_run(capsys, path) == (
         f"error: {path}: [cud]: an author-unit study has no CUD cell (each test author is forgotten whole, alone); "
         "remove the table"
     )
@@ -203,9 +209,7 @@ def test_7_a_cud_table_in_an_author_unit_study_is_refused(tmp_path, capsys):
 def test_5_cud_scorer_objectives_are_checked_when_the_study_is_read(tmp_path, capsys):
     text = builtin_studies()["tiny"].read_text() + '\n[cud]\n[cud.scorer]\nobjectives = ["grad_diff", "nosuch"]\n'
     path = author_study(tmp_path, text)
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    line = error_line(err)
+    line = refused_dry_run(capsys, path)
     assert line.startswith(
         f"error: {path}: [cud.scorer] objectives: unknown unlearning objective 'nosuch'; available: "
     )
@@ -226,10 +230,8 @@ def test_5_movielens_users_beyond_the_data_before_any_work(tmp_path, capsys, tin
     data = write_grouplens(tmp_path / "ml")
     text = MOVIELENS.replace("users = 20\n", f'users = 100000\nmovielens_dir = "{data}"\n', 1)
     path = author_study(tmp_path, text)
-    code, _, err = cli(capsys, "study", path, "--dry-run", "--cache-dir", tmp_path / "cache")
-    assert code == 1
     assert (
-        error_line(err)
+        refused_dry_run(capsys, path, "--cache-dir", tmp_path / "cache")
         == f"error: {path}: [benchmark] users: 100000 users asked, but the MovieLens data in {data} has 10"
     )
     # the demo: said before its target is trained
@@ -242,9 +244,7 @@ def test_5_movielens_users_beyond_the_data_before_any_work(tmp_path, capsys, tin
 
 def test_10_a_movielens_study_with_author_unit_keys(tmp_path, capsys):
     path = author_study(tmp_path, MOVIELENS.replace('source = "movielens"', 'source = "movielens"\nunit = "author"'))
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    assert error_line(err) == (
+    assert refused_dry_run(capsys, path) == (
         f'error: {path}: [benchmark] unit: is for an author-unit study (source = "tofu" or "generated"); a '
         "MovieLens study forgets users"
     )
@@ -252,21 +252,18 @@ def test_10_a_movielens_study_with_author_unit_keys(tmp_path, capsys):
 
 def test_10_benchmark_known_keys_name_the_author_unit_keys(tmp_path, capsys):
     path = author_study(tmp_path, STUDY.replace("reserved_author = 12", "reserved_author = 12\nreserved = 1"))
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    assert error_line(err) == (
+    assert refused_dry_run(capsys, path) == (
         f"error: {path}: [benchmark] reserved: unknown key; known keys: source, tofu_dir, authors, forget_authors, "
         "unit, test_authors, reserved_author"
     )
 
 
 def test_10_a_given_target_in_an_author_unit_study_gets_a_hint_it_can_follow(tmp_path, capsys, tiny_model_dir):
-    text = STUDY.replace("[target]\nseed = 0\n\n[target.finetune]\nlr = 1e-3\nepochs = 1.0\nlora_r = 8\nlora_alpha = 16.0\nbatch_size = 8\n",
-                         f'[target]\ngiven = "{tiny_model_dir}"\n')  # fmt: skip
+    recipe = "seed = 0\nfinetune = { lr = 1e-3, epochs = 1.0, lora_r = 8, lora_alpha = 16.0, batch_size = 8 }\n"
+    assert recipe in STUDY
+    text = STUDY.replace(recipe, f'given = "{tiny_model_dir}"\n')
     path = author_study(tmp_path, text)
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    assert error_line(err) == (
+    assert refused_dry_run(capsys, path) == (
         f"error: {path}: [retain]: the target is given, so the retain models need a recipe ([retain.finetune], "
         "seed): an author-unit study fine-tunes a retain model per author"
     )
@@ -276,9 +273,7 @@ def test_10_a_method_named_leader_is_refused(tmp_path, capsys):
     path = author_study(
         tmp_path, STUDY.replace('name = "ihl"', 'name = "leader"').replace('rivals = ["ihl"]', 'rivals = ["leader"]')
     )
-    code, _, err = cli(capsys, "study", path, "--dry-run")
-    assert code == 1
-    assert error_line(err) == (
+    assert refused_dry_run(capsys, path) == (
         f'error: {path}: [methods.leader] name: "leader" is reserved for the post hoc comparison of the best method '
         '([[comparisons]] method = "leader"); give the method another name'
     )
@@ -421,7 +416,7 @@ def test_8_hf_prefix_names_an_option_it_does_not_take(capsys, monkeypatch, tiny_
 # ----------------------------------------------------------------------------- property test
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 #: what a damaged or hand-edited file holds where a number or an object was: none of them a
@@ -437,43 +432,8 @@ TARGETS = {
 FOLDERS = ("point-*", "sweep-*", "eval-retain-*", "eval-ihl-*", "eval-reglu-*")
 
 
-def nodes(value, path=()):
-    yield path, value
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from nodes(item, (*path, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from nodes(item, (*path, i))
-
-
-def damaged(value, data):
-    """``value`` with one node replaced by a bad value, or one key removed."""
-    paths = [p for p, _ in nodes(value) if p]
-    if not paths:
-        return data.draw(st.sampled_from(BAD_VALUES))
-    path = data.draw(st.sampled_from(paths))
-    parent = value
-    for key in path[:-1]:
-        parent = parent[key]
-    if isinstance(parent, dict) and data.draw(st.booleans()):
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = data.draw(st.sampled_from(BAD_VALUES))
-    return value
-
-
 def damage(path: Path, data) -> None:
-    raw = path.read_bytes()
-    if data.draw(st.sampled_from(["value", "value", "value", "truncate"])) == "truncate":
-        path.write_bytes(raw[: data.draw(st.integers(0, max(len(raw) - 1, 0)))])
-    elif path.suffix == ".jsonl":
-        lines = raw.decode().splitlines()
-        i = data.draw(st.integers(0, len(lines) - 1))
-        lines[i] = json.dumps(damaged(json.loads(lines[i]), data))
-        path.write_text("\n".join(lines) + "\n")
-    else:
-        path.write_text(json.dumps(damaged(json.loads(raw), data)))
+    damage_file(path, data, BAD_VALUES, ways=["value", "value", "value", "truncate"])
 
 
 def same_numbers(report: dict, baseline: dict) -> None:
@@ -498,12 +458,7 @@ def same_numbers(report: dict, baseline: dict) -> None:
                 assert value is None or value == same.get(key), (method, point, key)
 
 
-@settings(
-    max_examples=8,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@property_settings(8)
 @given(data=st.data())
 def test_randomly_damaged_author_records(data, synthetic, tmp_path_factory, capsys):
     """Damaged operating points, sweep traces, retain evaluations and test cells under

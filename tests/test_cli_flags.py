@@ -181,23 +181,14 @@ def test_finetune_show_config_prints_the_merged_options(tmp_path, capsys):
 
 def test_study_show_config_prints_the_resolved_study(tmp_path, capsys):
     study = tmp_path / "one.toml"
+    # every table inline: the same study as [study], [model], ... tables
     study.write_text("""
-[study]
-seeds = [0]
-[model]
-base = "tiny-llama"
-max_length = 128
-[benchmark]
-source = "generated"
-authors = 3
-forget_authors = 1
-[target.finetune]
-lr = 1e-3
-[budget]
-lr = 2e-4
-[[methods]]
-name = "reglu"
-preset = "reglu"
+study = { seeds = [0] }
+model = { base = "tiny-llama", max_length = 128 }
+benchmark = { source = "generated", authors = 3, forget_authors = 1 }
+target = { finetune = { lr = 1e-3 } }
+budget = { lr = 2e-4 }
+methods = [{ name = "reglu", preset = "reglu" }]
 """)
     out, cache = tmp_path / "report", tmp_path / "cache"
     values = shown_config(
@@ -271,7 +262,7 @@ def test_verbosity_wins_over_the_demo_and_study_quieting(monkeypatch):
     lg.setLevel(before)
 
 
-# ----------------------------------------------------------------------------- issue 31, item 7
+# ----------------------------------------------------------------------------- quiet output
 
 
 def test_eval_prints_nothing_a_user_cannot_act_on(tiny_model_dir, tofu_dir, tmp_path):

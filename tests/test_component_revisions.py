@@ -1,5 +1,5 @@
 """A built-in component's ``revision`` is part of the keys of the study cells that use it, so
-a change of its numbers must come with a bump (issue 31, item 1). This test keeps a record of
+a change of its numbers must come with a bump. This test keeps a record of
 each built-in's source file and revision: a source change without a bump fails here, and the
 author says which it is: numbers changed (bump ``revision``) or not (re-record the digest with
 ``UPDATE_COMPONENT_SOURCES=1 pytest tests/test_component_revisions.py``)."""

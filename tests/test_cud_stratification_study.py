@@ -3,24 +3,16 @@ what the report claims (a clearly harder set gets an interval below 0, equal gro
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "cud_stratification.py"
+from support_checks import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def study_module():
-    spec = importlib.util.spec_from_file_location("cud_stratification", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cud_stratification"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("cud_stratification")
 
 
 def test_sets_never_hold_anchor_pool_or_held_out_rows(study_module, tofu_dir, monkeypatch, tmp_path):

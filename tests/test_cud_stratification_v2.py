@@ -5,25 +5,18 @@ report made from records alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "cud_stratification_v2.py"
+from support_checks import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def v2():
-    spec = importlib.util.spec_from_file_location("cud_stratification_v2", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cud_stratification_v2"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("cud_stratification_v2")
 
 
 def nll(p: float) -> float:

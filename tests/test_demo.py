@@ -150,7 +150,7 @@ def test_fast_demo_writes_a_complete_report(demo_run):
 
 
 def test_the_demo_gives_the_numbers_recorded_before_it_became_a_study(demo_run):
-    """Issue 33: the demo's table (and every other number of results.json) is the one the demo
+    """The demo's table (and every other number of results.json) is the one the demo
     gave before its pipeline moved into the study's stages (tests/demo_baseline.py)."""
     from demo_baseline import check
 
@@ -184,7 +184,7 @@ def test_methods_adds_the_peer_methods_rows_to_the_demos_table(demo_run, tmp_pat
 
 
 def test_a_truncated_cached_evaluation_is_rebuilt(demo_run, tmp_path, capsys):
-    """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback (the report
+    """A truncated results_*.json in the stage cache was a traceback (the report
     read it); the evaluation is now rebuilt, with a warning naming it, and the report is the same."""
     import shutil
 

@@ -103,11 +103,12 @@ def test_fast_movielens_demo_writes_a_complete_report(rec_demo, capsys):
     code, out, err = _run(args, capsys)
     assert code == 0, err[-2000:]
     report = root / "report"
-    for name in ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json"):
-        assert (report / name).stat().st_size > 0, name
-    for name in ("auc.png", "jsd_vs_time.png", "cud_users.png"):
-        data = (report / name).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+    files = ("results.json", "summary.md", "cud_scores.jsonl", "cud_easy.json", "cud_hard.json")
+    empty = [name for name in files if not (report / name).stat().st_size]
+    assert not empty, empty
+    plots = {name: (report / name).read_bytes() for name in ("auc.png", "jsd_vs_time.png", "cud_users.png")}
+    not_plots = [name for name, data in plots.items() if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) <= 5000]
+    assert not not_plots, not_plots  # each a PNG of more than 5 kB
 
     from demo_baseline import check
 
@@ -191,7 +192,7 @@ def test_rerun_uses_the_cache_and_gives_the_same_report(rec_demo, capsys):
 
 
 def test_a_truncated_cached_evaluation_is_rebuilt(rec_demo, tmp_path, capsys):
-    """Issue 32, item 10: a truncated results_*.json in the stage cache was a traceback; the
+    """A truncated results_*.json in the stage cache was a traceback; the
     evaluation is now rebuilt, with a warning naming it, and the report is the same."""
     import shutil
 
@@ -273,7 +274,7 @@ def fast_study_file(tmp_path, model_dir, data) -> Path:
 
 
 def test_the_movielens_demo_is_a_built_in_study(tmp_path, tiny_model_dir, capsys):
-    """Issue 33: `unlearn demo --benchmark movielens` runs the built-in study demo-movielens; its
+    """`unlearn demo --benchmark movielens` runs the built-in study demo-movielens; its
     --fast variant's cells (`unlearn study ... --dry-run`), nothing built."""
     from unlearn_plugins.study import builtin_studies, expand, load_study
 

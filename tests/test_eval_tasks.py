@@ -10,14 +10,13 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import ks_2samp
+from support_checks import lm_eval
 
 from unlearn_plugins.errors import DataError, UnlearnError
 from unlearn_plugins.evaluation import tofu_metrics as tm
@@ -362,19 +361,8 @@ def test_unlearn_eval_reference_round_trip_and_refusals(tiny_model_dir, tofu_dir
 
     ref = tmp_path / "ref.json"
     common = ["--model", tiny_model_dir, "--tofu-dir", tofu_dir, "--limit", 3, "--batch-size", 4]
-    assert (
-        cli(
-            "eval",
-            *common,
-            "--tasks",
-            "tofu_forget01_truth_ratio",
-            "--save-reference",
-            ref,
-            "--out",
-            tmp_path / "retain",
-        )
-        == 0
-    )
+    save = ["--tasks", "tofu_forget01_truth_ratio", "--save-reference", ref]
+    assert cli("eval", *common, *save, "--out", tmp_path / "retain") == 0
     saved = json.loads(ref.read_text())
     assert saved["split"] == "forget01_perturbed" and len(saved["samples"]) == 3
     no_ref = read_outputs(tmp_path / "retain").summary
@@ -700,35 +688,9 @@ def test_lm_eval_cli_with_include_path_and_peft_adapter(tiny, tiny_model_dir, to
     lora.save_pretrained(adapter)
 
     out = tmp_path / "lm_eval_out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            "hf",
-            "--model_args",
-            f"pretrained={tiny_model_dir},peft={adapter}",
-            "--include_path",
-            str(TOFU_TASKS),
-            "--tasks",
-            "tofu_forget01_prob",
-            "--limit",
-            "2",
-            "--device",
-            "cpu",
-            "--batch_size",
-            "2",
-            "--metadata",
-            json.dumps({"tofu_dir": str(tofu_dir)}),
-            "--output_path",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    metadata = json.dumps({"tofu_dir": str(tofu_dir)})
+    flags = ["--limit", 2, "--device", "cpu", "--batch_size", 2, "--metadata", metadata, "--output_path", out]
+    proc = lm_eval(f"pretrained={tiny_model_dir},peft={adapter}", "tofu_forget01_prob", TOFU_TASKS, *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result_file,) = glob.glob(str(out / "**" / "results*.json"), recursive=True)
     cli_prob = json.loads(Path(result_file).read_text())["results"]["tofu_forget01_prob"]["prob,none"]
@@ -835,19 +797,8 @@ def test_wmdp_local_runs_from_fixture(tiny, tiny_model_dir, tofu_dir):
 def test_unlearn_eval_embedded_tofu_and_mmlu(embedded_model_dir, tofu_dir, mmlu_dir, tmp_path, capsys):
     ref = tmp_path / "ref.json"
     common = ["--model", "smollm2-135m", "--tofu-dir", tofu_dir, "--mmlu-dir", mmlu_dir, "--limit", 4]
-    assert (
-        cli(
-            "eval",
-            *common,
-            "--tasks",
-            "tofu_forget01_truth_ratio",
-            "--save-reference",
-            ref,
-            "--out",
-            tmp_path / "ref_run",
-        )
-        == 0
-    )
+    save = ["--tasks", "tofu_forget01_truth_ratio", "--save-reference", ref]
+    assert cli("eval", *common, *save, "--out", tmp_path / "ref_run") == 0
     assert (
         cli(
             "eval",
@@ -906,7 +857,7 @@ metadata:
 
 
 def test_max_gen_toks_caps_a_tasks_limit_and_never_raises_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    """Issue 31, item 4: --max-gen-toks (and a study's gen_margin) set every generation task's
+    """--max-gen-toks (and a study's gen_margin) set every generation task's
     max_gen_toks, raising a plugin task's 1 to 8; it is now a cap."""
     from unlearn_plugins.host import reset_host
 

@@ -473,7 +473,7 @@ def test_unknown_scorer_lists_available(installed, tmp_path):
 
 
 def test_the_examples_own_tests_pass_with_the_public_fixtures_alone(installed, tmp_path):
-    """Issue 31, item 8: a plugin's tests need nothing from this repository's tests/."""
+    """A plugin's tests need nothing from this repository's tests/."""
     shutil.copytree(EXAMPLE / "tests", tmp_path / "tests")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "tests"],
@@ -543,7 +543,7 @@ EVALUATED = ("eval-retain/forget1", "eval-full/forget1", "capped/forget1/seed0")
 
 
 def test_the_example_in_a_study(installed, tmp_path, tmp_path_factory):
-    """Issue 31: the example plugin itself in `unlearn study`: its task is in the report as
+    """The example plugin itself in `unlearn study`: its task is in the report as
     `surprisal_forget01:acc`, it evaluates the study's forget set (the host's metadata
     `forget_split`, not its own `split: forget01`), and a new version of the example rebuilds
     the cells that use it (its task: every evaluation; its objective and initializer: the

@@ -1,4 +1,4 @@
-"""Faults and integrity (issue 13, part B): corrupt model caches and weight files, NaN outputs,
+"""Faults and integrity: corrupt model caches and weight files, NaN outputs,
 adapters trained on another base, locks on output folders, no trace of runs that fail before
 training, resumable scoring, and broken checkpoints on --resume.
 
@@ -112,7 +112,7 @@ def held(kind: str, path) -> int:
         proc.wait(timeout=60)
 
 
-# ----------------------------------------------------------------------------- item 2: cache hashes, NaN outputs
+# ----------------------------------------------------------------------------- cache hashes, NaN outputs
 
 
 @pytest.fixture
@@ -331,7 +331,7 @@ def test_broken_adapter_folders_are_one_line_errors(damage, says, trained, tofu_
     assert tree(broken) == before
 
 
-# ----------------------------------------------------------------------------- item 3: the adapter's base
+# ----------------------------------------------------------------------------- the adapter's base
 
 
 def weights_digest(folder: Path) -> str:
@@ -415,7 +415,7 @@ def test_adapter_on_another_base_with_the_same_shapes_is_refused(trained, tofu_d
     assert "mean answer probability over 2 samples" in capsys.readouterr().out
 
 
-# ----------------------------------------------------------------------------- item 8: locks
+# ----------------------------------------------------------------------------- locks
 
 
 PAUSE_SCRIPT = """
@@ -515,7 +515,7 @@ def test_a_demo_stage_being_built_by_another_process_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [folder.name]
 
 
-# ----------------------------------------------------------------------------- item 9: no trace
+# ----------------------------------------------------------------------------- no trace
 
 
 class RaisingInit:
@@ -557,7 +557,7 @@ def test_runs_that_fail_before_training_leave_no_trace(tiny_model_dir, tofu_dir,
     assert tree(out) == done
 
 
-# ----------------------------------------------------------------------------- item 10: resumable scoring
+# ----------------------------------------------------------------------------- resumable scoring
 
 
 def score(tiny_model_dir, tofu_dir, out, *options):

@@ -1,4 +1,4 @@
-"""Fidelity to the references (issue 11, items 2, 3, 8): the ReGLU preset's schedule, the
+"""Fidelity to the references: the ReGLU preset's schedule, the
 scheduler / warmup options, RILA's statistics and retain basis, PEFT's default LoRA init.
 
 Every expected value is computed here from the reference's formula, not with library code."""
@@ -30,7 +30,7 @@ def parse(*argv):
     return run_cmd.resolve_config(UnlearnConfig, parser.parse_args(["run", *argv]))
 
 
-# ----------------------------------------------------------------------------- item 2: schedule
+# ----------------------------------------------------------------------------- schedule
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ def test_lr_follows_hf_linear_warmup_then_decay(tiny_model_dir, tofu_dir, tmp_pa
     assert ft.record["initializer"]["init"] == "kaiming"  # and of `unlearn finetune`
 
 
-# ----------------------------------------------------------------------------- item 3: RILA
+# ----------------------------------------------------------------------------- RILA
 
 
 def peft_model(model, r):
@@ -271,7 +271,7 @@ def test_rila_pad_to_pools_over_padded_positions_like_tofu_format_data(tiny_mode
         RILAInit(n_samples=0)
 
 
-# ----------------------------------------------------------------------------- item 8: default init
+# ----------------------------------------------------------------------------- default init
 
 
 def test_default_init_is_pefts_kaiming_uniform_with_zero_b(tiny_model):

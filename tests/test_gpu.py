@@ -57,6 +57,36 @@ def run_args(model_dir, tofu_dir, out, *extra) -> list[str]:
     return [*args, "--grad-accum", "2", "--save-steps", "0", "--device", "cuda", "--out", str(out), *extra]
 
 
+#: a short fp32 run: two processes and one give the same numbers
+FP32 = ["--max-steps", "4", "--mixed-precision", "no", "--dtype", "float32"]
+
+
+def two_gpu_args(model_dir, tofu_dir, out, what: str) -> list[str]:
+    """The fp32 run's arguments for each of two processes, one GPU each (the launcher's: no
+    --device), with the global batch of one process; skipped on fewer than 2 GPUs."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs for {what}; this machine has {torch.cuda.device_count()}")
+    args = run_args(model_dir, tofu_dir, out, *FP32)
+    args[args.index("--grad-accum") + 1] = "1"
+    args.remove("--device")
+    args.remove("cuda")
+    return args
+
+
+def assert_one_process_matches(model_dir, tofu_dir, one, two, record: dict) -> None:
+    """One process of the same run in ``one``: the two-process run's loss and adapter (1e-4)."""
+    from test_trainer import adapter_weights, max_diff
+
+    from unlearn_plugins.cli import main
+
+    assert main(run_args(model_dir, tofu_dir, one, *FP32)) == 0
+    single = json.loads((one / "run.json").read_text())
+    assert record["final_loss"] == pytest.approx(single["final_loss"], rel=1e-4)
+    assert max_diff(adapter_weights(two), adapter_weights(one)) <= 1e-4
+
+
 def test_bf16_autocast_training_on_cuda(tiny_model_dir, tofu_dir, tmp_path):
     """The default on CUDA: bf16 autocast where the GPU computes bf16 natively, fp32 elsewhere."""
     from unlearn_plugins.cli import main
@@ -71,29 +101,15 @@ def test_bf16_autocast_training_on_cuda(tiny_model_dir, tofu_dir, tmp_path):
 
 def test_two_processes_over_nccl_match_one_process(tiny_model_dir, tofu_dir, tmp_path):
     """test_trainer's two-process check (there on CPU, gloo) on two GPUs: NCCL all-reduce, fp32."""
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs for NCCL; this machine has {torch.cuda.device_count()}")
-    from test_trainer import adapter_weights, launch_two, max_diff
-
-    from unlearn_plugins.cli import main
-
-    flags = ["--max-steps", "4", "--mixed-precision", "no", "--dtype", "float32"]
     two = tmp_path / "two"
-    args = run_args(tiny_model_dir, tofu_dir, two, *flags)
-    args[args.index("--grad-accum") + 1] = "1"
-    args.remove("--device")
-    args.remove("cuda")  # one GPU per process: the launcher's
+    args = two_gpu_args(tiny_model_dir, tofu_dir, two, "NCCL")
+    from test_trainer import launch_two
+
     proc = launch_two(["-m", "unlearn_plugins.cli"], args, cuda_env(CUDA_VISIBLE_DEVICES="0,1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((two / "run.json").read_text())
     assert record["num_processes"] == 2 and record["device"].startswith("cuda")
-    one = tmp_path / "one"
-    assert main(run_args(tiny_model_dir, tofu_dir, one, *flags)) == 0
-    single = json.loads((one / "run.json").read_text())
-    assert record["final_loss"] == pytest.approx(single["final_loss"], rel=1e-4)
-    assert max_diff(adapter_weights(two), adapter_weights(one)) <= 1e-4
+    assert_one_process_matches(tiny_model_dir, tofu_dir, tmp_path / "one", two, record)
 
 
 def test_prefix_shared_evaluation_equals_hflm_in_fp32_on_cuda(tiny_model_dir, tofu_dir):
@@ -108,20 +124,10 @@ def test_fsdp_on_two_gpus_matches_one_process(tiny_model_dir, tofu_dir, tmp_path
     """The shipped FSDP configuration (examples/accelerate/fsdp.yaml), fp32, on two GPUs: the run
     says it was sharded, and its loss and adapter are one process's with the same global batch.
     (On CPU processes accelerate does not shard: it runs DDP, MULTI_CPU, whatever the file says.)"""
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs for FSDP; this machine has {torch.cuda.device_count()}")
-    from test_trainer import adapter_weights, free_port, max_diff
-
-    from unlearn_plugins.cli import main
-
-    flags = ["--max-steps", "4", "--mixed-precision", "no", "--dtype", "float32"]
     two = tmp_path / "two"
-    args = run_args(tiny_model_dir, tofu_dir, two, *flags)
-    args[args.index("--grad-accum") + 1] = "1"
-    args.remove("--device")
-    args.remove("cuda")
+    args = two_gpu_args(tiny_model_dir, tofu_dir, two, "FSDP")
+    from test_trainer import free_port
+
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     launch += [str(ROOT / "examples" / "accelerate" / "fsdp.yaml"), "--num_processes", "2", "--mixed_precision", "no"]
     launch += ["--main_process_port", str(free_port()), "-m", "unlearn_plugins.cli", *args]
@@ -129,8 +135,4 @@ def test_fsdp_on_two_gpus_matches_one_process(tiny_model_dir, tofu_dir, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((two / "run.json").read_text())
     assert record["num_processes"] == 2 and record["distributed"] == "FSDP"
-    one = tmp_path / "one"
-    assert main(run_args(tiny_model_dir, tofu_dir, one, *flags)) == 0
-    single = json.loads((one / "run.json").read_text())
-    assert record["final_loss"] == pytest.approx(single["final_loss"], rel=1e-4)
-    assert max_diff(adapter_weights(two), adapter_weights(one)) <= 1e-4
+    assert_one_process_matches(tiny_model_dir, tofu_dir, tmp_path / "one", two, record)

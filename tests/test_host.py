@@ -171,10 +171,16 @@ def test_strict_mode_turns_failures_into_errors(plugin_modules):
         PluginHost(entry_points=eps(("raising", "raising_hook")), strict=True)
 
 
-def test_a_plugin_reusing_a_builtin_name_is_refused_and_the_rest_keep_working(plugin_modules):
+def refused_beside_good(entry_point: tuple[str, str]) -> tuple[PluginHost, str]:
+    """The host of ``entry_point`` and the good plugin, and the one warning: the refusal."""
     with pytest.warns(RuntimeWarning) as caught:
-        host = PluginHost(entry_points=eps(("clash", "clash_plugin"), ("good", "good_plugin")))
+        host = PluginHost(entry_points=eps(entry_point, ("good", "good_plugin")))
     (message,) = [str(w.message) for w in caught]
+    return host, message
+
+
+def test_a_plugin_reusing_a_builtin_name_is_refused_and_the_rest_keep_working(plugin_modules):
+    host, message = refused_beside_good(("clash", "clash_plugin"))
     assert message.startswith(
         "plugin 'clash' (entry point) refused: name already taken: difficulty_scorer 'length' "
         "is already registered by plugin 'builtin-scorers'"
@@ -207,9 +213,7 @@ def test_two_third_party_plugins_with_one_component_name(plugin_modules):
 
 def test_misspelt_hook_is_reported_not_silently_ignored(plugin_modules):
     """pluggy's check_pending: a hook name that is not in the spec refuses the plugin."""
-    with pytest.warns(RuntimeWarning) as caught:
-        host = PluginHost(entry_points=eps(("typo", "misspelt_hook"), ("good", "good_plugin")))
-    (message,) = [str(w.message) for w in caught]
+    host, message = refused_beside_good(("typo", "misspelt_hook"))
     assert message.startswith(
         "plugin 'typo' (entry point) refused: unknown hook: 'register_difficulty_scorer' is "
         "not an unlearn_plugins hook (did you mean 'register_difficulty_scorers'?"
@@ -383,7 +387,7 @@ def test_plugins_json_into_a_closed_pipe_is_not_an_error():
 
 
 def test_a_plugin_that_exits_or_interrupts_at_import_is_named(tmp_path):
-    """Issue 32, item 7: sys.exit(0) at import made every plugin-loading command exit 0 with no
+    """sys.exit(0) at import made every plugin-loading command exit 0 with no
     output; a KeyboardInterrupt printed "interrupted" without naming the plugin."""
     (tmp_path / "exiting_plugin.py").write_text("import sys\nsys.exit(0)\n")
     (tmp_path / "interrupting_plugin.py").write_text("raise KeyboardInterrupt\n")

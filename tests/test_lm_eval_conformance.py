@@ -77,6 +77,13 @@ def multiple_inputs(task) -> bool:
     return bool(getattr(task, "multiple_inputs", getattr(task, "multiple_input", False)))
 
 
+def first_docs(task, limit: int) -> list:
+    """The task's first ``limit`` test documents (validation documents where it has no test split)."""
+    return (
+        list(islice(task.test_docs(), limit)) if task.has_test_docs() else list(islice(task.validation_docs(), limit))
+    )
+
+
 @pytest.fixture()
 def limit() -> int:
     return 10
@@ -132,11 +139,7 @@ class TestBaseTasks:
 
     def test_doc_to_text(self, task_class, limit):
         task = task_class
-        arr = (
-            list(islice(task.test_docs(), limit))
-            if task.has_test_docs()
-            else list(islice(task.validation_docs(), limit))
-        )
+        arr = first_docs(task, limit)
         _array = [task.doc_to_text(doc) for doc in arr]
         # space convention; allow txt to have length 0 for perplexity-like tasks since the model tacks an <|endoftext|> on
         target_delimiter: str = task.config.target_delimiter
@@ -149,11 +152,7 @@ class TestBaseTasks:
 
     def test_create_choices(self, task_class, limit):
         task = task_class
-        arr = (
-            list(islice(task.test_docs(), limit))
-            if task.has_test_docs()
-            else list(islice(task.validation_docs(), limit))
-        )
+        arr = first_docs(task, limit)
         if "multiple_choice" in task._config.output_type:
             _array = [task.doc_to_choice(doc) for doc in arr]
             assert all(isinstance(x, list) for x in _array)
@@ -161,11 +160,7 @@ class TestBaseTasks:
 
     def test_doc_to_target(self, task_class, limit):
         task = task_class
-        arr = (
-            list(islice(task.test_docs(), limit))
-            if task.has_test_docs()
-            else list(islice(task.validation_docs(), limit))
-        )
+        arr = first_docs(task, limit)
         _array_target = [task.doc_to_target(doc) for doc in arr]
         if task._config.output_type == "multiple_choice":
             assert all(isinstance(label, (int, str)) for label in _array_target)
@@ -176,11 +171,7 @@ class TestBaseTasks:
 
     def test_construct_requests(self, task_class, limit):
         task = task_class
-        arr = (
-            list(islice(task.test_docs(), limit))
-            if task.has_test_docs()
-            else list(islice(task.validation_docs(), limit))
-        )
+        arr = first_docs(task, limit)
         # ctx is "" for multiple input tasks
         requests = [
             task.construct_requests(doc=doc, ctx=[""] if multiple_inputs(task) else task.doc_to_text(doc))

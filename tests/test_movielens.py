@@ -19,52 +19,45 @@ def flags(*on: int) -> str:
     return "|".join(values)
 
 
+def given(value: str | None, default: str) -> str:
+    """``value``, or ``default`` where none is given (an empty text is a given one)."""
+    return default if value is None else value
+
+
+ITEM_100K = (
+    f"1|Brass Lanterns (1994)|01-Jan-1994||http://x|{flags(1, 5)}\n"
+    f"2|Caf\xe9 Nights (1996)|01-Jan-1996||http://x|{flags(8)}\n"
+    f"3|Untitled Reel|01-Jan-1990||http://x|{flags(0)}\n"
+    f"4|Paper Moons, The (1997)|01-Jan-1997||http://x|{flags(5, 14)}\n"
+)
+DATA_100K = "7\t1\t5\t880000003\n7\t2\t2\t880000001\n9\t3\t4\t880000002\n9\t4\t1\t880000009\n11\t1\t3\t880000005\n"
+MOVIES_1M = "1::Brass Lanterns (1994)::Action|Comedy\n2::Caf\xe9 Nights (1996)::Drama\n"
+RATINGS_1M = "1::2::4::978300760\n2::1::3::978302109\n"
+ITEM_RECBOLE = (
+    "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
+    "1\tBrass Lanterns\t1994\tAction Comedy\n2\tCafé Nights\t1996\tDrama\n"
+)
+INTER_RECBOLE = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n5\t1\t4\t881250949\n6\t2\t2\t881250950\n"
+
+
 def write_100k(folder, *, data=None, item=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "u.item").write_bytes(
-        (
-            item
-            if item is not None
-            else f"1|Brass Lanterns (1994)|01-Jan-1994||http://x|{flags(1, 5)}\n"
-            f"2|Caf\xe9 Nights (1996)|01-Jan-1996||http://x|{flags(8)}\n"
-            f"3|Untitled Reel|01-Jan-1990||http://x|{flags(0)}\n"
-            f"4|Paper Moons, The (1997)|01-Jan-1997||http://x|{flags(5, 14)}\n"
-        ).encode("latin-1")
-    )
-    (folder / "u.data").write_text(
-        data
-        if data is not None
-        else "7\t1\t5\t880000003\n7\t2\t2\t880000001\n9\t3\t4\t880000002\n9\t4\t1\t880000009\n11\t1\t3\t880000005\n"
-    )
+    (folder / "u.item").write_bytes(given(item, ITEM_100K).encode("latin-1"))
+    (folder / "u.data").write_text(given(data, DATA_100K))
     return folder
 
 
 def write_1m(folder, *, ratings=None, movies=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "movies.dat").write_bytes(
-        (
-            movies
-            if movies is not None
-            else "1::Brass Lanterns (1994)::Action|Comedy\n2::Caf\xe9 Nights (1996)::Drama\n"
-        ).encode("latin-1")
-    )
-    (folder / "ratings.dat").write_text(ratings if ratings is not None else "1::2::4::978300760\n2::1::3::978302109\n")
+    (folder / "movies.dat").write_bytes(given(movies, MOVIES_1M).encode("latin-1"))
+    (folder / "ratings.dat").write_text(given(ratings, RATINGS_1M))
     return folder
 
 
 def write_recbole(folder, *, inter=None, item=None):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "toy.item").write_text(
-        item
-        if item is not None
-        else "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
-        "1\tBrass Lanterns\t1994\tAction Comedy\n2\tCafé Nights\t1996\tDrama\n"
-    )
-    (folder / "toy.inter").write_text(
-        inter
-        if inter is not None
-        else "user_id:token\titem_id:token\trating:float\ttimestamp:float\n5\t1\t4\t881250949\n6\t2\t2\t881250950\n"
-    )
+    (folder / "toy.item").write_text(given(item, ITEM_RECBOLE))
+    (folder / "toy.inter").write_text(given(inter, INTER_RECBOLE))
     return folder
 
 

@@ -7,13 +7,12 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from muse_fixture import write_muse_fixture
+from support_checks import lm_eval
 
 from unlearn_plugins.errors import DataError
 
@@ -216,36 +215,9 @@ def test_knowmem_task_scores_its_generations(tiny_model, tiny_tokenizer, muse_di
 
 def test_lm_eval_cli_runs_muse_news_verbmem(tiny_model_dir, muse_dir, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            "hf",
-            "--model_args",
-            f"pretrained={tiny_model_dir}",
-            "--include_path",
-            str(TASKS),
-            "--tasks",
-            "muse_news_verbmem",
-            "--limit",
-            "2",
-            "--device",
-            "cpu",
-            "--batch_size",
-            "2",
-            "--gen_kwargs",
-            "max_gen_toks=16",
-            "--output_path",
-            str(out),
-            "--log_samples",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1", mu.ENV: str(muse_dir)},
-    )
+    flags = ["--limit", 2, "--device", "cpu", "--batch_size", 2, "--gen_kwargs", "max_gen_toks=16", "--log_samples"]
+    env = {mu.ENV: str(muse_dir)}
+    proc = lm_eval(f"pretrained={tiny_model_dir}", "muse_news_verbmem", TASKS, *flags, "--output_path", out, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     samples = [json.loads(line) for f in out.rglob("samples_muse_news_verbmem_*.jsonl") for line in f.open()]
     assert len(samples) == 2
@@ -261,29 +233,7 @@ def test_lm_eval_cli_runs_muse_news_verbmem(tiny_model_dir, muse_dir, tmp_path):
 
 def test_lm_eval_cli_missing_folder_is_one_line(tiny_model_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != mu.ENV}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lm_eval",
-            "--model",
-            "hf",
-            "--model_args",
-            f"pretrained={tiny_model_dir}",
-            "--include_path",
-            str(TASKS),
-            "--tasks",
-            "muse_news_verbmem",
-            "--limit",
-            "1",
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**env, "OMP_NUM_THREADS": "1"},
-    )
+    proc = lm_eval(f"pretrained={tiny_model_dir}", "muse_news_verbmem", TASKS, "--limit", 1, "--device", "cpu", env=env)
     assert proc.returncode != 0
     assert "muse-bench/MUSE-News" in proc.stderr and "UNLEARN_MUSE_DIR" in proc.stderr
 

@@ -1,4 +1,4 @@
-"""A method's operating-point cell (issue 34, unlearn_plugins/study/operating_cell.py): Model
+"""A method's operating-point cell (unlearn_plugins/study/operating_cell.py): Model
 Utility evaluated lazily, in the rule's order, until the choice is final or the cap is reached;
 and the test cells keyed at the chosen point once it is known."""
 

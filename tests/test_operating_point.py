@@ -1,4 +1,4 @@
-"""The operating-point rule (issue 34) on synthetic sweep traces: the best Forget Quality among
+"""The operating-point rule on synthetic sweep traces: the best Forget Quality among
 the points whose paired Model Utility is at most 0.02 below the target's, ties broken as
 written down, a clear answer when nothing qualifies, and pending points while Model Utility is
 still missing."""

@@ -9,29 +9,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+from support_checks import build_wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_ships_registry_and_tasks(tmp_path):
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr
-    wheel = next(tmp_path.glob("unlearn_plugins-*.whl"))
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "unlearn_plugins/registry.toml" in names
     assert any(n.startswith("unlearn_plugins/tasks/") for n in names)

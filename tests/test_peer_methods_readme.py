@@ -3,24 +3,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from support_checks import ROOT, committed_study, report_fixtures
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def study() -> dict:
-    return json.loads((ROOT / "docs" / "study" / "peer_methods" / "study.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def section() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index("## Every method at its reference defaults (`peer_methods`)")
-    return text[start : text.index("\n## ", start + 1)]
+study, section = report_fixtures("peer_methods", "## Every method at its reference defaults (`peer_methods`)")
 
 
 def test_the_table_is_the_report(study, section):
@@ -57,7 +42,7 @@ def test_the_sentences_are_the_report(study, section):
 
 
 def test_t3_on_its_own_recipe_is_its_report(section):
-    t3 = json.loads((ROOT / "docs" / "study" / "peer_methods" / "t3_recipe" / "study.json").read_text())
+    t3 = committed_study("peer_methods", "t3_recipe")
     m = t3["groups"][0]["metrics"]
     text = " ".join(section.split())
     assert (

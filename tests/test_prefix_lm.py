@@ -7,12 +7,10 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support_checks import lm_eval
 
 from unlearn_plugins.evaluation.prefix_lm import plan
 
@@ -147,34 +145,11 @@ def test_lm_eval_cli_runs_the_tofu_tasks_with_hf_prefix(tiny_model_dir, tofu_dir
 
     def run(module: str, model: str) -> float:
         out = tmp_path / model
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                module,
-                "--model",
-                model,
-                "--model_args",
-                f"pretrained={tiny_model_dir}",
-                "--include_path",
-                str(ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks"),
-                "--tasks",
-                "tofu_forget01_truth_ratio",
-                "--limit",
-                "3",
-                "--device",
-                "cpu",
-                "--batch_size",
-                "2",
-                "--metadata",
-                json.dumps({"tofu_dir": str(tofu_dir)}),
-                "--output_path",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        tasks = ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks"
+        metadata = json.dumps({"tofu_dir": str(tofu_dir)})
+        flags = ["--limit", 3, "--device", "cpu", "--batch_size", 2, "--metadata", metadata, "--output_path", out]
+        proc = lm_eval(
+            f"pretrained={tiny_model_dir}", "tofu_forget01_truth_ratio", tasks, *flags, module=module, model=model
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         (result,) = glob.glob(str(out / "**" / "results*.json"), recursive=True)

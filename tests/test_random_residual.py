@@ -1,4 +1,4 @@
-"""The random_residual control (issue 34): RILA's per-module norm ||s B A||_F, random directions,
+"""The random_residual control: RILA's per-module norm ||s B A||_F, random directions,
 the model unchanged at step 0, directions decided by the seed and not by the data."""
 
 from __future__ import annotations

@@ -6,25 +6,13 @@ while IHL + VILA had more on seed 1 of forget 1)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from support_checks import ROOT, report_fixtures
 
 from unlearn_plugins.study.report import leader_tests
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def study() -> dict:
-    return json.loads((ROOT / "docs" / "study" / "reglu_tofu" / "study.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def readme() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index("## What `reglu_tofu` found")
-    return " ".join(text[start : text.index("\n## ", start)].split())  # one line: wrapping does not matter
+study, readme = report_fixtures("reglu_tofu", "## What `reglu_tofu` found", name="readme", one_line=True)
 
 
 def _groups(study: dict, forget: int) -> dict[str, dict]:

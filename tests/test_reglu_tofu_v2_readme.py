@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
-import pytest
+from support_checks import ROOT, report_fixtures
 
 from unlearn_plugins.study.records import unpacked
 
-ROOT = Path(__file__).resolve().parents[1]
 SHORT = {
     "grad_diff": "GradDiff",
     "ihl": "IHL",
@@ -26,16 +24,9 @@ SHORT = {
 WORDS = {1: "One", 2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven"}
 
 
-@pytest.fixture(scope="module")
-def study() -> dict:
-    return json.loads((ROOT / "docs" / "study" / "reglu_tofu_v2" / "study.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def readme() -> str:
-    text = (ROOT / "docs" / "results.md").read_text()
-    start = text.index("## What `reglu_tofu_v2` found")
-    return " ".join(text[start : text.index("## What `reglu_tofu` found", start)].split())
+study, readme = report_fixtures(
+    "reglu_tofu_v2", "## What `reglu_tofu_v2` found", name="readme", until="## What `reglu_tofu` found", one_line=True
+)
 
 
 def row(study: dict, family: str, method: str, rival: str) -> dict:

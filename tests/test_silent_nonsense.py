@@ -1,4 +1,4 @@
-"""Issue 32, item 9: inputs that gave a result with exit 0 where there is none to give. `unlearn
+"""Inputs that gave a result with exit 0 where there is none to give. `unlearn
 stratify` with NaN scores put the same samples in easy and hard and wrote NaN into
 stratify.json; a duplicate index put one sample twice in a split; ``"anchor": "no"`` counted as
 an anchor. `finetune --authors 0,0` trained on author 0 twice. A MovieLens ratings file cut
@@ -9,10 +9,11 @@ test_study_corrupt_records.py.)"""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
+from support_checks import stratify_args
+from test_demo_movielens import write_grouplens
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.data.qa import load_split
@@ -41,24 +42,6 @@ def score_file(path: Path, rows: list[dict]) -> Path:
     """A score file; each row's values as given (NaN and Infinity written as Python's json does)."""
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def stratify(scores: Path, tofu_dir: Path, out: Path, *extra) -> list:
-    return [
-        "stratify",
-        scores,
-        "--easy",
-        "1",
-        "--hard",
-        "1",
-        "--data",
-        "tofu:forget01[0:4]",
-        "--tofu-dir",
-        tofu_dir,
-        "--out",
-        out,
-        *extra,
-    ]
 
 
 @pytest.mark.parametrize(
@@ -116,7 +99,7 @@ def test_stratify_refuses_scores_that_would_give_nonsense(rows, extra, message, 
     """NaN sorts anywhere: the same samples were easy and hard, and stratify.json held NaN. A
     duplicate index put one sample twice in a split. "no" is a true value in Python."""
     scores = score_file(tmp_path / "s.jsonl", rows)
-    line = refused(capsys, tmp_path, *stratify(scores, tofu_dir, tmp_path / "strata", *extra))
+    line = refused(capsys, tmp_path, *stratify_args(scores, tofu_dir, tmp_path / "strata", *extra))
     assert line == f"error: {scores.parent}/{message}"
 
 
@@ -130,7 +113,7 @@ def test_stratify_keeps_the_anchor_values_the_scorer_writes(tofu_dir, tmp_path, 
         {"index": 3, "score": 0.5, "anchor": None},
     ]
     scores = score_file(tmp_path / "s.jsonl", rows)
-    assert main([str(a) for a in stratify(scores, tofu_dir, tmp_path / "strata")]) == 0
+    assert main(stratify_args(scores, tofu_dir, tmp_path / "strata")) == 0
     data = json.loads((tmp_path / "strata" / "stratify.json").read_text())
     assert data["dropped_anchors"] == [0, 2]
     assert data["easy"] == [{"index": 1, "score": 0.2}] and data["hard"] == [{"index": 3, "score": 0.5}]
@@ -139,6 +122,11 @@ def test_stratify_keeps_the_anchor_values_the_scorer_writes(tofu_dir, tmp_path, 
 
 
 # ----------------------------------------------------------------------------- finetune --authors
+
+
+def finetune_args(model_dir: Path, tofu_dir: Path, out: Path, *extra) -> list:
+    """`unlearn finetune` on TOFU's forget01 authors."""
+    return ["finetune", "--model", model_dir, "--data", "tofu:forget01", "--tofu-dir", tofu_dir, "--out", out, *extra]
 
 
 @pytest.mark.parametrize(
@@ -150,42 +138,14 @@ def test_stratify_keeps_the_anchor_values_the_scorer_writes(tofu_dir, tmp_path, 
 )
 def test_finetune_refuses_an_author_given_twice(authors, message, tiny_model_dir, tofu_dir, tmp_path, capsys):
     """`--authors 0,0` trained on author 0's 20 QA twice (40 samples, exit 0)."""
-    line = refused(
-        capsys,
-        tmp_path,
-        "finetune",
-        "--model",
-        tiny_model_dir,
-        "--data",
-        "tofu:forget01",
-        "--tofu-dir",
-        tofu_dir,
-        "--authors",
-        authors,
-        "--out",
-        tmp_path / "ft",
-    )
+    line = refused(capsys, tmp_path, *finetune_args(tiny_model_dir, tofu_dir, tmp_path / "ft", "--authors", authors))
     assert line == f"error: {message}: their samples would be trained on repeatedly; give each author once"
 
 
 def test_finetune_refuses_an_author_given_twice_in_a_config_file(tiny_model_dir, tofu_dir, tmp_path, capsys):
     config = tmp_path / "ft.toml"
     config.write_text("authors = [1, 1]\n")
-    line = refused(
-        capsys,
-        tmp_path,
-        "finetune",
-        "--config",
-        config,
-        "--model",
-        tiny_model_dir,
-        "--data",
-        "tofu:forget01",
-        "--tofu-dir",
-        tofu_dir,
-        "--out",
-        tmp_path / "ft",
-    )
+    line = refused(capsys, tmp_path, *finetune_args(tiny_model_dir, tofu_dir, tmp_path / "ft", "--config", config))
     assert line == (
         "error: option 'authors' lists author 1 more than once ([1, 1]): their samples would be trained on "
         "repeatedly; give each author once"
@@ -195,22 +155,10 @@ def test_finetune_refuses_an_author_given_twice_in_a_config_file(tiny_model_dir,
 # ----------------------------------------------------------------------------- MovieLens cut mid-line
 
 
-def grouplens(folder: Path, users: int = 10, per_user: int = 14, movies: int = 40) -> str:
-    """u.item, and the text of a u.data of made-up ratings (returned, not written)."""
-    rng = random.Random(0)
-    folder.mkdir(parents=True)
-    flags = "|".join(["0"] * 19)
-    (folder / "u.item").write_text(
-        "".join(
-            f"{i}|Film {i} ({1980 + i % 20})|01-Jan-{1980 + i % 20}||http://x|{flags}\n" for i in range(1, movies + 1)
-        ),
-        encoding="latin-1",
-    )
-    return "".join(
-        f"{u}\t{i}\t{rng.randint(1, 5)}\t{880000000 + 1000 * u + t}\n"
-        for u in range(1, users + 1)
-        for t, i in enumerate(rng.sample(range(1, movies + 1), per_user))
-    )
+def grouplens(folder: Path) -> str:
+    """u.item, and the text of a u.data of made-up ratings (returned; u.data is written again by
+    each test)."""
+    return (write_grouplens(folder) / "u.data").read_text()
 
 
 @pytest.mark.parametrize("kept", [1, 9], ids=["timestamp-cut", "line-end-missing"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support_checks import stratify_args
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.data.qa import load_split
@@ -30,26 +31,7 @@ def test_stratify_writes_tofu_splits_with_perturbed_fields(tofu_dir, tmp_path, c
     samples = load_split("tofu:forget01[0:6]", tofu_dir)
     scores = write_scores(tmp_path / "s.jsonl", samples, [0.5, 0.1, 0.9, 0.3, 0.95, 0.1])
     out = tmp_path / "strata"
-    assert (
-        main(
-            [
-                "stratify",
-                str(scores),
-                "--easy",
-                "2",
-                "--hard",
-                "2",
-                "--data",
-                "tofu:forget01[0:6]",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(out),
-                "--plot",
-            ]
-        )
-        == 0
-    )
+    assert main(stratify_args(scores, tofu_dir, out, "--plot", easy=2, hard=2, data="tofu:forget01[0:6]")) == 0
     easy = load_split(str(out / "easy.json"), require=("question", "answer", "perturbed_answer"))
     hard = load_split(str(out / "hard.json"), require=("question", "answer", "perturbed_answer"))
     assert [s.question for s in easy] == [samples[1].question, samples[5].question]  # ties: lower index
@@ -72,23 +54,7 @@ def test_stratify_errors_name_the_problem(tofu_dir, tmp_path, capsys):
     assert main(base + ["--easy", "1", "--hard", "1", "--data", "tofu:forget01[0:4]", "--plot"]) == 1
     assert "circuit_by_layer" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"index": 0}\n')
-    assert (
-        main(
-            [
-                "stratify",
-                str(tmp_path / "bad.jsonl"),
-                "--easy",
-                "1",
-                "--hard",
-                "0",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 1
-    )
+    assert main(stratify_args(tmp_path / "bad.jsonl", tofu_dir, tmp_path / "o", easy=1, hard=0, data=None)) == 1
     assert "bad.jsonl:1: field 'score'" in capsys.readouterr().err
 
 
@@ -101,25 +67,7 @@ def test_questions_must_match(tofu_dir, tmp_path, capsys, spec):
     row["question"] = "something else?"
     lines[2] = json.dumps(row)
     scores.write_text("\n".join(lines) + "\n")
-    assert (
-        main(
-            [
-                "stratify",
-                str(scores),
-                "--easy",
-                "1",
-                "--hard",
-                "1",
-                "--data",
-                spec,
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 1
-    )
+    assert main(stratify_args(scores, tofu_dir, tmp_path / "o", easy=1, hard=1, data=spec)) == 1
     assert "s.jsonl:3: index 2 has another question" in capsys.readouterr().err
 
 
@@ -135,49 +83,13 @@ def test_anchor_rows_never_enter_a_split(tofu_dir, tmp_path, capsys):
     by_score = sorted(range(6), key=lambda i: scores[i])
     assert {by_score[0], by_score[-1]} == {1, 4}  # what the old code would have picked
     out = tmp_path / "strata"
-    assert (
-        main(
-            [
-                "stratify",
-                str(path),
-                "--easy",
-                "2",
-                "--hard",
-                "2",
-                "--data",
-                "tofu:forget01[0:6]",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert main(stratify_args(path, tofu_dir, out, easy=2, hard=2, data="tofu:forget01[0:6]")) == 0
     easy, hard = load_split(str(out / "easy.json")), load_split(str(out / "hard.json"))
     assert [s.question for s in easy] == [samples[3].question, samples[2].question]
     assert [s.question for s in hard] == [samples[5].question, samples[0].question]
     assert "dropped 2 of 6 rows: CUD anchors" in capsys.readouterr().out
     assert json.loads((out / "stratify.json").read_text())["dropped_anchors"] == [1, 4]
-    assert (
-        main(
-            [
-                "stratify",
-                str(path),
-                "--easy",
-                "3",
-                "--hard",
-                "2",
-                "--data",
-                "tofu:forget01[0:6]",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(out),
-            ]
-        )
-        == 1
-    )
+    assert main(stratify_args(path, tofu_dir, out, easy=3, hard=2, data="tofu:forget01[0:6]")) == 1
     assert "exceeds the 4 scored samples left after dropping 2 CUD anchors" in capsys.readouterr().err
 
 
@@ -195,25 +107,7 @@ def test_anchors_listed_in_the_metadata_are_dropped(tofu_dir, tmp_path, capsys):
     (tmp_path / "s.jsonl.meta.json").write_text(json.dumps(meta))
     easy, hard = stratify(read_scores(path), samples, 1, 1, meta=meta)
     assert easy == [samples[3]] and hard == [samples[4]]
-    assert (
-        main(
-            [
-                "stratify",
-                str(path),
-                "--easy",
-                "1",
-                "--hard",
-                "1",
-                "--data",
-                "tofu:forget01[0:6]",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 0
-    )
+    assert main(stratify_args(path, tofu_dir, tmp_path / "o", easy=1, hard=1, data="tofu:forget01[0:6]")) == 0
     assert "dropped 1 of 6 rows" in capsys.readouterr().out
     assert load_split(str(tmp_path / "o" / "easy.json"))[0].question == samples[3].question
 
@@ -225,20 +119,7 @@ def test_stratify_by_one_objective(tofu_dir, tmp_path, capsys):
     for row, npo in zip(rows, [0.9, 0.1, 0.2, 0.8]):
         row["score_by_objective"] = {"npo": npo, "grad_diff": 1 - npo}
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = [
-        "stratify",
-        str(path),
-        "--easy",
-        "1",
-        "--hard",
-        "1",
-        "--data",
-        "tofu:forget01[0:4]",
-        "--tofu-dir",
-        str(tofu_dir),
-        "--out",
-        str(tmp_path / "o"),
-    ]
+    base = stratify_args(path, tofu_dir, tmp_path / "o")
     assert main(base + ["--objective", "npo"]) == 0
     assert load_split(str(tmp_path / "o" / "easy.json"))[0].question == samples[1].question
     assert load_split(str(tmp_path / "o" / "hard.json"))[0].question == samples[0].question
@@ -278,25 +159,7 @@ def test_stratify_a_cud_score_file_with_in_sample_anchors(tiny_model_dir, tofu_d
     )
     assert (tmp_path / "cud.jsonl.meta.json").is_file()
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "stratify",
-                str(scores),
-                "--easy",
-                "1",
-                "--hard",
-                "1",
-                "--data",
-                "tofu:forget01[0:6]",
-                "--tofu-dir",
-                str(tofu_dir),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 0
-    )
+    assert main(stratify_args(scores, tofu_dir, tmp_path / "o", easy=1, hard=1, data="tofu:forget01[0:6]")) == 0
     assert "dropped 4 of 6 rows" in capsys.readouterr().out
     picked = load_split(str(tmp_path / "o" / "easy.json")) + load_split(str(tmp_path / "o" / "hard.json"))
     samples = load_split("tofu:forget01[0:6]", tofu_dir)

@@ -1,5 +1,4 @@
-"""Hand-edited and damaged evaluations under `unlearn study --report-only` (issue 32, items 9 and
-10): a Forget Quality of 7.5 was averaged (4.166, interval [0, 1]), a NaN one dropped without a
+"""Hand-edited and damaged evaluations under `unlearn study --report-only`: a Forget Quality of 7.5 was averaged (4.166, interval [0, 1]), a NaN one dropped without a
 word, a string Model Utility read as a number, and a list where an object belongs, a string
 summary, a list Forget Quality, a string extraction strength or NaN samples gave tracebacks.
 Every number the report reads is checked now: a damaged record is one `error:` line naming the
@@ -19,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support_checks import damage_file, property_settings
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import builtin_studies
@@ -184,7 +184,7 @@ def expected_file(records: Path, message: str) -> str:
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_hand_edited_record_is_one_error_naming_file_and_field(shape, study, tmp_path, capsys):
-    """Issue 32 items 9 and 10: each shape used to give a traceback or a number (FQ 7.5 averaged,
+    """Each shape used to give a traceback or a number (FQ 7.5 averaged,
     a NaN FQ dropped, a string MU read as 0.35). Now one error line names the record's file and
     field; the records and the last report are left as they were."""
     damage, message = SHAPES[shape]
@@ -278,7 +278,7 @@ def test_a_damaged_cached_evaluation_is_a_failed_cell_never_averaged(study, tmp_
 
 
 def test_a_pipe_in_a_method_label_is_escaped_and_a_line_break_refused(study, tmp_path, capsys):
-    """Issue 32 item 9: a label with '|' added a column to summary.md's tables, one with a line
+    """A label with '|' added a column to summary.md's tables, one with a line
     break ended the row. '|' is escaped in every table row; a line break is refused when the
     study file is read, naming the file and the key."""
     out = tmp_path / "report"
@@ -313,7 +313,7 @@ def test_a_pipe_in_a_method_label_is_escaped_and_a_line_break_refused(study, tmp
 # ----------------------------------------------------------------------------- property test
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 #: what a damaged or hand-edited file holds where a number or an object was
@@ -336,48 +336,10 @@ BAD_VALUES = [
 ]
 
 
-def nodes(value, path=()):
-    """Every (path, value) inside a JSON value."""
-    yield path, value
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from nodes(item, (*path, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from nodes(item, (*path, i))
-
-
-def damaged_json(value, data):
-    """``value`` with one node replaced by a bad value, or one key removed (paths under our
-    summary drawn more often: lm-eval's configs are most of a results file and never read)."""
-    paths = [p for p, _ in nodes(value) if p]
-    if not paths:
-        return data.draw(st.sampled_from(BAD_VALUES))
-    ours = [p for p in paths if p[0] == "unlearn_summary"]
-    path = data.draw(st.sampled_from(ours if ours and data.draw(st.booleans()) else paths))
-    parent = value
-    for key in path[:-1]:
-        parent = parent[key]
-    if isinstance(parent, dict) and data.draw(st.booleans()):
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = data.draw(st.sampled_from(BAD_VALUES))
-    return value
-
-
 def damage(path: Path, data) -> None:
-    raw = path.read_bytes()
-    how = data.draw(st.sampled_from(["value", "value", "truncate"]))
-    if how == "truncate" or not raw.strip():
-        path.write_bytes(raw[: data.draw(st.integers(0, max(len(raw) - 1, 0)))])
-        return
-    if path.suffix == ".jsonl":
-        lines = raw.decode().splitlines()
-        i = data.draw(st.integers(0, len(lines) - 1))
-        lines[i] = json.dumps(damaged_json(json.loads(lines[i]), data))
-        path.write_text("\n".join(lines) + "\n")
-    else:
-        path.write_text(json.dumps(damaged_json(json.loads(raw), data)))
+    damage_file(
+        path, data, BAD_VALUES, ways=["value", "value", "truncate"], prefer="unlearn_summary", empty_is_cut=True
+    )
 
 
 def same_or_none(got: dict, base: dict, where: str) -> None:
@@ -413,15 +375,10 @@ def check_report(report: dict, baseline: dict) -> None:
             assert stat["values"] == [c[source][key] for c in done if c[source].get(key) is not None], key
 
 
-@settings(
-    max_examples=30,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@property_settings(30)
 @given(data=st.data())
 def test_randomly_corrupted_records_and_stage_cache(data, study, tmp_path_factory, capsys):
-    """The Done-when of issue 32: truncations, wrong JSON types, NaN / infinite / out-of-range
+    """Truncations, wrong JSON types, NaN / infinite / out-of-range
     numbers and missing keys in recorded or cached evaluation files give a report (exit 0) or
     exactly one `error:` line (exit 1), never a traceback, never a number from a corrupt file."""
     root = tmp_path_factory.mktemp("example")

@@ -1,4 +1,4 @@
-"""Author-unit studies (issue 34, unlearn_plugins/study/design.py): the tables of reglu_tofu_v2
+"""Author-unit studies (unlearn_plugins/study/design.py): the tables of reglu_tofu_v2
 read by the spec parser, one exact error line per kind of mistake, the grid (per-author retain
 models, the noise ceiling, the sweep, the operating points, test cells waiting for them), the
 dry run, and a per-author benchmark."""
@@ -10,61 +10,19 @@ import re
 from pathlib import Path
 
 import pytest
+from support_checks import author_study_toml
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import StudyError, builtin_studies, expand, load_study
 
 #: a small author-unit study: tiny-llama, 6 generated authors (ids 14-19), 2 test authors
-AUTHORS = """
-[study]
-name = "tiny_authors"
-seeds = [0]
-
-[model]
-base = "tiny-llama"
-max_length = 128
-
-[benchmark]
-source = "generated"
-authors = 6
-unit = "author"
-test_authors = [18, 19]
-reserved_author = 14
-
-[target]
-seed = 0
-
-[target.finetune]
-lr = 1e-3
-epochs = 1.0
-lora_r = 8
-lora_alpha = 16.0
-batch_size = 8
-
-[retain]
-
-[noise_ceiling]
-authors = [14]
-seeds = [1]
-
-[budget]
-batch_size = 4
-lora_r = 8
-lora_alpha = 16.0
-
-[[methods]]
-name = "ihl"
-objective = "ihl"
-initializer = "kaiming"
-
-[[methods]]
-name = "reglu"
-objective = "ihl"
-initializer = "rila"
-regularizer = "rol"
-sweep = { rol_weight = [0.1, 0.5] }
-
-[[methods]]
+AUTHORS = author_study_toml(
+    "tiny_authors",
+    6,
+    [18, 19],
+    14,
+    ceiling="[noise_ceiling]\nauthors = [14]\nseeds = [1]\n\n",
+    rest="""[[methods]]
 name = "control"
 objective = "ihl"
 initializer = "random_residual"
@@ -80,12 +38,6 @@ trace = ["forget_quality", "wasserstein_log"]
 tolerance = 0.05
 
 [[comparisons]]
-family = "primary"
-metric = "forget_quality"
-method = "reglu"
-rivals = ["ihl"]
-
-[[comparisons]]
 family = "control"
 metric = "wasserstein_log"
 pairs = [["reglu", "control"]]
@@ -95,7 +47,8 @@ mu_size = 4
 batch_size = 8
 gen_margin = 4
 report = ["ks_statistic"]
-"""
+""",
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -232,124 +185,40 @@ def replace(old: str, new: str) -> str:
 
 ERRORS = [
     (replace('unit = "author"', 'unit = "seed"'), "[benchmark] unit: must be one of 'author', got 'seed'"),
-    (
-        replace("test_authors = [18, 19]", "test_authors = [18, 25]"),
-        "[benchmark] test_authors: each value must be between 14 and 19, got 25",
-    ),
-    (
-        replace("reserved_author = 14", "reserved_author = 18"),
-        "[benchmark] reserved_author: 18 is also a test author",
-    ),
-    (
-        replace("authors = 6\n", "authors = 6\nforget_authors = [2]\n"),
-        "[benchmark] forget_authors: must be 1 (or left out): each author is forgotten alone",
-    ),
-    (
-        replace('source = "generated"', 'source = "auto"'),
-        '[benchmark] source: must be "tofu" or "generated" with unit = "author" (author ids depend on it)',
-    ),
-    (
-        replace("authors = [14]\nseeds = [1]", "authors = [15]\nseeds = [1]"),
-        "[noise_ceiling] authors: 15 is neither the reserved nor a test author",
-    ),
-    (
-        replace("authors = [14]\nseeds = [1]", "authors = [14]\nseeds = [0, 1]"),
-        "[noise_ceiling] seeds: 0 is the retain recipe's seed (the reference): list the other seeds",
-    ),
-    (
-        replace("authors = [14]\nseeds = [1]", "authors = [14]\nseeds = [1]\nmore = 2"),
-        "[noise_ceiling] more: unknown key",
-    ),
-    (
-        replace("author = 14\nlr", "author = 18\nlr"),
-        "[sweep] author: must be the reserved author (14): a test author's own runs would choose its operating point",
-    ),
+    (replace("test_authors = [18, 19]", "test_authors = [18, 25]"), "[benchmark] test_authors: each value must be between 14 and 19, got 25"),
+    (replace("reserved_author = 14", "reserved_author = 18"), "[benchmark] reserved_author: 18 is also a test author"),
+    (replace("authors = 6\n", "authors = 6\nforget_authors = [2]\n"), "[benchmark] forget_authors: must be 1 (or left out): each author is forgotten alone"),
+    (replace('source = "generated"', 'source = "auto"'), '[benchmark] source: must be "tofu" or "generated" with unit = "author" (author ids depend on it)'),
+    (replace("authors = [14]\nseeds = [1]", "authors = [15]\nseeds = [1]"), "[noise_ceiling] authors: 15 is neither the reserved nor a test author"),
+    (replace("authors = [14]\nseeds = [1]", "authors = [14]\nseeds = [0, 1]"), "[noise_ceiling] seeds: 0 is the retain recipe's seed (the reference): list the other seeds"),
+    (replace("authors = [14]\nseeds = [1]", "authors = [14]\nseeds = [1]\nmore = 2"), "[noise_ceiling] more: unknown key"),
+    (replace("author = 14\nlr", "author = 18\nlr"), "[sweep] author: must be the reserved author (14): a test author's own runs would choose its operating point"),
     (replace("lr = [1e-4, 1e-3]", "lr = [1e-4, -1e-3]"), "[sweep] lr: each value must be > 0, got -0.001"),
     (replace("lr = [1e-4, 1e-3]", "lr = [1e-4, 1e-4]"), "[sweep] lr: 0.0001 is listed twice"),
     (replace("epochs = 2\n", "epochs = 0\n"), "[sweep] epochs: must be >= 1, got 0"),
-    (
-        replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["forget_quality", "bleu"]'),
-        "[sweep] trace: unknown measure 'bleu'; known: forget_quality, ks_statistic, wasserstein_log, forget_prob, "
-        "heldout_prob",
-    ),
-    (
-        replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["wasserstein_log"]'),
-        "[sweep] trace: must include forget_quality (the operating-point rule ranks by it)",
-    ),
-    (
-        replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["forget_quality", "heldout_prob"]'),
-        "[sweep] heldout: missing: trace heldout_prob needs its QA (real_authors, ...)",
-    ),
-    (
-        replace("[budget]\n", "[budget]\nlr = 1e-4\n"),
-        "[budget] lr: is each method's operating point ([sweep] lr); remove it",
-    ),
-    (
-        replace("[budget]\n", '[budget]\nlr_scheduler = "linear"\n'),
-        "[budget] lr_scheduler: must be \"constant\" without warmup with a [sweep] (method ihl: 'linear')",
-    ),
+    (replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["forget_quality", "bleu"]'), "[sweep] trace: unknown measure 'bleu'; known: forget_quality, ks_statistic, wasserstein_log, forget_prob, heldout_prob"),
+    (replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["wasserstein_log"]'), "[sweep] trace: must include forget_quality (the operating-point rule ranks by it)"),
+    (replace('trace = ["forget_quality", "wasserstein_log"]', 'trace = ["forget_quality", "heldout_prob"]'), "[sweep] heldout: missing: trace heldout_prob needs its QA (real_authors, ...)"),
+    (replace("[budget]\n", "[budget]\nlr = 1e-4\n"), "[budget] lr: is each method's operating point ([sweep] lr); remove it"),
+    (replace("[budget]\n", '[budget]\nlr_scheduler = "linear"\n'), "[budget] lr_scheduler: must be \"constant\" without warmup with a [sweep] (method ihl: 'linear')"),
     (replace("tolerance = 0.05", "tolerance = -1"), "[operating_point] tolerance: tolerance must be a finite number"),
     (replace("tolerance = 0.05", "tol = 0.05"), "[operating_point]: unknown key(s) of the operating-point rule: tol"),
-    (
-        replace("sweep = { rol_weight = [0.1, 0.5] }", "sweep = { rol_scale = [0.1] }"),
-        "[methods.reglu] sweep: unknown key 'rol_scale'; known: rol_weight, rol_rank",
-    ),
-    (
-        replace("sweep = { rol_weight = [0.1, 0.5] }", "sweep = { rol_weight = [0.1, -1.0] }"),
-        "[methods.reglu.sweep] rol_weight: each value must be > 0, got -1.0",
-    ),
-    (
-        replace('regularizer = "rol"\nsweep', "sweep"),
-        '[methods.reglu] sweep: sweeps ROL settings: needs regularizer = "rol"',
-    ),
-    (
-        replace('rivals = ["ihl"]', 'rivals = ["ihl", "npo"]'),
-        "[comparisons.primary] rivals: unknown method 'npo'; methods: ihl, reglu, control",
-    ),
-    (
-        replace('rivals = ["ihl"]', 'rivals = ["reglu"]'),
-        "[comparisons.primary] rivals: 'reglu' is the method itself",
-    ),
-    (
-        replace('metric = "wasserstein_log"', 'metric = "bleu"'),
-        "[comparisons.control] metric: must be one of 'forget_quality', 'ks_statistic', 'wasserstein_log', "
-        "'model_utility', 'forget_prob', got 'bleu'",
-    ),
-    (
-        replace('family = "control"', 'family = "primary"'),
-        "[comparisons.primary] family: 'primary' is used by another [[comparisons]] table",
-    ),
-    (
-        replace('pairs = [["reglu", "control"]]', 'pairs = [["reglu", "control"], ["control", "reglu"]]'),
-        "[comparisons.control] pairs: control vs reglu is declared twice",
-    ),
-    (
-        replace('pairs = [["reglu", "control"]]', 'pairs = [["reglu"]]'),
-        "[comparisons.control] pairs: each pair must be [method, rival], got ['reglu']",
-    ),
-    (
-        replace('method = "reglu"\nrivals', 'method = "leader"\nrivals'),
-        '[comparisons.primary] post_hoc: must be true with method = "leader"',
-    ),
-    (
-        AUTHORS + '\n[verdict]\nmethod = "reglu"\nfamily = "primary"\n',
-        "[verdict] family: with 2 test authors no comparison of 'primary' can reach alpha 0.05 after Holm over 1 "
-        "(needs at least 6 authors: statistics.minimum_units)",
-    ),
-    (
-        AUTHORS + '\n[verdict]\nmethod = "reglu"\nfamily = "control"\n',
-        "[verdict] family: must be a declared (not post hoc) family of reglu against rivals, got 'control'",
-    ),
+    (replace("sweep = { rol_weight = [0.1, 0.5] }", "sweep = { rol_scale = [0.1] }"), "[methods.reglu] sweep: unknown key 'rol_scale'; known: rol_weight, rol_rank"),
+    (replace("sweep = { rol_weight = [0.1, 0.5] }", "sweep = { rol_weight = [0.1, -1.0] }"), "[methods.reglu.sweep] rol_weight: each value must be > 0, got -1.0"),
+    (replace('regularizer = "rol"\nsweep', "sweep"), '[methods.reglu] sweep: sweeps ROL settings: needs regularizer = "rol"'),
+    (replace('rivals = ["ihl"]', 'rivals = ["ihl", "npo"]'), "[comparisons.primary] rivals: unknown method 'npo'; methods: ihl, reglu, control"),
+    (replace('rivals = ["ihl"]', 'rivals = ["reglu"]'), "[comparisons.primary] rivals: 'reglu' is the method itself"),
+    (replace('metric = "wasserstein_log"', 'metric = "bleu"'), "[comparisons.control] metric: must be one of 'forget_quality', 'ks_statistic', 'wasserstein_log', 'model_utility', 'forget_prob', got 'bleu'"),
+    (replace('family = "control"', 'family = "primary"'), "[comparisons.primary] family: 'primary' is used by another [[comparisons]] table"),
+    (replace('pairs = [["reglu", "control"]]', 'pairs = [["reglu", "control"], ["control", "reglu"]]'), "[comparisons.control] pairs: control vs reglu is declared twice"),
+    (replace('pairs = [["reglu", "control"]]', 'pairs = [["reglu"]]'), "[comparisons.control] pairs: each pair must be [method, rival], got ['reglu']"),
+    (replace('method = "reglu"\nrivals', 'method = "leader"\nrivals'), '[comparisons.primary] post_hoc: must be true with method = "leader"'),
+    (AUTHORS + '\n[verdict]\nmethod = "reglu"\nfamily = "primary"\n', "[verdict] family: with 2 test authors no comparison of 'primary' can reach alpha 0.05 after Holm over 1 (needs at least 6 authors: statistics.minimum_units)"),
+    (AUTHORS + '\n[verdict]\nmethod = "reglu"\nfamily = "control"\n', "[verdict] family: must be a declared (not post hoc) family of reglu against rivals, got 'control'"),
     (AUTHORS + "\n[statistics]\nalpha = 1.5\n", "[statistics] alpha: must be between 0 and 1 (exclusive), got 1.5"),
-    (
-        replace('report = ["ks_statistic"]', 'report = ["ks_pvalue"]'),
-        "[evaluation] report: unknown metric 'ks_pvalue'; known: ks_statistic, wasserstein_log, model_utility_paired",
-    ),
-    (
-        replace("[retain]\n", '[retain]\ngiven = { "1" = "somewhere" }\n'),
-        "[retain] given: an author-unit study fine-tunes a retain model per author: give a recipe",
-    ),
-]
+    (replace('report = ["ks_statistic"]', 'report = ["ks_pvalue"]'), "[evaluation] report: unknown metric 'ks_pvalue'; known: ks_statistic, wasserstein_log, model_utility_paired"),
+    (replace("[retain]\n", '[retain]\ngiven = { "1" = "somewhere" }\n'), "[retain] given: an author-unit study fine-tunes a retain model per author: give a recipe"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("text, message", ERRORS, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(ERRORS)])

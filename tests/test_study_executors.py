@@ -1,4 +1,4 @@
-"""The local executor's bookkeeping of worker slots (issue 32, item 1)."""
+"""The local executor's bookkeeping of worker slots."""
 
 from __future__ import annotations
 

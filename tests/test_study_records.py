@@ -1,4 +1,4 @@
-"""A study's records carry no machine path in their file names (issue 33, item 3): lm-eval names
+"""A study's records carry no machine path in their file names: lm-eval names
 an evaluation's folder after the model's path (``__work__cache__studies__run-...__run``), and the
 records named theirs so; new records name it after the cell and the stage. Old records are read as
 they are: the committed reglu_tofu records still regenerate docs/study/reglu_tofu byte for byte."""

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from support_checks import mu_samples
 
 from unlearn_plugins.evaluation import tofu_metrics as tm
 from unlearn_plugins.study.report import MU_PARTS, interval, mu_bootstrap
@@ -40,20 +41,11 @@ def test_bootstrap_interval_over_seeds():
 
 
 def _samples(n: dict[str, int], seed: int = 0) -> dict[str, list[dict]]:
-    """Per-QA values of the nine Model Utility parts (truth ratios raw, as the tasks log them)."""
-    rng = random.Random(seed)
-    rows: dict[str, list[dict]] = {}
-    for split, parts in MU_PARTS.items():
-        for doc in range(n[split]):
-            for task, metric in parts:
-                value = rng.uniform(0.3, 1.6) if metric == "truth_ratio" else rng.uniform(0.05, 0.95)
-                task_rows = rows.setdefault(task, [])
-                row = next((r for r in task_rows if r["doc_id"] == doc), None)
-                if row is None:
-                    task_rows.append(row := {"doc_id": doc})
-                row[metric] = value
+    """Per-QA values of the nine Model Utility parts, each task's rows in reverse order (order in
+    the file must not matter)."""
+    rows = mu_samples(n, random.Random(seed))
     for task_rows in rows.values():
-        task_rows.reverse()  # order in the file must not matter
+        task_rows.reverse()
     return rows
 
 

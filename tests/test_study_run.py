@@ -185,7 +185,7 @@ def test_dry_run_lists_the_grid_and_builds_nothing(tmp_path, capsys):
 
 
 def test_a_misspelt_task_fails_the_dry_run_before_any_work(tmp_path, capsys):
-    """Issue 31, item 3: a misspelt task passed --dry-run (exit 0), then the real run fine-tuned
+    """A misspelt task passed --dry-run (exit 0), then the real run fine-tuned
     the target and retain models and failed 6 of 8 cells with `unknown lm-eval task(s)`."""
     tasks = '["tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility", "tofu_forget_rouge_l"]'
     path = study_file(tmp_path, [0], extra=f"tasks = {tasks}\n")
@@ -271,7 +271,7 @@ def test_a_killed_worker_fails_its_cell_and_the_rerun_resumes(cache, tmp_path):
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err[-3000:]
     assert f"FAILED  grad_diff/forget1/seed5: worker 0 (pid {pid}) died: killed by signal 9 (SIGKILL)" in err
-    # the study's own line is the last one, not multiprocessing's resource_tracker warning (issue 32 item 11)
+    # the study's own line is the last one, not multiprocessing's resource_tracker warning
     assert err.strip().splitlines()[-1].startswith("error: 1 of "), err[-1000:]
     assert "resource_tracker" not in err
     first = report(out)
@@ -389,7 +389,7 @@ def test_robustness_puts_membership_inference_and_attacks_in_the_report(cache, t
 
 
 def test_a_study_with_cud_reports_the_forget_probability_per_stratum(cache, tmp_path, capsys):
-    """[cud] (issue 33: the demo's CUD stage as a stage kind of studies): one more cell per forget
+    """[cud] (the demo's CUD stage as a stage kind of studies): one more cell per forget
     size scores the forget set on the target and writes its CUD-easy / CUD-hard strata; the report
     gives every model's forget probability on each, with its interval over the seeds."""
     extra = (
@@ -416,7 +416,7 @@ def test_a_study_with_cud_reports_the_forget_probability_per_stratum(cache, tmp_
 
 
 def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, capsys, tofu_dir, monkeypatch):
-    """Issue 32, item 2: one method with a single finished seed beside others with three. The
+    """One method with a single finished seed beside others with three. The
     leader test cannot test against it (scipy refuses a one-value sample), so that row is n/a and
     the report (summary.md and study.json) is still written."""
     import shutil
@@ -444,7 +444,7 @@ def test_report_only_from_committed_records_with_a_one_seed_method(tmp_path, cap
 
 
 def test_a_corrupt_cached_or_recorded_evaluation_is_rebuilt_or_named(cache, tmp_path, capsys):
-    """Issue 32, item 4: a truncated results_*.json was shown as "failed (unreadable)" in
+    """A truncated results_*.json was shown as "failed (unreadable)" in
     summary.md only, the exit status was 0 and no rerun rebuilt it. Now --report-only exits 1,
     a run rebuilds the cached evaluation, and a corrupt record is an error naming it."""
     out, records = tmp_path / "report", tmp_path / "records"
@@ -505,7 +505,7 @@ def register_unlearning_objectives(register):
 
 
 def test_a_plugins_new_code_or_version_rebuilds_the_cells_it_touches(cache, tmp_path, capsys, monkeypatch):
-    """Issue 31, item 1: a study's stage keys ignored the code that produced a cell, so a
+    """A study's stage keys ignored the code that produced a cell, so a
     plugin's fix or new version still read `cached`. Now a plugin component's distribution,
     version and source digest are part of its cells' keys."""
     from unlearn_plugins.host import reset_host
@@ -557,7 +557,7 @@ def test_a_plugins_new_code_or_version_rebuilds_the_cells_it_touches(cache, tmp_
 
 
 def test_a_study_on_a_real_dask_cluster_survives_a_killed_worker(cache, tmp_path, capsys):
-    """Issue 31, item 9: a scheduler and two workers started as separate processes (`dask
+    """A scheduler and two workers started as separate processes (`dask
     scheduler`, `dask worker`) sharing one cache folder; one worker is killed (SIGKILL) while it
     builds a cell. The study finishes, every cell is built once, and the report's numbers equal
     the local executor's."""
@@ -695,7 +695,7 @@ metadata:
 
 
 def test_a_studys_extra_task_is_in_its_report(cache, tmp_path, capsys, monkeypatch):
-    """Issue 31, item 2: a task beyond the required ones ran on every evaluation, but its metrics
+    """A task beyond the required ones ran on every evaluation, but its metrics
     appeared in neither summary.md nor study.json. Now each of its numbers is reported per cell
     and per method, with its interval over the seeds."""
     from unlearn_plugins.host import reset_host

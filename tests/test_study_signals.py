@@ -49,7 +49,7 @@ def test_a_stopped_study_leaves_no_worker_behind(how, tmp_path):
 
 
 def test_a_ctrl_c_that_reaches_only_the_workers_stops_the_study(tmp_path):
-    """Issue 32, item 11: a script's background study ignores SIGINT (no job control), its
+    """A script's background study ignores SIGINT (no job control), its
     workers do not; a Ctrl-C of the script stopped the workers, and the study went on reporting
     their cells as "died: exit code 0". The study now stops as on its own Ctrl-C: exit 130,
     one line naming the interrupted worker, no temporary stage folder left."""

@@ -1,4 +1,4 @@
-"""unlearn_plugins.study.statistics (issue 34): the paired tests over units, Holm's correction,
+"""unlearn_plugins.study.statistics: the paired tests over units, Holm's correction,
 paired intervals, "no spread", truth-ratio distances and the noise ceiling, each against values
 computed by hand."""
 
@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from support_checks import mu_samples
 
 from unlearn_plugins.study import statistics as st
 
@@ -239,20 +240,9 @@ def test_compare_paired_holm_over_the_declared_list():
 
 
 def test_paired_model_utility_is_the_difference_and_narrower_than_unpaired():
-    from unlearn_plugins.study.report import MU_PARTS, mu_bootstrap
+    from unlearn_plugins.study.report import mu_bootstrap
 
-    rng = random.Random(0)
-    target: dict[str, list[dict]] = {}
-    sizes = {"retain": 80, "real_authors": 40, "world_facts": 40}
-    for split, parts in MU_PARTS.items():
-        for doc in range(sizes[split]):
-            for task, metric in parts:
-                value = rng.uniform(0.3, 1.6) if metric == "truth_ratio" else rng.uniform(0.05, 0.95)
-                rows = target.setdefault(task, [])
-                row = next((r for r in rows if r["doc_id"] == doc), None)
-                if row is None:
-                    rows.append(row := {"doc_id": doc})
-                row[metric] = value
+    target = mu_samples({"retain": 80, "real_authors": 40, "world_facts": 40}, random.Random(0))
     # the unlearned model: the same QA, each probability a little lower
     model = {
         task: [{**r, **({"prob": r["prob"] * 0.97} if "prob" in r else {})} for r in rows]

@@ -1,4 +1,4 @@
-"""The traced run of a sweep (issue 34, unlearn_plugins/study/trace.py): every epoch the adapter
+"""The traced run of a sweep (unlearn_plugins/study/trace.py): every epoch the adapter
 saved and the cheap measures taken, without changing the training."""
 
 from __future__ import annotations

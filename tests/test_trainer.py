@@ -472,7 +472,7 @@ def test_reglu_preset_sets_the_recipe_and_flags_override_it():
 
 
 def test_unlearn_run_passes_its_seed_to_components_that_take_one(tiny_model_dir, tofu_dir, tmp_path):
-    """Issue 31, item 6: a component with a `seed` option got the study's seed in a study but its
+    """A component with a `seed` option got the study's seed in a study but its
     own default from `unlearn run --seed S`; now both pass the run's seed where none is set."""
     out = tmp_path / "run"
     args = tiny_args(tiny_model_dir, tofu_dir, out, "--max-steps", "1", "--save-steps", "0", "--seed", "5")

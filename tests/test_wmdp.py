@@ -141,12 +141,13 @@ def test_a_missing_corpus_is_one_line_naming_what_to_download_and_where(tmp_path
         wmdp_data.corpus_spec("bio-corpus", tmp_path)
 
 
-def test_a_real_corpus_study_refuses_missing_data_before_any_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("UNLEARN_WMDP_DIR", raising=False)
+def real_corpus_dry_run(tmp_path: Path, capsys, corpus: str) -> tuple[Path, int, list[str]]:
+    """The study file on a real corpus (``corpus``: the [benchmark] lines that say which), without
+    its target and on the local WMDP tasks, planned by `unlearn study --dry-run`: its path, the
+    exit status and the lines on stderr."""
     text = STUDY_FILE.read_text().split("# `unlearn study wmdp_synthetic --variant tiny`")[0]
     text = text.replace(
-        'corpus = "synthetic"\npathogens = 8\ncompounds = 4\nretain_documents = 12\ndata_seed = 0\n',
-        f'corpus = "real"\nwmdp_dir = "{tmp_path / "wmdp"}"\n',
+        'corpus = "synthetic"\npathogens = 8\ncompounds = 4\nretain_documents = 12\ndata_seed = 0\n', corpus
     )
     head, _, rest = text.partition("[target]")
     text = head + "[budget]" + rest.split("[budget]", 1)[1]
@@ -154,7 +155,12 @@ def test_a_real_corpus_study_refuses_missing_data_before_any_work(tmp_path, caps
     path = tmp_path / "real.toml"
     path.write_text(text)
     code = main(["study", str(path), "--dry-run", "--cache-dir", str(tmp_path / "cache")])
-    err = capsys.readouterr().err.strip().splitlines()
+    return path, code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_real_corpus_study_refuses_missing_data_before_any_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("UNLEARN_WMDP_DIR", raising=False)
+    _, code, err = real_corpus_dry_run(tmp_path, capsys, f'corpus = "real"\nwmdp_dir = "{tmp_path / "wmdp"}"\n')
     assert code != 0 and err[-1].startswith("error: WMDP corpus 'bio-forget-corpus' not found: download it from")
 
 

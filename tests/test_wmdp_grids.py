@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_wmdp import STUDY_FILE, write_mmlu
+from test_wmdp import STUDY_FILE, real_corpus_dry_run, write_mmlu
 
 from unlearn_plugins.benchmarks.wmdp import parts, synthetic
 from unlearn_plugins.cli import main
@@ -78,24 +78,26 @@ def test_each_question_belongs_to_its_entitys_document():
 
 
 @pytest.mark.parametrize(
-    "added,key,message",
+    "added,message",
     [
-        ("forget_fractions = [0.0, 1.0]", "forget_fractions", r"each must be a number in \(0, 1\], got 0.0"),
-        ("forget_fractions = [0.5, 1.5]", "forget_fractions", r"each must be a number in \(0, 1\], got 1.5"),
-        ("forget_fractions = [true]", "forget_fractions", r"each must be a number in \(0, 1\], got True"),
-        ("forget_fractions = 0.5", "forget_fractions", r"must be a non-empty list of numbers, got 0.5"),
-        ("forget_fractions = []", "forget_fractions", r"must be a non-empty list of numbers"),
-        ("forget_fractions = [1.0, 0.5]", "forget_fractions", r"must be increasing, got \[1.0, 0.5\]"),
-        ("forget_fractions = [0.2, 0.25]", "forget_fractions", r"0.2 and 0.25 both select 3 of the 12"),
-        ("sequential_folds = 1", "sequential_folds", r"must be >= 2, got 1"),
-        ("sequential_folds = 2.5", "sequential_folds", r"must be an integer"),
-        ("sequential_folds = 13", "sequential_folds", r"13 folds of 12 forget documents"),
-        ("sequential_folds = 2\nforget_fractions = [1.0]", "sequential_folds", r"one grid at a time"),
+        ("forget_fractions = [0.0, 1.0]", r"each must be a number in \(0, 1\], got 0.0"),
+        ("forget_fractions = [0.5, 1.5]", r"each must be a number in \(0, 1\], got 1.5"),
+        ("forget_fractions = [true]", r"each must be a number in \(0, 1\], got True"),
+        ("forget_fractions = 0.5", r"must be a non-empty list of numbers, got 0.5"),
+        ("forget_fractions = []", r"must be a non-empty list of numbers"),
+        ("forget_fractions = [1.0, 0.5]", r"must be increasing, got \[1.0, 0.5\]"),
+        ("forget_fractions = [0.2, 0.25]", r"0.2 and 0.25 both select 3 of the 12"),
+        ("sequential_folds = 1", r"must be >= 2, got 1"),
+        ("sequential_folds = 2.5", r"must be an integer"),
+        ("sequential_folds = 13", r"13 folds of 12 forget documents"),
+        ("sequential_folds = 2\nforget_fractions = [1.0]", r"one grid at a time"),
     ],
 )
-def test_grid_errors_name_the_file_and_key(added, key, message, tmp_path):
+def test_grid_errors_name_the_file_and_key(added, message, tmp_path):
+    """The error names the file and the first key of ``added``."""
     from unlearn_plugins.study import StudyError, load_study
 
+    key = added.split(" = ")[0]
     text = STUDY_FILE.read_text().replace("mmlu_per_subject = 20\n", f"mmlu_per_subject = 20\n{added}\n", 1)
     path = tmp_path / "s.toml"
     path.write_text(text)
@@ -130,18 +132,8 @@ def test_a_real_corpus_grid_is_checked_against_its_documents_when_planned(tmp_pa
     question = {"question": "q?", "choices": ["a", "b", "c", "d"], "answer": 0}
     for name in ("wmdp-bio.jsonl", "wmdp-chem.jsonl", "wmdp-cyber.jsonl"):
         (folder / name).write_text(json.dumps(question) + "\n")
-    text = STUDY_FILE.read_text().split("# `unlearn study wmdp_synthetic --variant tiny`")[0]
-    text = text.replace(
-        'corpus = "synthetic"\npathogens = 8\ncompounds = 4\nretain_documents = 12\ndata_seed = 0\n',
-        f'corpus = "real"\nwmdp_dir = "{folder}"\nsequential_folds = 3\n',
-    )
-    head, _, rest = text.partition("[target]")
-    text = head + "[budget]" + rest.split("[budget]", 1)[1]
-    text = text.replace('"wmdp_synthetic_cloze", "wmdp_synthetic", "wmdp_mmlu"', '"wmdp_local", "wmdp_mmlu"')
-    path = tmp_path / "real.toml"
-    path.write_text(text)
-    code = main(["study", str(path), "--dry-run", "--cache-dir", str(tmp_path / "cache")])
-    err = capsys.readouterr().err.strip().splitlines()
+    corpus = f'corpus = "real"\nwmdp_dir = "{folder}"\nsequential_folds = 3\n'
+    path, code, err = real_corpus_dry_run(tmp_path, capsys, corpus)
     spec = f"text:{folder / 'bio-forget-corpus.jsonl'}"
     assert code != 0 and err[-1] == (
         f"error: {path}: [benchmark] sequential_folds: 3 folds of 2 forget documents: at most one fold per "
