@@ -283,8 +283,9 @@ class Benchmark:
       ``OPTIONS`` ((flag, attribute) of its own options), ``check(args)``, ``run(args) -> int``.
     - ``commands``: modules each adding a CLI verb (``add_parser(subparsers)``, as
       ``unlearn_plugins.commands``'s).
-    - ``report``: its report writer; ``data``: its data loader (documentation for a reader and
-      ``unlearn plugins``; the benchmark's own study and demo call them).
+    - ``report``: its report writer (its record and summary.md sections, written by
+      :mod:`unlearn_plugins.study.report_writer`); ``data``: its data loader (documentation for a
+      reader and ``unlearn plugins``; the benchmark's own study and demo call them).
     """
 
     summary: str

@@ -5,6 +5,8 @@ the robustness reports and the circuit plots."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Sequence
 
 #: dots per inch of every PNG the package writes
 DPI = 110
@@ -35,4 +37,35 @@ def finish_png(fig, path: str | os.PathLike) -> None:
     pyplot().close(fig)
 
 
-__all__ = ["pyplot", "save_png", "finish_png", "DPI"]
+def plot_log_scatter(
+    rows: Sequence[dict],
+    path: Path,
+    *,
+    x: str,
+    y: str,
+    floor: float,
+    markers: dict[str, str],
+    labels: tuple[str, str, str],
+    height: float,
+) -> None:
+    """One point per model row, at ``max(row[x], floor)`` on a log scale and ``row[y]`` (a row
+    missing either is left out), marked by ``markers`` (model name -> marker, else a circle; a
+    star drawn larger); ``labels``: the x label, y label and title."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, height))
+    for r in rows:
+        if r[x] is None or r[y] is None:
+            continue
+        marker = markers.get(r["name"], "o")
+        ax.scatter(max(r[x], floor), r[y], s=120 if marker == "*" else 70, marker=marker, label=r["label"])
+    ax.set_xscale("log")
+    xlabel, ylabel, title = labels
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    finish_png(fig, path)
+
+
+__all__ = ["pyplot", "save_png", "finish_png", "plot_log_scatter", "DPI"]

@@ -27,9 +27,11 @@ def markdown_cell(text: str) -> str:
     return " ".join(str(text).replace("|", "\\|").splitlines())
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A Markdown pipe table, cells as given (no padding)."""
-    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, align: str = "") -> str:
+    """A Markdown pipe table, cells as given (no padding); ``align``: a letter per column, ``r``
+    for a right-aligned one (``---:``, columns of numbers), anything else or none for left."""
+    rule = "".join("---:|" if align[i : i + 1] == "r" else "---|" for i in range(len(header)))
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + rule]
     lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
     return "\n".join(lines)
 

@@ -3,20 +3,28 @@ summary.md and three PNG plots (Forget Quality vs Model Utility per method, the 
 histogram, easy vs hard circuit depth profiles), plus the CUD scores and the CUD-easy /
 CUD-hard splits. The demo is a study (``demo.toml`` beside this module); :func:`study_report`
 reads its cells' stage folders (the study's cache) and writes this report from them. Every file
-is written atomically."""
+is written by the studies' report writer (:mod:`unlearn_plugins.study.report_writer`): all
+together, atomically."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from .. import tables
-from ..data.jsonl import iter_jsonl
-from ..files import atomic_open, write_json, write_jsonl
-from ..plots import finish_png, pyplot
+from ..plots import finish_png, plot_log_scatter, pyplot
 from ..scorers.cud.scorer import PAPER_OBJECTIVES
+from ..study import report_writer
+from ..study.report_writer import (
+    Section,
+    anchor_runs,
+    cud_meta,
+    format_value,
+    jsonl_rows,
+    stage_timings,
+    wall_time_line,
+)
 
 COLUMNS = (
     "model",
@@ -27,45 +35,6 @@ COLUMNS = (
     "prob CUD-easy",
     "prob CUD-hard",
 )
-
-
-def jsonl_rows(path: Path) -> list[dict]:
-    return [row for _, row in iter_jsonl(path)]
-
-
-def stage_seconds(folder: str | Path) -> float | None:
-    """A stage's wall time (its resources.json); None where that file is missing or says none."""
-    try:
-        return json.loads((Path(folder) / "resources.json").read_text())["seconds"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def stage_timings(cells: dict, results: dict) -> dict[str, dict]:
-    """Each stage of a study's ``cells``: the seconds it took in this run (0 where it came from
-    the cache) and whether it was cached (``results``: the run's cell results, their sources)."""
-    timings = {}
-    for cell, cp in cells.items():
-        sources = (results.get(cell) or {}).get("sources") or []
-        for i, stage in enumerate(cp.stages):
-            cached = i >= len(sources) or sources[i] == "cached"
-            timings[stage.label] = {
-                "seconds": 0.0 if cached else (stage_seconds(stage.folder) or 0.0),
-                "cached": cached,
-            }
-    return timings
-
-
-def cud_meta(cud_dir: Path) -> dict:
-    """What CUD's scorer recorded beside its scores (anchor pool, votes, runs), {} when absent."""
-    path = cud_dir / "scores.jsonl.meta.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def anchor_runs(meta: dict) -> list[dict]:
-    """CUD's anchor runs as the report records them."""
-    keys = ("objective", "seed", "steps", "stopped_at_step", "forget_prob")
-    return [{k: r.get(k) for k in keys} for r in meta.get("runs") or []]
 
 
 def _per_sample(samples: dict[str, Path], task: str, metric: str) -> dict[int, float]:
@@ -108,14 +77,6 @@ def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: 
     }
 
 
-def format_value(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
-    return str(value)
-
-
 #: the row keys of the table's columns after the model's label
 VALUES = (
     "forget_quality",
@@ -131,44 +92,12 @@ def _cells(r: dict) -> list[str]:
     return [r["label"], *(format_value(r[k]) for k in VALUES)]
 
 
-def render_table(rows: Sequence[dict], *, markdown: bool = False, columns=COLUMNS, cells=_cells) -> str:
-    """The report's table of ``rows`` (a demo's ``columns`` and ``cells``: the TOFU demo's by
-    default), for the terminal or as Markdown."""
-    return (tables.markdown_table if markdown else tables.text_table)(columns, [cells(r) for r in rows])
+def render_table(rows: Sequence[dict], *, markdown: bool = False) -> str:
+    """The TOFU demo's table of ``rows``, for the terminal or as Markdown."""
+    return report_writer.render_table(rows, markdown=markdown, columns=COLUMNS, cells=_cells)
 
 
 # ----------------------------------------------------------------------------- plots
-
-
-def plot_log_scatter(
-    rows: Sequence[dict],
-    path: Path,
-    *,
-    x: str,
-    y: str,
-    floor: float,
-    markers: dict[str, str],
-    labels: tuple[str, str, str],
-    height: float,
-) -> None:
-    """One point per model row, at ``max(row[x], floor)`` on a log scale and ``row[y]`` (a row
-    missing either is left out), marked by ``markers`` (model name -> marker, else a circle; a
-    star drawn larger); ``labels``: the x label, y label and title."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, height))
-    for r in rows:
-        if r[x] is None or r[y] is None:
-            continue
-        marker = markers.get(r["name"], "o")
-        ax.scatter(max(r[x], floor), r[y], s=120 if marker == "*" else 70, marker=marker, label=r["label"])
-    ax.set_xscale("log")
-    xlabel, ylabel, title = labels
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    finish_png(fig, path)
 
 
 #: the Forget Quality vs Model Utility plot's x label, y label and title
@@ -360,11 +289,20 @@ def write_report(
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
-    plots = {
-        "fq_vs_mu.png": lambda path: plot_fq_mu(rows, path),
-        "cud_histogram.png": lambda path: plot_cud_histogram(scores, easy, hard, path),
-        "circuit_depth.png": lambda path: plot_depth_profile(scores, easy, hard, path),
-    }
+    figures = Section(
+        [
+            "![Forget Quality vs Model Utility](fq_vs_mu.png)",
+            "![CUD scores](cud_histogram.png)",
+            "![Circuit depth, easy vs hard](circuit_depth.png)",
+            "",
+        ],
+        {
+            "fq_vs_mu.png": lambda path: plot_fq_mu(rows, path),
+            "cud_histogram.png": lambda path: plot_cud_histogram(scores, easy, hard, path),
+            "circuit_depth.png": lambda path: plot_depth_profile(scores, easy, hard, path),
+        },
+    )
+    attacks = Section()
     if forgetting:
         from ..evaluation import really_forgotten
         from ..evaluation.lm_eval_runner import read_outputs
@@ -376,41 +314,20 @@ def write_report(
             for name in order
             if name in forgetting
         ]
-        plots["forget_prob_under_attack.png"] = lambda path: really_forgotten.plot_under_attack(
-            results["really_forgotten"], path
+        attacks = Section(
+            _really_forgotten_lines(results),
+            {
+                "forget_prob_under_attack.png": lambda path: really_forgotten.plot_under_attack(
+                    results["really_forgotten"], path
+                )
+            },
         )
-    return write_files(out, results, rows, table, cud_dir=cud_dir, scores=scores, plots=plots, summary=markdown_summary)
+    sections = [Section(_head_lines(results, rows)), figures, attacks, Section([wall_time_line(results), ""])]
+    return report_writer.write_demo(out, results, table, sections=sections, cud_dir=cud_dir, scores=scores)
 
 
-def write_files(
-    out: Path,
-    results: dict,
-    rows: Sequence[dict],
-    table: str,
-    *,
-    cud_dir: Path,
-    scores: Sequence[dict],
-    plots: dict[str, Callable[[Path], None]],
-    summary: Callable[[dict, Sequence[dict]], str],
-) -> tuple[dict, str, dict]:
-    """A demo's report in ``out``: results.json, summary.md (``summary(results, rows)``), its
-    ``plots`` (file name -> what draws it into a path) and CUD's scores and CUD-easy / CUD-hard
-    splits from ``cud_dir``. Returns (results, table, file name -> path)."""
-    out = Path(out)
-    names = ("results.json", "summary.md", *plots, "cud_scores.jsonl", "cud_easy.json", "cud_hard.json")
-    files = {name: out / name for name in names}
-    write_json(files["results.json"], results)
-    write_jsonl(files["cud_scores.jsonl"], scores)
-    for part in ("easy", "hard"):
-        write_jsonl(files[f"cud_{part}.json"], jsonl_rows(cud_dir / f"{part}.json"))
-    for name, plot in plots.items():
-        plot(files[name])
-    with atomic_open(files["summary.md"]) as handle:
-        handle.write(summary(results, rows))
-    return results, table, {k: str(v) for k, v in files.items()}
-
-
-def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
+def _head_lines(results: dict, rows: Sequence[dict]) -> list[str]:
+    """summary.md up to its plots: the demo's data and budget, CUD's anchors and the table."""
     b, bench = results["budget"], results["benchmark"]
     cfg = results["config"]
     lines = [
@@ -438,25 +355,8 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
         render_table(rows, markdown=True),
         "",
-        "![Forget Quality vs Model Utility](fq_vs_mu.png)",
-        "![CUD scores](cud_histogram.png)",
-        "![Circuit depth, easy vs hard](circuit_depth.png)",
-        "",
-        *_really_forgotten_lines(results),
-        wall_time_line(results),
-        "",
     ]
-    return "\n".join(lines)
-
-
-def wall_time_line(results: dict) -> str:
-    """The summary's last line: the run's wall time and each stage's (cached: 0 s)."""
-    stages = results["stages"].items()
-    return (
-        f"Wall time {results['wall_time_s']:.0f} s; stages: "
-        + ", ".join(f"{k} {v['seconds']:.0f} s" + (" (cached)" if v["cached"] else "") for k, v in stages)
-        + "."
-    )
+    return lines
 
 
 def _really_forgotten_lines(results: dict) -> list[str]:

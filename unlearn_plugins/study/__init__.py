@@ -9,7 +9,9 @@ built in parallel as cached stages, reported with confidence intervals over the 
   :class:`unlearn_plugins.interfaces.Benchmark` (unlearn_plugins/benchmarks/movielens/);
 - :mod:`.executors`: local worker processes or a Dask cluster;
 - :mod:`.runner`: scheduling the cells, failures, resumption;
-- :mod:`.report`: intervals, the Pareto plot, Markdown and JSON.
+- :mod:`.report`: intervals, the Pareto plot, Markdown and JSON;
+- :mod:`.report_writer`: the one writer of every study kind's report (the demos' and the
+  benchmarks' too): a record and summary.md's sections with their files, written together.
 """
 
 from .spec import Study, StudyError, builtin_studies, expand, load_study

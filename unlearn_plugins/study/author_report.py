@@ -19,13 +19,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .. import tables
 from ..errors import DataError, UnlearnError
-from ..files import atomic_open, write_json
-from . import design_report
+from . import design_report, report_writer
 from .cells import Plan
 from .design import LEADER, LOWER_IS_BETTER, Design
 from .operating_cell import read_result
-from .report import CorruptEvaluation, evaluation_metrics, read_evaluation, write_together
+from .report import CorruptEvaluation, evaluation_metrics, read_evaluation
+from .report_writer import FileWriter, Report, Section, text_file
 from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
 
 REPORT_FORMAT = 1
@@ -348,7 +349,10 @@ def _p(value: float | None) -> str:
     return "-" if value is None else (f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}")
 
 
-def markdown(report: dict) -> str:
+def sections(report: dict, traces: dict[str, FileWriter] | None = None) -> list[Section]:
+    """summary.md's sections: the design, the verdict (with verdict.md, the block a README
+    quotes), the comparisons, the per-method and per-author tables, the noise ceiling, the
+    operating points (with ``traces``, their plots) and the cells not finished."""
     study, design = report["study"], report["design"]
     labels = {m["name"]: m["label"] for m in report["methods"]}
     lines = [f"# Study: {study['name']}", "", study.get("description") or "", ""]
@@ -365,6 +369,7 @@ def markdown(report: dict) -> str:
             + "; the tests below use the authors each pair has (column authors).",
             "",
         ]
+    out = [Section(lines)]
     analysis = report.get("analysis")
     if analysis and "verdict" in analysis:
         verdict = analysis["verdict"]
@@ -374,88 +379,98 @@ def markdown(report: dict) -> str:
             title = "## Verdict"
         else:
             title = "## Interim verdict (not final: some test cells have not finished)"
-        lines += [title, ""] + [f"- {s}" for s in verdict["sentences"]] + [""]
+        block = verdict_block(report)
+        files = {"verdict.md": text_file(block + "\n")} if block is not None else {}
+        out.append(Section([title, ""] + [f"- {s}" for s in verdict["sentences"]] + [""], files))
     if analysis:
+        lines = []
         for family, result in analysis["families"].items():
             title = f"## Comparisons: {family} ({result['metric']}" + (
                 ", lower is better" if result["lower_is_better"] else ""
             )
             lines += [title + (", post hoc" if result["post_hoc"] else "") + ")", ""]
-            lines += [
-                "| method | rival | authors | mean difference | 95% interval | wins/ties/losses | permutation p | "
-                "Holm p | Wilcoxon p |",
-                "|---|---|---|---:|---|---|---:|---:|---:|",
-            ]
+            rows = []
             for row in result["rows"]:
                 iv = row.get("interval") or {}
-                interval = iv.get("text") or "-"
-                lines.append(
-                    f"| {labels.get(row['method'], row['method'])} | {labels.get(row['rival'], row['rival'])} | "
-                    f"{row.get('authors', '-')} | {_fmt(row['difference'])} | {interval} | {row.get('wins', '-')}/{row.get('ties', '-')}/"
-                    f"{row.get('losses', '-')} | {_p(row['permutation_p'])} | {_p(row['holm_p'])} | "
-                    f"{_p(row['wilcoxon_p'])} |"
+                rows.append(
+                    [
+                        labels.get(row["method"], row["method"]),
+                        labels.get(row["rival"], row["rival"]),
+                        row.get("authors", "-"),
+                        _fmt(row["difference"]),
+                        iv.get("text") or "-",
+                        f"{row.get('wins', '-')}/{row.get('ties', '-')}/{row.get('losses', '-')}",
+                        _p(row["permutation_p"]),
+                        _p(row["holm_p"]),
+                        _p(row["wilcoxon_p"]),
+                    ]
                 )
-            lines.append("")
-    lines += ["## Per method, over the test authors (mean and 95% t interval, or no spread)", ""]
-    header = "| method | " + " | ".join(title for _, title in PER_AUTHOR) + " |"
-    lines += [header, "|---|" + "---|" * len(PER_AUTHOR)]
-    for m in report["methods"]:
-        s = report["summaries"][m["name"]]
-        lines.append(f"| {m['label']} | " + " | ".join(s[key].get("text", "n/a") for key, _ in PER_AUTHOR) + " |")
+            header = ["method", "rival", "authors", "mean difference", "95% interval", "wins/ties/losses"]
+            header += ["permutation p", "Holm p", "Wilcoxon p"]
+            lines += [tables.markdown_table(header, rows, align="lllrllrrr"), ""]
+        out.append(Section(lines))
+    lines = ["## Per method, over the test authors (mean and 95% t interval, or no spread)", ""]
+    rows = [
+        [m["label"], *(report["summaries"][m["name"]][key].get("text", "n/a") for key, _ in PER_AUTHOR)]
+        for m in report["methods"]
+    ]
+    lines += [tables.markdown_table(["method", *(title for _, title in PER_AUTHOR)], rows)]
     lines += ["", "## Forget Quality per test author", ""]
     authors = [str(a) for a in design["test_authors"]]
-    lines += ["| method | " + " | ".join(authors) + " |", "|---|" + "---:|" * len(authors)]
+    rows = []
     for m in report["methods"]:
         row = report["per_author"][m["name"]]
-        lines.append(
-            f"| {m['label']} | " + " | ".join(_fmt(row.get(a, {}).get("forget_quality")) for a in authors) + " |"
-        )
+        rows.append([m["label"], *(_fmt(row.get(a, {}).get("forget_quality")) for a in authors)])
     for name in ("full", "retain"):
         row = {a: report["references"].get(a, {}).get(name) or {} for a in authors}
-        lines.append(
-            f"| {name} (reference) | " + " | ".join(_fmt(row[a].get("forget_quality")) for a in authors) + " |"
-        )
-    lines.append("")
+        rows.append([f"{name} (reference)", *(_fmt(row[a].get("forget_quality")) for a in authors)])
+    lines += [tables.markdown_table(["method", *authors], rows, align="l" + "r" * len(authors)), ""]
+    out.append(Section(lines))
     if report["noise_ceiling"]:
-        lines += ["## Noise ceiling (other retain seeds against seed 0)", ""]
-        lines += ["| author | seed | Forget Quality | KS statistic | W1 log truth ratio |", "|---|---|---:|---:|---:|"]
-        for a, c in report["noise_ceiling"].items():
-            for seed, d in c["seeds"].items():
-                lines.append(
-                    f"| {a} | {seed} | {_fmt(d['forget_quality'])} | {_fmt(d['ks_statistic'])} | "
-                    f"{_fmt(d['wasserstein_log'])} |"
-                )
-        lines.append("")
+        rows = [
+            [a, seed, _fmt(d["forget_quality"]), _fmt(d["ks_statistic"]), _fmt(d["wasserstein_log"])]
+            for a, c in report["noise_ceiling"].items()
+            for seed, d in c["seeds"].items()
+        ]
+        header = ["author", "seed", "Forget Quality", "KS statistic", "W1 log truth ratio"]
+        table = tables.markdown_table(header, rows, align="llrrr")
+        out.append(Section(["## Noise ceiling (other retain seeds against seed 0)", "", table, ""]))
     if report["operating_points"]:
-        lines += ["## Operating points (reserved author)", ""]
-        lines += ["| method | setting | epochs | qualified | reason |", "|---|---|---:|---|---|"]
+        rows = []
         for name, op in report["operating_points"].items():
             use = op["use"] or {}
             setting = ", ".join(
                 f"{k} {v:g}" for k, v in use.items() if k not in ("epoch", "index") and not _is_measure(k)
             )
-            lines.append(
-                f"| {labels.get(name, name)} | {setting or '-'} | {use.get('epoch', '-')} | {op['qualified']} | "
-                f"{op['reason']} |"
-            )
+            rows.append([labels.get(name, name), setting or "-", use.get("epoch", "-"), op["qualified"], op["reason"]])
+        header = ["method", "setting", "epochs", "qualified", "reason"]
+        lines = ["## Operating points (reserved author)", "", tables.markdown_table(header, rows, align="llrll")]
         lines += [
             "",
             "Traces: `trace-<method>.png` (Forget Quality and held-out probability against epochs; "
             "Model Utility where it was evaluated).",
             "",
         ]
+        out.append(Section(lines, traces or {}))
     failed = [cid for cid, c in report["cells"].items() if c["status"] not in ("done",)]
     if failed:
-        lines += (
-            ["## Cells not finished", ""]
-            + [
-                f"- {cid}: {report['cells'][cid]['status']}"
-                + (f" ({report['cells'][cid]['error']})" if report["cells"][cid].get("error") else "")
-                for cid in failed
-            ]
-            + [""]
+        out.append(
+            Section(
+                ["## Cells not finished", ""]
+                + [
+                    f"- {cid}: {report['cells'][cid]['status']}"
+                    + (f" ({report['cells'][cid]['error']})" if report["cells"][cid].get("error") else "")
+                    for cid in failed
+                ]
+                + [""]
+            )
         )
-    return "\n".join(lines)
+    return out
+
+
+def markdown(report: dict) -> str:
+    """summary.md's text (its :func:`sections`)."""
+    return Report(report, sections(report)).summary()
 
 
 def _is_measure(key: str) -> bool:
@@ -602,23 +617,19 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
         "not_run": [cid for cid, c in data["cells"].items() if c["status"] not in ("done", "failed")],
     }
-    block = verdict_block(report)
     labels = {m.name: m.label for m in study.methods}
-    text = markdown(report)
-    writers = {"study.json": lambda path: write_json(path, report), "summary.md": lambda path: _write_text(path, text)}
-    if block is not None:
-        writers["verdict.md"] = lambda path: _write_text(path, block + "\n")
-    for name, op in data["operating_points"].items():
-        if op["points"]:
-            writers[f"trace-{name}.png"] = lambda path, name=name: plot_trace(
-                name, labels[name], data["operating_points"][name], path
-            )
-    return write_together(out, writers), terminal_table(report), report
+    traces = {
+        f"trace-{name}.png": lambda path, name=name: plot_trace(
+            name, labels[name], data["operating_points"][name], path
+        )
+        for name, op in data["operating_points"].items()
+        if op["points"]
+    }
+    files = report_writer.write(out, Report(report, sections(report, traces)))
+    return files, terminal_table(report), report
 
 
 def terminal_table(report: dict) -> str:
-    from .. import tables
-
     rows = []
     for m in report["methods"]:
         s = report["summaries"][m["name"]]
@@ -626,11 +637,6 @@ def terminal_table(report: dict) -> str:
     text = tables.text_table(("method", "Forget Quality", "MU - target (paired)"), rows)
     verdict = (report.get("analysis") or {}).get("verdict")
     return text + ("\n" + verdict["sentences"][0] if verdict else "")
-
-
-def _write_text(path: Path, text: str) -> None:
-    with atomic_open(path) as handle:
-        handle.write(text)
 
 
 __all__ = [

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .. import tables
 from ..data.jsonl import json_lines
 from ..errors import DataError, UnlearnError
 from ..evaluation.tofu_metrics import MU_PARTS
-from ..files import atomic_open, write_json
+from ..files import atomic_open
+from . import report_writer
 from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
+from .report_writer import Report, Section, format_value
 from .statistics import NO_SPREAD, has_spread, holm
 
 #: (key, column title) of the numbers reported per cell and aggregated over seeds
@@ -657,13 +658,9 @@ def collect(plan: Plan, results: dict[str, dict]) -> dict[str, Any]:
 
 
 def _fmt(value: Any, key: str = "") -> str:
-    if value is None:
-        return "n/a"
-    if key in ("wall_s", "peak_rss_mb"):
+    if value is not None and key in ("wall_s", "peak_rss_mb"):
         return f"{value:.0f}"
-    if isinstance(value, float):
-        return f"{value:.2e}" if value != 0 and abs(value) < 1e-3 else f"{value:.3f}"
-    return str(value)
+    return format_value(value)
 
 
 def _ci_text(stat: dict, key: str) -> str:
@@ -683,7 +680,9 @@ def source_used(plan: Plan) -> str:
     return found.pop() if plan.study.source == "auto" and len(found) == 1 else plan.study.source
 
 
-def markdown(report: dict, plan: Plan) -> str:
+def sections(report: dict, plan: Plan) -> list[Section]:
+    """summary.md's sections: the study, a table per forget size, Model Utility's sampling
+    error, the Pareto plot (with pareto.png), the cells not run or failed, and the count."""
     study, data = plan.study, report["data"]
     columns = reported_metrics(plan)
     method_ci = (
@@ -715,32 +714,37 @@ def markdown(report: dict, plan: Plan) -> str:
             "forget vs a holdout author's QA, exact memorization of the forget answers, and the highest "
             "forget probability over the paraphrase and format probes and the relearn and int4 attacks."
         )
+    out = [Section(lines)]
     for k in study.forget_sizes:
         bench = plan.benches[k]
-        lines += [
-            "",
-            f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)",
-            "",
-            "| model | seeds | " + " | ".join(title for _, title in columns) + " |",
-            "|---|---|" + "---|" * len(columns),
-        ]
+        rows = []
         for row in (r for r in report["references"] if r["forget"] == k):
             cells = (
                 [_fmt(row.get(key), key) for key, _ in columns]
                 if row["status"] == "done"
                 else [row["status"]] * len(columns)
             )
-            lines.append(f"| {tables.markdown_cell(row['label'])} | - | " + " | ".join(cells) + " |")
+            rows.append([tables.markdown_cell(row["label"]), "-", *cells])
         groups = [g for g in report["groups"] if g["forget"] == k]
         for g in groups:
-            lines.append(
-                f"| {tables.markdown_cell(g['label'])} | {len(g['seeds_done'])}/{len(g['seeds'])} | "
-                + " | ".join(_ci_text(g["metrics"][key], key) for key, _ in columns)
-                + " |"
+            rows.append(
+                [
+                    tables.markdown_cell(g["label"]),
+                    f"{len(g['seeds_done'])}/{len(g['seeds'])}",
+                    *(_ci_text(g["metrics"][key], key) for key, _ in columns),
+                ]
             )
+        header = ["model", "seeds", *(title for _, title in columns)]
+        lines = [
+            "",
+            f"## Forget {k} author(s) ({bench['sizes']['forget']} QA)",
+            "",
+            tables.markdown_table(header, rows),
+        ]
         lines += _extra_lines(report, k)
         lines += _ranking(groups, report["references"], k)
         lines += _leader_lines(report.get("comparisons", {}).get(str(k)))
+        out.append(Section(lines))
     widths = [
         (c["metrics"]["model_utility_ci"]["width"], cid)
         for cid, c in data["cells"].items()
@@ -749,13 +753,26 @@ def markdown(report: dict, plan: Plan) -> str:
     if widths:
         width, where = max(widths)
         qa = data["cells"][where]["metrics"]["model_utility_ci"]["qa"]
-        lines += [
-            "",
+        line = (
             f"Model Utility's sampling error (95% bootstrap over the evaluation QA, {MU_BOOTSTRAP} "
             f"resamples; {qa['retain']} retain, {qa['real_authors']} real-authors, {qa['world_facts']} "
-            f"world-facts QA): at most {width:.3f} wide ({where}).",
-        ]
-    lines += ["", "![Forget Quality vs Model Utility](pareto.png)"]
+            f"world-facts QA): at most {width:.3f} wide ({where})."
+        )
+        out.append(Section(["", line]))
+    out.append(
+        Section(
+            ["", "![Forget Quality vs Model Utility](pareto.png)"],
+            {"pareto.png": lambda path: plot_pareto(report, plan, path)},
+        )
+    )
+    out.append(Section(_cells_lines(report)))
+    return out
+
+
+def _cells_lines(report: dict) -> list[str]:
+    """The cells not run yet and the failed ones, then the count of each source."""
+    data = report["data"]
+    lines = []
     failed = [(cid, c) for cid, c in data["cells"].items() if c["status"] == "failed"]
     unfinished = [cid for cid, c in data["cells"].items() if c["status"] == "not run"]
     if unfinished:  # a report of a study still running (--report-only), or stopped
@@ -777,7 +794,7 @@ def markdown(report: dict, plan: Plan) -> str:
         f"{len(failed)} failed, {len(unfinished)} not run; {how}.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def _extra_lines(report: dict, k: int) -> list[str]:
@@ -793,19 +810,22 @@ def _extra_lines(report: dict, k: int) -> list[str]:
         if cud
         else "Other tasks of the study (each metric on its own scale; mean and 95% interval over the seeds):",
         "",
-        "| model | " + " | ".join(tables.markdown_cell(key) for key in extras) + " |",
-        "|---|" + "---|" * len(extras),
     ]
-    for row in (r for r in report["references"] if r["forget"] == k):
-        values = [_fmt(row.get(key)) if row["status"] == "done" else row["status"] for key in extras]
-        lines.append(f"| {tables.markdown_cell(row['label'])} | " + " | ".join(values) + " |")
-    for g in (g for g in report["groups"] if g["forget"] == k):
-        lines.append(
-            f"| {tables.markdown_cell(g['label'])} | "
-            + " | ".join(_ci_text(g["metrics"][key], key) for key in extras)
-            + " |"
-        )
-    return lines
+    rows = [
+        [
+            tables.markdown_cell(row["label"]),
+            *(_fmt(row.get(key)) if row["status"] == "done" else row["status"] for key in extras),
+        ]
+        for row in report["references"]
+        if row["forget"] == k
+    ]
+    rows += [
+        [tables.markdown_cell(g["label"]), *(_ci_text(g["metrics"][key], key) for key in extras)]
+        for g in report["groups"]
+        if g["forget"] == k
+    ]
+    header = ["model", *(tables.markdown_cell(key) for key in extras)]
+    return [*lines, tables.markdown_table(header, rows)]
 
 
 def _ranking(groups: list[dict], references: list[dict], k: int) -> list[str]:
@@ -959,39 +979,5 @@ def write_report(out: Path, plan: Plan, results: dict[str, dict], run: dict) -> 
         "failed": [cid for cid, c in data["cells"].items() if c["status"] == "failed"],
         "not_run": [cid for cid, c in data["cells"].items() if c["status"] == "not run"],
     }
-    files = write_together(
-        out,
-        {
-            "study.json": lambda path: write_json(path, report),
-            "summary.md": lambda path: _write_text(path, markdown({**report, "data": data}, plan)),
-            "pareto.png": lambda path: plot_pareto(report, plan, path),
-        },
-    )
+    files = report_writer.write(out, Report(report, sections({**report, "data": data}, plan)))
     return files, terminal_table(report, plan)
-
-
-def write_together(out: Path, writers: dict[str, Callable[[Path], None]]) -> dict[str, str]:
-    """The report's files in ``out`` (name -> a function writing it to a given path): each to a
-    temporary first, renamed together at the end, so that a write that fails (a full disk) leaves
-    the previous report whole, never a new study.json beside an old summary.md."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {name: out / name for name in writers}
-    staged = {name: path.with_name(f".{name}.{os.getpid()}.new") for name, path in files.items()}
-    try:
-        for name, write in writers.items():
-            current = name
-            write(staged[name])
-    except OSError as exc:
-        for path in staged.values():
-            path.unlink(missing_ok=True)
-        raise UnlearnError(
-            f"study report: cannot write {files[current]}: {exc.strerror or exc}; the report in {out} is unchanged"
-        ) from exc
-    for name, path in files.items():
-        os.replace(staged[name], path)
-    return {k: str(v) for k, v in files.items()}
-
-
-def _write_text(path: Path, text: str) -> None:
-    with atomic_open(path) as handle:
-        handle.write(text)

@@ -3,7 +3,8 @@ the report folder, results.json, summary.md, three PNG plots (AUC per model, JSD
 retrain model against unlearning time, the forget users' CUD scores), the CUD scores and the
 CUD-easy / CUD-hard users' prompts. Reads only the stage folders of its study's cells
 (unlearn_plugins/benchmarks/movielens/demo.toml, planned by :mod:`unlearn_plugins.benchmarks.movielens.study.cells`);
-every file is written atomically."""
+the report writer of every study (:mod:`unlearn_plugins.study.report_writer`) writes its files
+together."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from unlearn_plugins.demo import report
-from unlearn_plugins.demo.report import (
+from unlearn_plugins.plots import finish_png, plot_log_scatter, pyplot
+from unlearn_plugins.study import report_writer
+from unlearn_plugins.study.report_writer import (
+    Section,
     anchor_runs,
     cud_meta,
     format_value,
@@ -23,7 +26,6 @@ from unlearn_plugins.demo.report import (
     stage_timings,
     wall_time_line,
 )
-from unlearn_plugins.plots import finish_png, pyplot
 
 COLUMNS = (
     "model",
@@ -107,7 +109,7 @@ def _cells(r: dict) -> list[str]:
 
 
 def render_table(rows: Sequence[dict], *, markdown: bool = False) -> str:
-    return report.render_table(rows, markdown=markdown, columns=COLUMNS, cells=_cells)
+    return report_writer.render_table(rows, markdown=markdown, columns=COLUMNS, cells=_cells)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -148,7 +150,7 @@ def plot_jsd_time(rows: Sequence[dict], path: Path) -> None:
         "JSD to the retrain model on the forget prompts",
         "Closeness to retraining vs cost",
     )
-    report.plot_log_scatter(
+    plot_log_scatter(
         rows, path, x="seconds", y="jsd_to_retrain", floor=1e-2, markers={"retrain": "*"}, labels=labels, height=4.4
     )
 
@@ -338,17 +340,25 @@ def write_report(
         "stages": timings,
         "wall_time_s": round(wall_s, 1),
     }
-    plots = {
-        "auc.png": lambda path: plot_auc(rows, path),
-        "jsd_vs_time.png": lambda path: plot_jsd_time(rows, path),
-        "cud_users.png": lambda path: plot_cud_users(users["scores"], easy, hard, path),
-    }
-    return report.write_files(
-        out, results, rows, table, cud_dir=cud_dir, scores=scores, plots=plots, summary=markdown_summary
+    figures = Section(
+        [
+            "![AUC per model](auc.png)",
+            "![JSD to retrain vs time](jsd_vs_time.png)",
+            "![CUD scores of the forget users](cud_users.png)",
+            "",
+        ],
+        {
+            "auc.png": lambda path: plot_auc(rows, path),
+            "jsd_vs_time.png": lambda path: plot_jsd_time(rows, path),
+            "cud_users.png": lambda path: plot_cud_users(users["scores"], easy, hard, path),
+        },
     )
+    sections = [Section(_head_lines(results, rows)), figures, Section([wall_time_line(results), ""])]
+    return report_writer.write_demo(out, results, table, sections=sections, cud_dir=cud_dir, scores=scores)
 
 
-def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
+def _head_lines(results: dict, rows: Sequence[dict]) -> list[str]:
+    """summary.md up to its plots: the data, the budget, CUD's users and the table."""
     b, bench, cfg = results["budget"], results["benchmark"], results["config"]
     counts, source = bench["counts"], bench["source"]
     retrain_s = next((r["seconds"] for r in rows if r["name"] == "retrain"), None)
@@ -391,11 +401,5 @@ def markdown_summary(results: dict, rows: Sequence[dict]) -> str:
         "",
         render_table(rows, markdown=True),
         "",
-        "![AUC per model](auc.png)",
-        "![JSD to retrain vs time](jsd_vs_time.png)",
-        "![CUD scores of the forget users](cud_users.png)",
-        "",
-        wall_time_line(results),
-        "",
     ]
-    return "\n".join(lines)
+    return lines

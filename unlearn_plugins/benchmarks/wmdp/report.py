@@ -15,6 +15,10 @@ import json
 import math
 from pathlib import Path
 
+from unlearn_plugins import tables
+from unlearn_plugins.study import report_writer
+from unlearn_plugins.study.report_writer import Report, Section
+
 from .stages import SUMMARY, wilson
 
 LABELS = {
@@ -118,15 +122,15 @@ def _table(first: list[str], rows: list[dict], columns: list[str], lead, extra=(
         *[name for name, _ in extra],
     ]
     head += ["wall s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for row in rows:
         cells = [*lead(row), *[_cell(row, col) for col in columns], *[f(row) for _, f in extra]]
         seconds = row["seconds"]
         if row["teach_seconds"] is not None and seconds is not None:
             seconds = f"{row['teach_seconds']:.0f} teach + {seconds:.0f} eval"
         cells.append(str(seconds) if seconds is not None else "")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append(cells)
+    return tables.markdown_table(head, table)
 
 
 def _subset(entry: dict | None, keep: list[bool]) -> dict | None:
@@ -204,7 +208,8 @@ def _grid_section(plan, rows: list[dict], columns: list[str], reference: dict | 
 
 
 def write_report(out: Path, plan, results: dict, *, wall_s: float | None = None) -> tuple[str, list[str]]:
-    out.mkdir(parents=True, exist_ok=True)
+    """summary.md and study.json in ``out``, written together (:mod:`unlearn_plugins.study.report_writer`);
+    returns the table for the terminal and the files' names."""
     study = plan.study
     rows = rows_of(plan)
     reference = next((r for r in rows if r["row"] == "target" and r["tasks"]), None)
@@ -243,13 +248,12 @@ def write_report(out: Path, plan, results: dict, *, wall_s: float | None = None)
         table,
         "",
     ]
-    text += grid_text
+    footer = []
     if wall_s is not None:
-        text.append(f"Wall time of this `unlearn study` run: {wall_s:.0f} s (cached cells take none).")
+        footer.append(f"Wall time of this `unlearn study` run: {wall_s:.0f} s (cached cells take none).")
     not_done = [c for c, r in results.items() if r.get("status") != "done"]
     if not_done:
-        text.append(f"Failed cells: {', '.join(not_done)} (logs in {out}/logs).")
-    (out / "summary.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+        footer.append(f"Failed cells: {', '.join(not_done)} (logs in {out}/logs).")
     record = {
         "study": study.name,
         "digest": study.digest(),
@@ -260,7 +264,8 @@ def write_report(out: Path, plan, results: dict, *, wall_s: float | None = None)
         "cells": {c: {k: v for k, v in r.items() if k != "log"} for c, r in results.items()},
         "wall_s": wall_s,
     }
-    (out / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    sections = [Section(text), Section(grid_text), Section([*footer, ""])]
+    report_writer.write(out, Report(record, sections))
     if grid_text:
         table += "\n\n" + grid_text[2]
     return table, ["summary.md", "study.json"]
