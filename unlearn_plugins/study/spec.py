@@ -664,6 +664,13 @@ class _Reader:
         design = author_design.read_design(self, design_data, study)
         return study if design is None else dataclasses.replace(study, design=design)
 
+    def benchmark_study(self, source: str, **fields: Any) -> Study:
+        """The Study of a registered benchmark's study part (``source``): this file's, without the
+        TOFU study's folder, authors, forget sizes and given retain models."""
+        return Study(
+            path=str(self.path), source=source, tofu_dir=None, authors=0, forget_sizes=(), retain_given={}, **fields
+        )
+
     def prompt_format(self, model_t: dict) -> dict | None:
         """[model] prompt_format (a name or a Jinja file beside the study file) and date_string:
         the format's definition, or None for the default."""

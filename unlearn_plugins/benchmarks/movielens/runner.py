@@ -38,15 +38,10 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
         sharded = sharded_table.read(reader, reader.table(data, "sharded"), users=rec.users - rec.forget_users)
         if any(m.name == sharded.name for m in methods):
             raise reader.error("sharded", "name", f"{sharded.name!r} is used by a method")
-    return Study(
-        path=str(reader.path),
-        source="movielens",
-        tofu_dir=None,
-        authors=0,
-        forget_sizes=(),
+    return reader.benchmark_study(
+        "movielens",
         target=target,
         retain=retain,
-        retain_given={},
         budget=budget,
         methods=methods,
         evaluation=reader.evaluation(data, movielens.TASKS),

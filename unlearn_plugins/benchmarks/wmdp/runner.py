@@ -161,15 +161,10 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
         )
     if "cud" in data:
         raise reader.error("cud", None, "not available in a WMDP study")
-    return Study(
-        path=str(reader.path),
-        source="wmdp",
-        tofu_dir=None,
-        authors=0,
-        forget_sizes=(),
+    return reader.benchmark_study(
+        "wmdp",
         target=target,
         retain=None,
-        retain_given={},
         budget=budget,
         methods=methods,
         evaluation=evaluation,
