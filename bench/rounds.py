@@ -57,9 +57,10 @@ def add_rounds_argument(parser, default: int, help: str) -> None:
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=default, help=help)
 
 
-def add_run_arguments(parser, quick: str) -> None:
-    """``--device`` and ``--tofu-dir`` (None: the defaults of unlearn_plugins), and ``--quick``
-    (``quick``: what the smoke test runs)."""
+def parse_run_arguments(parser, argv, quick: str):
+    """The parsed ``argv``, after adding ``--device`` and ``--tofu-dir`` (None: the defaults of
+    unlearn_plugins) and ``--quick`` (``quick``: what the smoke test runs)."""
     parser.add_argument("--device", default=None)
     parser.add_argument("--tofu-dir", default=None)
     parser.add_argument("--quick", action="store_true", help=quick)
+    return parser.parse_args(argv)

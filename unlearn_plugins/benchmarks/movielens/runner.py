@@ -72,16 +72,8 @@ def expand(study: Study) -> list[Cell]:
     cells.append(Cell("eval-target", "eval_full", "evaluate the target", deps=("target", "eval-retrain")))
     for seed in study.seeds:
         for method in study.methods:
-            cells.append(
-                Cell(
-                    f"{method.name}/seed{seed}",
-                    "method",
-                    f"{method.label}, seed {seed}",
-                    method=method.name,
-                    seed=seed,
-                    deps=("target", "eval-retrain"),
-                )
-            )
+            label = f"{method.label}, seed {seed}"
+            cells.append(Cell.run(f"{method.name}/seed{seed}", label, method, seed, ("target", "eval-retrain")))
     if study.sharded is not None:
         s = study.sharded
         shards = f"{s.name}/shards"
