@@ -47,6 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cud_stratification_v2 import mean_nlls, write_samples  # noqa: E402 - v2 took them over unchanged
+
 STAGE_FORMAT = 1
 RECORDS = Path(__file__).resolve().parent / "results" / "cud_stratification"
 PAPER = {"hard_minus_random": -14.1, "easy_minus_random": 3.3}
@@ -105,22 +109,7 @@ def load_rows(config: StudyConfig):
     return samples, anchor, heldout, query
 
 
-def write_samples(path: Path, samples) -> str:
-    from unlearn_plugins.files import write_jsonl
-
-    write_jsonl(path, [s.to_record() for s in samples])
-    return str(path)
-
-
 # ----------------------------------------------------------------------------- measurements
-
-def mean_nlls(model, tok, pairs, max_length: int, batch_size: int = 8) -> list[float]:
-    """Mean answer-token NLL of each (question, answer) pair, as training encodes it."""
-    from unlearn_plugins.data.tofu import encode_qa
-    from unlearn_plugins.likelihood import answer_nll
-
-    encoded = [encode_qa(tok, q, a, max_length=max_length) for q, a in pairs]
-    return [s / max(n, 1) for s, n in answer_nll(model, encoded, tok.pad_token_id, batch_size=batch_size)]
 
 
 def generate(model, tok, questions, max_new_tokens: int, batch_size: int = 16) -> list[str]:

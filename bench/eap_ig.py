@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 
-from rounds import load_average, machine, median, ratios, spread
+from rounds import add_rounds_argument, load_average, machine, median, ratios, spread
 
 
 def plain_passes(model, examples, steps, pad_id, rows_per_pass):
@@ -62,14 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--max-rows", type=int, default=20)
-    parser.add_argument(
-        "--rounds",
-        "--repeats",
-        dest="rounds",
-        type=int,
-        default=5,
-        help="alternating EAP-IG / plain rounds (the figure is the median of their ratios)",
-    )
+    add_rounds_argument(parser, 5, "alternating EAP-IG / plain rounds (the figure is the median of their ratios)")
     parser.add_argument("--activations-samples", type=int, default=1)
     parser.add_argument(
         "--activations-steps",

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rounds import load_average, machine, median, ratios, spread
+from rounds import add_rounds_argument, load_average, machine, median, ratios, spread
 
 TASKS = ["tofu_forget01_prob", "tofu_forget01_truth_ratio"]
 
@@ -32,14 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument(
-        "--rounds",
-        "--repeats",
-        dest="rounds",
-        type=int,
-        default=3,
-        help="rounds, each timing both sides (the figure is the median of their ratios)",
-    )
+    add_rounds_argument(parser, 3, "rounds, each timing both sides (the figure is the median of their ratios)")
     parser.add_argument("--device", default=None)
     parser.add_argument(
         "--scoring", choices=("prefix", "hf"), default="prefix", help="the lm-eval model class (unlearn eval --scoring)"

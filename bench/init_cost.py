@@ -21,7 +21,7 @@ import time
 import warnings
 
 import torch
-from rounds import load_average, machine, median, ratios, spread
+from rounds import load_average, machine, median, parse_run_arguments, ratios, spread
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -34,10 +34,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (the figures are medians)")
     parser.add_argument("--fila-every", type=int, default=2, help="time FILA in every n-th round")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--tofu-dir", default=None)
-    parser.add_argument("--quick", action="store_true", help="the tiny model built in code, 8 + 8 samples, 2 rounds")
-    args = parser.parse_args(argv)
+    args = parse_run_arguments(parser, argv, "the tiny model built in code, 8 + 8 samples, 2 rounds")
     if args.quick:
         args.samples, args.rank, args.rounds, args.fila_every = min(args.samples, 8), min(args.rank, 4), 2, 1
     load_start = load_average()

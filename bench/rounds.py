@@ -50,3 +50,17 @@ def load_average() -> float | None:
 def machine(load_at_start: float | None) -> dict:
     """CPU count and the 1-minute load average at the start and the end of the bench."""
     return {"cpus": os.cpu_count(), "load_average": [load_at_start, load_average()]}
+
+
+def add_rounds_argument(parser, default: int, help: str) -> None:
+    """``--rounds``, also accepted as ``--repeats`` (its earlier name)."""
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=default, help=help)
+
+
+def parse_run_arguments(parser, argv, quick: str):
+    """The parsed ``argv``, after adding ``--device`` and ``--tofu-dir`` (None: the defaults of
+    unlearn_plugins) and ``--quick`` (``quick``: what the smoke test runs)."""
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--tofu-dir", default=None)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    return parser.parse_args(argv)

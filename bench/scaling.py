@@ -30,7 +30,7 @@ import time
 import warnings
 from pathlib import Path
 
-from rounds import load_average, machine, median, ratios, spread
+from rounds import load_average, machine, median, parse_run_arguments, ratios, spread
 
 BOUNDS = {"eap_ig_over_fwd_bwd": 1.5, "trainer_over_bare_loop": 1.10, "rila_over_forward": 1.3}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -153,10 +153,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-rows", type=int, default=20)
     parser.add_argument("--train-steps", type=int, default=6, help="timed trainer steps per round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed trainer steps per round")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--tofu-dir", default=None)
-    parser.add_argument("--quick", action="store_true", help="depths 2 and 4, width 64, 1 round (a smoke test)")
-    args = parser.parse_args(argv)
+    args = parse_run_arguments(parser, argv, "depths 2 and 4, width 64, 1 round (a smoke test)")
     if args.quick:
         args.layers, args.hidden, args.intermediate, args.rounds = [2, 4], 64, 128, 1
         args.samples, args.steps, args.train_steps, args.warmup = 2, 2, 2, 1

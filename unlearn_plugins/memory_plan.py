@@ -355,6 +355,20 @@ def training_stage(
     return stage
 
 
+def _weight_bytes(device: str, dtype: str | None) -> int:
+    """Bytes per element of frozen weights in ``dtype``, by default bf16 on CUDA and fp32 on CPU."""
+    return nbytes(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+
+
+def _frozen_weights(shape: Shape, name: str, device: str, dtype: str | None) -> tuple[Stage, int]:
+    """A stage on ``device`` holding the model's frozen weights (:func:`_weight_bytes`), and the
+    weights' bytes per element."""
+    wb = _weight_bytes(device, dtype)
+    stage = Stage(name, "cuda" if device.startswith("cuda") else "cpu")
+    stage.parts["weights"] = shape.params * wb
+    return stage, wb
+
+
 def inference_stage(
     shape: Shape,
     *,
@@ -367,11 +381,7 @@ def inference_stage(
 ) -> Stage:
     """A forward without gradient (evaluation, the loss scorer): weights, one block's largest
     temporaries, the key/value cache of the batch and the logits with their fp32 log-softmax."""
-    cuda = device.startswith("cuda")
-    wdtype = dtype or ("bfloat16" if cuda else "float32")
-    wb = nbytes(wdtype)
-    stage = Stage(name, "cuda" if cuda else "cpu")
-    stage.parts["weights"] = shape.params * wb
+    stage, wb = _frozen_weights(shape, name, device, dtype)
     tokens = batch_size * length
     stage.parts["activations"] = tokens * (4 * shape.hidden + 3 * shape.intermediate) * wb
     stage.parts["key/value cache"] = 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * wb
@@ -398,7 +408,7 @@ def mrd_stage(
         shape, device=device, dtype=dtype, batch_size=0, length=length, name=f"score mrd ({precision})", kind="score"
     )
     pb = nbytes(precision)
-    wb = nbytes(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    wb = _weight_bytes(device, dtype)
     del stage.parts["key/value cache"]
     if chunk == "model":
         # deepcopy (weights' dtype) then .to(precision) tensor by tensor: at the end the copy in
@@ -434,12 +444,8 @@ def eap_ig_stage(
     differences B x sources x length x width, per-head q/k/v/o weight copies, per-layer
     gradient terms, the batch's and every sample's score matrices) and one forward+backward
     over max_rows rows through the frozen model."""
-    cuda = device.startswith("cuda")
-    wdtype = dtype or ("bfloat16" if cuda else "float32")
-    wb = nbytes(wdtype)
+    stage, wb = _frozen_weights(shape, "score cud (EAP-IG)", device, dtype)
     h, L, H = shape.hidden, shape.layers, shape.heads
-    stage = Stage("score cud (EAP-IG)", "cuda" if cuda else "cpu")
-    stage.parts["weights"] = shape.params * wb
     b = max(1, max_rows // steps)  # samples per batch
     rows = b * steps
     n_src = 1 + L * H + L
@@ -478,11 +484,7 @@ def fila_stage(
     training forward+backward of one batch with the decoder blocks recomputed in the backward
     (non-reentrant checkpointing, always on there: one block's input kept per block, one block's
     activations at a time)."""
-    cuda = device.startswith("cuda")
-    wdtype = dtype or ("bfloat16" if cuda else "float32")
-    wb = nbytes(wdtype)
-    stage = Stage("init fila", "cuda" if cuda else "cpu")
-    stage.parts["weights"] = shape.params * wb
+    stage, wb = _frozen_weights(shape, "init fila", device, dtype)
     stage.parts["lora adapter"] = shape.lora_params(lora_r, target_modules) * 4
     targeted = shape.linear_params(target_modules)
     stage.parts["Fisher sums (fp32, forget and retain)"] = 2 * targeted * 4

@@ -12,6 +12,8 @@ from pathlib import Path
 import lm_eval
 import yaml
 
+from unlearn_plugins.evaluation.lm_eval_tasks import write_task_files
+
 HERE = Path(__file__).resolve().parent
 SOURCE = Path(lm_eval.__file__).resolve().parent / "tasks" / "mmlu" / "default"
 
@@ -54,8 +56,7 @@ def configs() -> dict[str, str]:
 
 
 def main() -> None:
-    for name, text in configs().items():
-        (HERE / name).write_text(text)
+    write_task_files(HERE, configs())
 
 
 if __name__ == "__main__":

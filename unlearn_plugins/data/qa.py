@@ -167,19 +167,40 @@ def check_disjoint(
     ``allow_overlap`` they are kept, with a warning. Returns how many forget samples overlap."""
     retained = {sample_key(s): s for s in reversed(retain or ())}  # the first copy wins
     shared = [(s, retained[sample_key(s)]) for s in forget if sample_key(s) in retained]
+    return shared_verdict(shared, forget_spec, retain_spec, allow_overlap, "sample")
+
+
+#: what :func:`shared_verdict` says of each unit: its plural, what makes two the same, the remedy
+_SHARED = {
+    "sample": (
+        "sample(s)",
+        "same question and answer",
+        "a sample cannot be forgotten and retained at once; remove it from one split or pass --allow-overlap",
+    ),
+    "document": (
+        "document(s)",
+        "same text",
+        "a document cannot be forgotten and retained at once; remove it or pass --allow-overlap",
+    ),
+}
+
+
+def shared_verdict(shared: list, forget_spec: str, retain_spec: str, allow_overlap: bool, unit: str) -> int:
+    """The verdict on (forget, retain) pairs of one ``unit`` ("sample" or "document") that both
+    sets hold: refused, or with ``allow_overlap`` kept with a warning (at the checker's caller).
+    Returns how many there are."""
     if not shared:
         return 0
+    plural, same, remedy = _SHARED[unit]
     f, r = shared[0]
     what = (
-        f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} sample(s) "
-        f"(same question and answer; first: {f.where} = {r.where})"
+        f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} {plural} "
+        f"({same}; first: {f.where} = {r.where})"
     )
     if allow_overlap:
-        warnings.warn(f"{what}; kept because of --allow-overlap", DataWarning, stacklevel=2)
+        warnings.warn(f"{what}; kept because of --allow-overlap", DataWarning, stacklevel=3)
         return len(shared)
-    raise DataError(
-        f"{what}: a sample cannot be forgotten and retained at once; remove it from one split or pass --allow-overlap"
-    )
+    raise DataError(f"{what}: {remedy}")
 
 
 def parse_spec(spec: str) -> tuple[str, slice | None]:

@@ -5,13 +5,15 @@ Each author gets 20 question-answer pairs built from one random profile (birthpl
 genre, parents, books, award...), and, as in TOFU, a paraphrased answer and five
 perturbed answers per question (the paraphrase with one fact swapped for another
 author's). :data:`REAL_AUTHORS` and :data:`WORLD_FACTS` hold well-known facts with three wrong
-options each (see :func:`options_rows`), for the Model Utility parts. Everything is
+options each (see :func:`options_rows`; kept in ``synthetic_facts.json``), for the Model Utility parts. Everything is
 deterministic in the seed.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 QA_PER_AUTHOR = 20
@@ -355,66 +357,10 @@ _LANGUAGES = {
     "Mexico": "Zapotec",
 }
 
-REAL_AUTHORS = [
-    ("Who wrote 'Pride and Prejudice'?", "Jane Austen", ["Charlotte Brontë", "George Eliot", "Mary Shelley"]),
-    (
-        "Who wrote 'One Hundred Years of Solitude'?",
-        "Gabriel García Márquez",
-        ["Mario Vargas Llosa", "Julio Cortázar", "Pablo Neruda"],
-    ),
-    ("Who wrote 'Things Fall Apart'?", "Chinua Achebe", ["Wole Soyinka", "Ngũgĩ wa Thiong'o", "Ben Okri"]),
-    ("Who wrote the play 'Hamlet'?", "William Shakespeare", ["Christopher Marlowe", "Ben Jonson", "John Milton"]),
-    ("Who wrote 'War and Peace'?", "Leo Tolstoy", ["Fyodor Dostoevsky", "Anton Chekhov", "Ivan Turgenev"]),
-    ("Who wrote '1984'?", "George Orwell", ["Aldous Huxley", "Ray Bradbury", "H. G. Wells"]),
-    ("Who wrote 'Beloved'?", "Toni Morrison", ["Maya Angelou", "Alice Walker", "Zora Neale Hurston"]),
-    (
-        "Who wrote 'The Old Man and the Sea'?",
-        "Ernest Hemingway",
-        ["John Steinbeck", "William Faulkner", "F. Scott Fitzgerald"],
-    ),
-    (
-        "Who wrote 'Don Quixote'?",
-        "Miguel de Cervantes",
-        ["Lope de Vega", "Federico García Lorca", "Benito Pérez Galdós"],
-    ),
-    ("Who wrote 'Norwegian Wood'?", "Haruki Murakami", ["Kazuo Ishiguro", "Yukio Mishima", "Kenzaburō Ōe"]),
-    ("Who wrote 'Mrs Dalloway'?", "Virginia Woolf", ["Katherine Mansfield", "E. M. Forster", "James Joyce"]),
-    ("Who wrote 'The Adventures of Tom Sawyer'?", "Mark Twain", ["Herman Melville", "Jack London", "Henry James"]),
-    ("Who wrote 'Crime and Punishment'?", "Fyodor Dostoevsky", ["Leo Tolstoy", "Nikolai Gogol", "Alexander Pushkin"]),
-    ("Who wrote 'The Hobbit'?", "J. R. R. Tolkien", ["C. S. Lewis", "Terry Pratchett", "Philip Pullman"]),
-    ("Who wrote 'Frankenstein'?", "Mary Shelley", ["Bram Stoker", "Emily Brontë", "Jane Austen"]),
-    ("Who wrote 'The Divine Comedy'?", "Dante Alighieri", ["Giovanni Boccaccio", "Petrarch", "Virgil"]),
-]
-WORLD_FACTS = [
-    ("What is the capital of France?", "Paris", ["Lyon", "Marseille", "Nice"]),
-    ("What is the capital of Japan?", "Tokyo", ["Kyoto", "Osaka", "Nagoya"]),
-    ("Which planet is known as the Red Planet?", "Mars", ["Venus", "Jupiter", "Saturn"]),
-    (
-        "What is the largest ocean on Earth?",
-        "The Pacific Ocean",
-        ["The Atlantic Ocean", "The Indian Ocean", "The Arctic Ocean"],
-    ),
-    ("What is the chemical symbol for gold?", "Au", ["Ag", "Gd", "Go"]),
-    ("How many continents are there?", "Seven", ["Five", "Six", "Eight"]),
-    ("Which country is home to the Great Pyramid of Giza?", "Egypt", ["Mexico", "Peru", "Sudan"]),
-    ("What is the tallest mountain in the world?", "Mount Everest", ["K2", "Kangchenjunga", "Mont Blanc"]),
-    ("What gas do plants absorb from the air for photosynthesis?", "Carbon dioxide", ["Oxygen", "Nitrogen", "Helium"]),
-    ("What is the longest river in South America?", "The Amazon", ["The Orinoco", "The Paraná", "The Magdalena"]),
-    ("In which city is the Colosseum?", "Rome", ["Athens", "Milan", "Naples"]),
-    ("What is the capital of Canada?", "Ottawa", ["Toronto", "Vancouver", "Montreal"]),
-    (
-        "What is the freezing point of water in degrees Celsius?",
-        "0 degrees",
-        ["10 degrees", "-10 degrees", "32 degrees"],
-    ),
-    (
-        "Which animal is the largest mammal?",
-        "The blue whale",
-        ["The African elephant", "The giraffe", "The hippopotamus"],
-    ),
-    ("What is the currency of the United Kingdom?", "The pound sterling", ["The euro", "The dollar", "The franc"]),
-    ("Who painted the Mona Lisa?", "Leonardo da Vinci", ["Michelangelo", "Raphael", "Vincent van Gogh"]),
-]
+#: well-known facts, (question, answer, three wrong options), in synthetic_facts.json beside this file
+_FACTS = json.loads((Path(__file__).resolve().parent / "synthetic_facts.json").read_text(encoding="utf-8"))
+REAL_AUTHORS = [(q, a, wrong) for q, a, wrong in _FACTS["real_authors"]]
+WORLD_FACTS = [(q, a, wrong) for q, a, wrong in _FACTS["world_facts"]]
 
 
 def _profile(rng: random.Random, used_names: set[str]) -> dict[str, Any]:

@@ -200,20 +200,8 @@ def refuse_qa_objectives(objective, spec: str, option: str) -> None:
 
 def check_disjoint_documents(forget_spec: str, retain_spec: str, *, allow_overlap: bool = False) -> int:
     """Refuse documents that are in both text corpora (same text), as QA splits refuse shared samples."""
-    import warnings
-
-    from .qa import DataWarning
+    from .qa import shared_verdict
 
     retained = {d.text: d for d in reversed(read_documents(retain_spec))}
     shared = [(d, retained[d.text]) for d in read_documents(forget_spec) if d.text in retained]
-    if not shared:
-        return 0
-    f, r = shared[0]
-    what = (
-        f"--forget {forget_spec} and --retain {retain_spec} share {len(shared)} document(s) "
-        f"(same text; first: {f.where} = {r.where})"
-    )
-    if allow_overlap:
-        warnings.warn(f"{what}; kept because of --allow-overlap", DataWarning, stacklevel=2)
-        return len(shared)
-    raise DataError(f"{what}: a document cannot be forgotten and retained at once; remove it or pass --allow-overlap")
+    return shared_verdict(shared, forget_spec, retain_spec, allow_overlap, "document")

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from lm_eval.api.instance import Instance
+from lm_eval.api.task import ConfigurableTask
 
 from ..errors import DataError
 
@@ -57,6 +58,14 @@ def resolve_tokenizer(tokenizer: Any = None, pretrained: Any = None, trust_remot
     return _load_tokenizer(str(source), bool(trust_remote_code in (True, "True", "true", "1", 1)))
 
 
+def metadata_tokenizer(metadata: dict[str, Any]):
+    """:func:`resolve_tokenizer` from a task's metadata (``tokenizer``, ``pretrained``,
+    ``trust_remote_code``), which every benchmark's ``custom_dataset`` receives as keywords."""
+    return resolve_tokenizer(
+        metadata.get("tokenizer"), metadata.get("pretrained"), metadata.get("trust_remote_code", False)
+    )
+
+
 def encode_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -91,6 +100,36 @@ def request_metadata(kwargs: dict) -> tuple:
     """lm-eval's (task, doc_id, repeats) for each Instance; lm-eval's own task tests call
     construct_requests without it (then Instance's default, no names)."""
     return kwargs.get("metadata") or (None, None, None)
+
+
+class PromptTask(ConfigurableTask):
+    """Base of the lm-eval "class" tasks whose documents carry their chat-formatted ``prompt`` and
+    ``answer``: lm-eval's prompt options must not change what is scored. ``PROMPT_OWNER`` names
+    the tasks in that error; ``METRICS`` maps each metric to higher-is-better."""
+
+    PROMPT_OWNER = "these tasks"
+    METRICS: dict[str, bool] = {}
+
+    def __init__(self, config: dict | None = None, **kwargs):
+        config = {k: v for k, v in (config or {}).items() if k != "class"}
+        super().__init__(config=config, **kwargs)
+
+    def doc_to_text(self, doc, doc_to_text=None):
+        return doc["prompt"]
+
+    def doc_to_target(self, doc, doc_to_target=None):
+        return doc["answer"]
+
+    def _check_context(self, doc, ctx) -> None:
+        if ctx != doc["prompt"]:
+            raise DataError(
+                f"task {self.config.task}: the prompt was changed by lm-eval options; {self.PROMPT_OWNER} format the "
+                "chat prompt themselves, so run them without --apply_chat_template, --system_instruction "
+                "and --num_fewshot (set metadata 'system_prompt' for a system turn)"
+            )
+
+    def higher_is_better(self):
+        return dict(self.METRICS)
 
 
 # ----------------------------------------------------------------------------- per-token log-probabilities

@@ -77,3 +77,10 @@ def load_tasks(manager, names: Sequence[str]) -> tuple[list[Any], dict[str, Any]
             members = manager.task_index[name].tags
             specs.extend(tasks[m] for m in sorted(members) if m in tasks)
     return specs, tasks
+
+
+def write_task_files(folder: Path, files: dict[str, str]) -> None:
+    """Write a task folder's ``_generate_configs.py`` output ({file name: text}) into the folder
+    (a test checks that the folder holds exactly that output)."""
+    for name, text in files.items():
+        (folder / name).write_text(text)

@@ -194,11 +194,21 @@ class ForgetRetainObjective:
         return f"{self.name}({options})"
 
 
+class RetainDataObjective:
+    """The optional attributes of an objective that is no regulariser, always trains on retain
+    data and needs no reference model (GRU, PDU, T3, LUNAR, SIBL), declared once."""
+
+    regularizer = False
+    needs_reference_model = False
+    needs_retain_data = True
+
+
 #: the names objectives and their tests have always taken from here (defined below this layer)
 __all__ = [
     "ObjectiveContext",
     "CombinedObjective",
     "ForgetRetainObjective",
+    "RetainDataObjective",
     "check_loss_value",
     "check_option",
     "forward",

@@ -16,16 +16,13 @@ from typing import Annotated, Any
 
 from ..errors import UnlearnError
 from ..options import attributes
-from .base import check_option, mean_nll
+from .base import RetainDataObjective, check_option, mean_nll
 
 
-class GRU:
+class GRU(RetainDataObjective):
     """Gradient ascent on the forget set, rectified against an EMA of the retain gradient."""
 
     name = "gru"
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = True
 
     def __init__(
         self,

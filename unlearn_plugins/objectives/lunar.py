@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 from ..errors import UnlearnError
 from ..options import attributes
-from .base import check_option, mean_nll
+from .base import RetainDataObjective, check_option, mean_nll
 
 NET_DTYPES = ("bfloat16", "float32")
 #: the refusal prompts used when ``direction_prompts`` is not given: 24 requests of the kind the
@@ -205,15 +205,12 @@ def fit_down_projections(weights, forget, retain, *, lr, num_epochs, batch_size,
     return [net.weight.detach() for net in nets], last
 
 
-class LUNAR:
+class LUNAR(RetainDataObjective):
     """Refit the down-projection of ``layer_idx_list``'s layers so that forget activations are
     redirected by ``coeff * direction`` and retain activations are kept (module docstring)."""
 
     name = "lunar"
     revision = 2  # direction_prompts defaults to the shipped prompts (before: required)
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = True
 
     def __init__(
         self,

@@ -15,16 +15,13 @@ from typing import Annotated, Any
 from ..errors import UnlearnError
 from ..likelihood import forward
 from ..options import attributes, options_repr
-from .base import check_option, mean_nll
+from .base import RetainDataObjective, check_option, mean_nll
 
 
-class PDU:
+class PDU(RetainDataObjective):
     """Flatten the forget logits subject to a retain-loss constraint with a dual variable."""
 
     name = "pdu"
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = True
 
     def __init__(
         self,

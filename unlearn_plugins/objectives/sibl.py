@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from ..errors import UnlearnError
 from ..likelihood import forward, mean_nll
 from ..options import attributes, options_repr
-from .base import check_option
+from .base import RetainDataObjective, check_option
 
 #: mask methods of the reference's ``SparsityManager`` that are transcribed here
 SPARSITY_METHODS = ("layerwise_magnitude", "random")
@@ -96,14 +96,11 @@ def conjugate_gradient(matvec, b, *, iterations: int, tol: float):
     return torch.from_numpy(x).to(device=device, dtype=dtype)
 
 
-class SIBL:
+class SIBL(RetainDataObjective):
     """Sparse bilevel augmented Lagrangian: masked inner retain steps, a masked outer forget step
     with an implicit-differentiation correction, a dual variable on the retain-loss budget."""
 
     name = "sibl"
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = True
 
     def __init__(
         self,

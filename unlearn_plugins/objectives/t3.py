@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from ..errors import UnlearnError
 from ..options import attributes, options_repr
-from .base import check_option
+from .base import RetainDataObjective, check_option
 
 
 def classifier_loss(model, batch):
@@ -47,14 +47,11 @@ def classifier_loss(model, batch):
     return total / max(count, 1)
 
 
-class T3:
+class T3(RetainDataObjective):
     """Train a guidance head that tells retain from forget continuations; the saved model is the
     frozen base with the head, whose logits are tempered and tilted (module docstring)."""
 
     name = "t3"
-    regularizer = False
-    needs_reference_model = False
-    needs_retain_data = True
 
     def __init__(
         self,

@@ -328,12 +328,22 @@ def _name_list(reader, table: str, key: str, value: Any, known, what: str, liste
     list's words in the error, by default ``what`` + "s")."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise reader.error(table, key, f"must be a list of {listed or what + 's'}, got {_show(value)}")
+    _known(reader, table, key, value, known, what)
+    _once(reader, table, key, value, f"lists a {what} twice")
+    return tuple(value)
+
+
+def _known(reader, table: str, key: str, value: list, known, what: str, label: str = "known") -> None:
+    """Refuse a name of ``value`` outside ``known`` (the error lists them after ``label``)."""
     for v in value:
         if v not in known:
-            raise reader.error(table, key, f"unknown {what} {v!r}; known: {', '.join(known)}")
+            raise reader.error(table, key, f"unknown {what} {v!r}; {label}: {', '.join(known)}")
+
+
+def _once(reader, table: str, key: str, value: list, twice: str | None = None) -> None:
+    """Refuse a list with a value twice (``twice``: the error; by default it names the value)."""
     if len(set(value)) != len(value):
-        raise reader.error(table, key, f"lists a {what} twice")
-    return tuple(value)
+        raise reader.error(table, key, twice or f"{next(v for v in value if value.count(v) > 1)!r} is listed twice")
 
 
 def _number_list(reader, table: str, values: dict, key: str, *, integer: bool, positive: bool = True) -> tuple:
@@ -347,9 +357,7 @@ def _number_list(reader, table: str, values: dict, key: str, *, integer: bool, p
             raise reader.error(table, key, f"must be a list of {'integers' if integer else 'numbers'}, got {_show(v)}")
         if positive and v <= 0:
             raise reader.error(table, key, f"each value must be > 0, got {v!r}")
-    if len(set(value)) != len(value):
-        dup = next(v for v in value if value.count(v) > 1)
-        raise reader.error(table, key, f"{dup!r} is listed twice")
+    _once(reader, table, key, value)
     return tuple(v if integer else float(v) for v in value)
 
 
@@ -537,11 +545,8 @@ def _comparisons(reader, entries: Any, methods: list[str]) -> tuple[Comparison, 
 def _names(reader, table: str, key: str, value: Any, methods: list[str]) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise reader.error(table, key, f"must be a non-empty list of method names, got {_show(value)}")
-    for v in value:
-        if v not in methods:
-            raise reader.error(table, key, f"unknown method {v!r}; methods: {', '.join(methods)}")
-    if len(set(value)) != len(value):
-        raise reader.error(table, key, f"{next(v for v in value if value.count(v) > 1)!r} is listed twice")
+    _known(reader, table, key, value, methods, "method", "methods")
+    _once(reader, table, key, value)
     return list(value)
 
 
@@ -587,53 +592,31 @@ def cells(study) -> list[dict]:
     method's operating point."""
     design: Design = study.design
     out: list[dict] = []
+
+    def add(cell_id: str, kind: str, label: str, **fields) -> None:
+        out.append(dict(id=cell_id, kind=kind, label=label, **fields))
+
     target = None
     if study.target.given is None:
         target = "target"
-        out.append(
-            dict(id="target", kind="target", label=f"fine-tune the target on {study.authors} authors", forget=None)
-        )
+        add("target", "target", f"fine-tune the target on {study.authors} authors", forget=None)
     before_target = (target,) if target else ()
     ceiling = design.noise_ceiling or {"authors": (), "seeds": ()}
     for a in design.authors:
         role = "reserved author" if a == design.reserved_author else "author"
         retain = f"retain/author{a}"
-        out.append(dict(id=retain, kind="retain", label=f"fine-tune the retain model ({role} {a})", author=a))
+        add(retain, "retain", f"fine-tune the retain model ({role} {a})", author=a)
         ref = f"eval-retain/author{a}"
-        out.append(
-            dict(id=ref, kind="eval_retain", label=f"evaluate the retain model ({role} {a})", author=a, deps=(retain,))
-        )
-        out.append(
-            dict(
-                id=f"eval-full/author{a}",
-                kind="eval_full",
-                label=f"evaluate the target ({role} {a})",
-                author=a,
-                deps=(*before_target, ref),
-            )
-        )
+        add(ref, "eval_retain", f"evaluate the retain model ({role} {a})", author=a, deps=(retain,))
+        label = f"evaluate the target ({role} {a})"
+        add(f"eval-full/author{a}", "eval_full", label, author=a, deps=(*before_target, ref))
         if a in ceiling["authors"]:
             for s in ceiling["seeds"]:
                 other = f"retain/author{a}/seed{s}"
-                out.append(
-                    dict(
-                        id=other,
-                        kind="retain",
-                        label=f"fine-tune the retain model, seed {s} ({role} {a}; noise ceiling)",
-                        author=a,
-                        seed=s,
-                    )
-                )
-                out.append(
-                    dict(
-                        id=f"ceiling/author{a}/seed{s}",
-                        kind="eval_ceiling",
-                        label=f"evaluate retain seed {s} against seed {study.retain.seed} ({role} {a}; noise ceiling)",
-                        author=a,
-                        seed=s,
-                        deps=(other, ref),
-                    )
-                )
+                label = f"fine-tune the retain model, seed {s} ({role} {a}; noise ceiling)"
+                add(other, "retain", label, author=a, seed=s)
+                label = f"evaluate retain seed {s} against seed {study.retain.seed} ({role} {a}; noise ceiling)"
+                add(f"ceiling/author{a}/seed{s}", "eval_ceiling", label, author=a, seed=s, deps=(other, ref))
     point: dict[str, str] = {}
     if design.sweep is not None:
         sweep = design.sweep
@@ -643,46 +626,26 @@ def cells(study) -> list[dict]:
             for setting in sweep.runs(method.name):
                 cell_id = f"sweep/{method.name}/{setting_name(setting)}"
                 shown = ", ".join(f"{k} {v:g}" for k, v in setting.items())
-                out.append(
-                    dict(
-                        id=cell_id,
-                        kind="sweep",
-                        label=f"{method.label}: traced run, {shown}, {sweep.epochs} epochs (author {sweep.author})",
-                        author=sweep.author,
-                        method=method.name,
-                        # the reference truth ratios come from the retain model itself (trace.py),
-                        # so a fresh machine rebuilds it even where its evaluation is recorded
-                        deps=(*before_target, f"retain/author{sweep.author}", ref),
-                    )
-                )
+                label = f"{method.label}: traced run, {shown}, {sweep.epochs} epochs (author {sweep.author})"
+                # the reference truth ratios come from the retain model itself (trace.py),
+                # so a fresh machine rebuilds it even where its evaluation is recorded
+                deps = (*before_target, f"retain/author{sweep.author}", ref)
+                add(cell_id, "sweep", label, author=sweep.author, method=method.name, deps=deps)
                 runs.append(cell_id)
             point[method.name] = f"operating-point/{method.name}"
-            out.append(
-                dict(
-                    id=point[method.name],
-                    kind="operating_point",
-                    label=f"{method.label}: operating point (Model Utility at up to "
-                    f"{sweep.model_utility_evaluations_max} points, the rule)",
-                    author=sweep.author,
-                    method=method.name,
-                    # its Model Utility evaluations load the target under each point's adapter
-                    deps=(*before_target, *runs, f"eval-full/author{sweep.author}"),
-                )
+            label = (
+                f"{method.label}: operating point (Model Utility at up to "
+                f"{sweep.model_utility_evaluations_max} points, the rule)"
             )
+            # its Model Utility evaluations load the target under each point's adapter
+            deps = (*before_target, *runs, f"eval-full/author{sweep.author}")
+            add(point[method.name], "operating_point", label, author=sweep.author, method=method.name, deps=deps)
     for seed in study.seeds:
         for a in design.test_authors:
             for method in study.methods:
-                out.append(
-                    dict(
-                        id=f"{method.name}/author{a}/seed{seed}",
-                        kind="method",
-                        label=f"{method.label}, author {a}, seed {seed}",
-                        author=a,
-                        method=method.name,
-                        seed=seed,
-                        deps=tuple(d for d in (target, f"eval-retain/author{a}", point.get(method.name)) if d),
-                    )
-                )
+                deps = tuple(d for d in (target, f"eval-retain/author{a}", point.get(method.name)) if d)
+                cell_id, label = f"{method.name}/author{a}/seed{seed}", f"{method.label}, author {a}, seed {seed}"
+                add(cell_id, "method", label, author=a, method=method.name, seed=seed, deps=deps)
     for cell in out:
         cell.setdefault("forget", 1)  # each author is forgotten alone
     return out

@@ -308,6 +308,11 @@ class Cell:
     deps: tuple[str, ...] = ()
     author: int | None = None  # an author-unit study's author (its TOFU id)
 
+    @classmethod
+    def run(cls, cell_id: str, label: str, method: Method, seed: int, deps: tuple[str, ...], **more: Any) -> Cell:
+        """The cell that runs ``method`` with ``seed`` (and evaluates what it made)."""
+        return cls(cell_id, "method", label, method=method.name, seed=seed, deps=deps, **more)
+
 
 # ----------------------------------------------------------------------------- finding and reading
 
@@ -663,6 +668,13 @@ class _Reader:
         )
         design = author_design.read_design(self, design_data, study)
         return study if design is None else dataclasses.replace(study, design=design)
+
+    def benchmark_study(self, source: str, **fields: Any) -> Study:
+        """The Study of a registered benchmark's study part (``source``): this file's, without the
+        TOFU study's folder, authors, forget sizes and given retain models."""
+        return Study(
+            path=str(self.path), source=source, tofu_dir=None, authors=0, forget_sizes=(), retain_given={}, **fields
+        )
 
     def prompt_format(self, model_t: dict) -> dict | None:
         """[model] prompt_format (a name or a Jinja file beside the study file) and date_string:
@@ -1073,17 +1085,9 @@ def expand(study: Study) -> list[Cell]:
     for seed in study.seeds:
         for k in study.forget_sizes:
             for method in study.methods:
-                cells.append(
-                    Cell(
-                        f"{method.name}/forget{k}/seed{seed}",
-                        "method",
-                        f"{method.label}, forget {k}, seed {seed}",
-                        forget=k,
-                        method=method.name,
-                        seed=seed,
-                        deps=tuple(d for d in (target_id, f"eval-retain/forget{k}") if d),
-                    )
-                )
+                deps = tuple(d for d in (target_id, f"eval-retain/forget{k}") if d)
+                label = f"{method.label}, forget {k}, seed {seed}"
+                cells.append(Cell.run(f"{method.name}/forget{k}/seed{seed}", label, method, seed, deps, forget=k))
     return cells
 
 

@@ -38,15 +38,10 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
         sharded = sharded_table.read(reader, reader.table(data, "sharded"), users=rec.users - rec.forget_users)
         if any(m.name == sharded.name for m in methods):
             raise reader.error("sharded", "name", f"{sharded.name!r} is used by a method")
-    return Study(
-        path=str(reader.path),
-        source="movielens",
-        tofu_dir=None,
-        authors=0,
-        forget_sizes=(),
+    return reader.benchmark_study(
+        "movielens",
         target=target,
         retain=retain,
-        retain_given={},
         budget=budget,
         methods=methods,
         evaluation=reader.evaluation(data, movielens.TASKS),
@@ -77,16 +72,8 @@ def expand(study: Study) -> list[Cell]:
     cells.append(Cell("eval-target", "eval_full", "evaluate the target", deps=("target", "eval-retrain")))
     for seed in study.seeds:
         for method in study.methods:
-            cells.append(
-                Cell(
-                    f"{method.name}/seed{seed}",
-                    "method",
-                    f"{method.label}, seed {seed}",
-                    method=method.name,
-                    seed=seed,
-                    deps=("target", "eval-retrain"),
-                )
-            )
+            label = f"{method.label}, seed {seed}"
+            cells.append(Cell.run(f"{method.name}/seed{seed}", label, method, seed, ("target", "eval-retrain")))
     if study.sharded is not None:
         s = study.sharded
         shards = f"{s.name}/shards"

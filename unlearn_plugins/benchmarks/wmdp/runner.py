@@ -161,15 +161,10 @@ def read(reader, data: dict, bench: dict, extra: dict, **head) -> Study:
         )
     if "cud" in data:
         raise reader.error("cud", None, "not available in a WMDP study")
-    return Study(
-        path=str(reader.path),
-        source="wmdp",
-        tofu_dir=None,
-        authors=0,
-        forget_sizes=(),
+    return reader.benchmark_study(
+        "wmdp",
         target=target,
         retain=None,
-        retain_given={},
         budget=budget,
         methods=methods,
         evaluation=evaluation,
@@ -194,31 +189,16 @@ def expand(study: Study) -> list[Cell]:
         for method in study.methods:
             name, label = f"{method.name}/seed{seed}", f"{method.label}, seed {seed}"
             if not wmdp.grid:
-                cells.append(Cell(name, "method", label, method=method.name, seed=seed, deps=target_deps))
+                cells.append(Cell.run(name, label, method, seed, target_deps))
             for f in wmdp.forget_fractions:  # each from the target, on a nested part
                 part = parts.fraction_name(f)
                 cells.append(
-                    Cell(
-                        f"{name}/{part}",
-                        "method",
-                        f"{label}, {f:g} of the forget documents",
-                        method=method.name,
-                        seed=seed,
-                        deps=target_deps,
-                    )
+                    Cell.run(f"{name}/{part}", f"{label}, {f:g} of the forget documents", method, seed, target_deps)
                 )
             for k in range(1, wmdp.sequential_folds + 1):  # each from the model the one before left
                 before = (f"{name}/{parts.fold_name(k - 1)}",) if k > 1 else target_deps
-                cells.append(
-                    Cell(
-                        f"{name}/{parts.fold_name(k)}",
-                        "method",
-                        f"{label}, request {k} of {wmdp.sequential_folds} (fold {k})",
-                        method=method.name,
-                        seed=seed,
-                        deps=before,
-                    )
-                )
+                request = f"{label}, request {k} of {wmdp.sequential_folds} (fold {k})"
+                cells.append(Cell.run(f"{name}/{parts.fold_name(k)}", request, method, seed, before))
     return cells
 
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
-from lm_eval.api.task import ConfigurableTask
 
 from unlearn_plugins.errors import DataError
+from unlearn_plugins.evaluation.lm_eval_requests import PromptTask, metadata_tokenizer, request_metadata
 from unlearn_plugins.evaluation.reference import sample_key
 
 from ..prompts import NO, YES
@@ -88,9 +88,6 @@ def movielens_dataset(
     forget_part: str = "train_forget",
     rec_dir: str | None = None,
     movielens_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
     system_prompt: str | None = None,
     **metadata: Any,
 ):
@@ -99,7 +96,6 @@ def movielens_dataset(
     import datasets
 
     from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text
-    from unlearn_plugins.evaluation.lm_eval_requests import resolve_tokenizer
 
     from ..benchmark import BenchmarkSettings
 
@@ -119,7 +115,7 @@ def movielens_dataset(
                 )
             rec_split = forget_part
         samples = benchmark_samples(rec_split, rec_dir=rec_dir, movielens_dir=movielens_dir, settings=settings)
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     specials = control_tokens(tok)
     docs = []
     for s in samples:
@@ -155,30 +151,16 @@ def doc_key(sample) -> str:
     return sample_key(sample.question, f"{sample.answer}|{e.get('user_id')}|{e.get('item_id')}|{e.get('timestamp')}")
 
 
-class MovieLensRecTask(ConfigurableTask):
+class MovieLensRecTask(PromptTask):
     """P(Yes) from two log-likelihoods; AUC, LogLoss and accuracy over the corpus."""
 
     OUTPUT_TYPE = "loglikelihood"
     METRICS = {"auc": True, "logloss": False, "acc": True}
-
-    def __init__(self, config: dict | None = None, **kwargs):
-        config = {k: v for k, v in (config or {}).items() if k != "class"}
-        super().__init__(config=config, **kwargs)
-
-    def doc_to_text(self, doc, doc_to_text=None):
-        return doc["prompt"]
-
-    def doc_to_target(self, doc, doc_to_target=None):
-        return doc["answer"]
+    PROMPT_OWNER = "the MovieLens tasks"
 
     def construct_requests(self, doc, ctx, **kwargs):
-        if ctx != doc["prompt"]:
-            raise DataError(
-                f"task {self.config.task}: the prompt was changed by lm-eval options; the MovieLens tasks "
-                f"format the chat prompt themselves, so run them without --apply_chat_template, "
-                f"--system_instruction and --num_fewshot (set metadata 'system_prompt' for a system turn)"
-            )
-        meta = kwargs.get("metadata") or (None, None, None)  # lm-eval's own task tests pass none
+        self._check_context(doc, ctx)
+        meta = request_metadata(kwargs)
         return [
             Instance("loglikelihood", doc, (doc["prompt"], answer), i, metadata=meta)
             for i, answer in enumerate((YES, NO))
@@ -193,9 +175,6 @@ class MovieLensRecTask(ConfigurableTask):
 
     def aggregation(self):
         return {"auc": rm.auc, "logloss": rm.logloss, "acc": mean}
-
-    def higher_is_better(self):
-        return dict(self.METRICS)
 
 
 class MovieLensForgetTask(MovieLensRecTask):

@@ -32,9 +32,9 @@ from unlearn_plugins.evaluation import mia
 from unlearn_plugins.evaluation.lm_eval_requests import (
     decode_ids,
     encode_ids,
+    metadata_tokenizer,
     mia_requests,
     request_metadata,
-    resolve_tokenizer,
     token_logprobs,
     token_plan,
 )
@@ -105,17 +105,14 @@ def verbmem_dataset(
     *,
     corpus: str,
     muse_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
-    **_other: Any,
+    **metadata: Any,
 ):
     """The forget prompts and true continuations, each continuation with its token ids as the
     reference encodes it (``tokenizer(gt, add_special_tokens=True)``, metrics/verbmem.py): the
     task cuts them to its number of new tokens (:class:`MuseVerbMemTask`)."""
     path = corpus_dir(corpus, muse_dir) / "verbmem" / "forget.json"
     data = read_json_list(path)
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     rows = []
     for i, r in enumerate(data):
         prompt, gt = _field(path, i, r, "prompt"), _field(path, i, r, "gt")
@@ -165,15 +162,12 @@ def privleak_dataset(
     *,
     corpus: str,
     muse_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
-    **_other: Any,
+    **metadata: Any,
 ):
     """Forget and holdout passages, interleaved (so --limit keeps about as many of each), each with
     the requests that give every token's log-probability (:func:`unlearn_plugins.evaluation.lm_eval_requests.token_plan`)."""
     folder = corpus_dir(corpus, muse_dir) / "privleak"
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     parts = {}
     for member in ("forget", "holdout"):
         path = folder / f"{member}.json"
@@ -241,8 +235,7 @@ class MuseVerbMemTask(ConfigurableTask):
 
     def _tokenizer(self):
         if self._tok is None:
-            meta = self.config.metadata or {}
-            self._tok = resolve_tokenizer(meta.get("tokenizer"), meta.get("pretrained"), meta.get("trust_remote_code"))
+            self._tok = metadata_tokenizer(self.config.metadata or {})
         return self._tok
 
     def process_results(self, doc, results):

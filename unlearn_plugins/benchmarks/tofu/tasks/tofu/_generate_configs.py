@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from unlearn_plugins.evaluation.lm_eval_tasks import write_task_files
+
 HERE = Path(__file__).resolve().parent
 MODULE = "unlearn_plugins.benchmarks.tofu.tasks.tofu.utils"
 TEMPLATE = "_tofu_template_yaml"
@@ -159,8 +161,7 @@ def configs() -> dict[str, str]:
 
 
 def main() -> None:
-    for name, text in configs().items():
-        (HERE / name).write_text(text)
+    write_task_files(HERE, configs())
 
 
 if __name__ == "__main__":

@@ -29,14 +29,15 @@ from typing import Any, Sequence
 
 from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
-from lm_eval.api.task import ConfigurableTask
 
 from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text, read_jsonl, split_path
 from unlearn_plugins.errors import DataError
 from unlearn_plugins.evaluation import tofu_metrics as tm
 from unlearn_plugins.evaluation.lm_eval_requests import (  # noqa: F401 - the TOFU tasks' (and their users') names
+    PromptTask,
     decode_ids,
     encode_ids,
+    metadata_tokenizer,
     request_metadata,
     resolve_tokenizer,
     score_plan,
@@ -125,14 +126,12 @@ def tofu_dataset(
     tofu_role: str = "qa",
     forget_split: str | None = None,
     tofu_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
     system_prompt: str | None = None,
-    **_other_metadata: Any,
+    **metadata: Any,
 ):
     """lm-eval ``custom_dataset``: one TOFU split as a DatasetDict {"test": ...} of
-    documents with the prompt and the token counts the tasks need."""
+    documents with the prompt and the token counts the tasks need (the tokenizer from
+    ``metadata``, :func:`metadata_tokenizer`)."""
     import datasets
 
     if tofu_role not in ROLES:
@@ -152,7 +151,7 @@ def tofu_dataset(
     else:
         path = split_path(tofu_split, None, tofu_dir)
     samples = read_jsonl(path, require=_REQUIRED[tofu_role])
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     eos = tok.eos_token
     if not eos:
         raise DataError(f"tokenizer {getattr(tok, 'name_or_path', '?')} has no eos token: TOFU scores the end token")
@@ -208,30 +207,11 @@ def tofu_dataset(
 # ----------------------------------------------------------------------------- tasks
 
 
-class TofuTask(ConfigurableTask):
+class TofuTask(PromptTask):
     """Base of the TOFU tasks: documents from :func:`tofu_dataset`, prompt already formatted."""
 
     OUTPUT_TYPE = "loglikelihood"
-    METRICS: dict[str, bool] = {}
-
-    def __init__(self, config: dict | None = None, **kwargs):
-        config = {k: v for k, v in (config or {}).items() if k != "class"}
-        super().__init__(config=config, **kwargs)
-
-    # -- documents
-    def doc_to_text(self, doc, doc_to_text=None):
-        return doc["prompt"]
-
-    def doc_to_target(self, doc, doc_to_target=None):
-        return doc["answer"]
-
-    def _check_context(self, doc, ctx) -> None:
-        if ctx != doc["prompt"]:
-            raise DataError(
-                f"task {self.config.task}: the prompt was changed by lm-eval options; TOFU tasks format the "
-                "chat prompt themselves, so run them without --apply_chat_template, --system_instruction "
-                "and --num_fewshot (set metadata 'system_prompt' for a system turn)"
-            )
+    PROMPT_OWNER = "TOFU tasks"
 
     def _loglik_requests(self, doc, kwargs, start_idx: int = 0) -> list[Instance]:
         meta = request_metadata(kwargs)
@@ -260,9 +240,6 @@ class TofuTask(ConfigurableTask):
 
     def aggregation(self):
         return {name: mean for name in self.METRICS}
-
-    def higher_is_better(self):
-        return dict(self.METRICS)
 
 
 class TofuProbTask(TofuTask):

@@ -41,6 +41,7 @@ from unlearn_plugins.evaluation.lm_eval_requests import (  # noqa: F401 - the MI
     answer_tokens,
     decode_ids,
     encode_ids,
+    metadata_tokenizer,
     mia_requests,
     prefix_offsets,
     request_metadata,
@@ -92,17 +93,14 @@ def mia_dataset(
     forget_split: str | None = None,
     holdout_split: str | None = None,
     tofu_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
     system_prompt: str | None = None,
-    **_other_metadata: Any,
+    **metadata: Any,
 ):
     """lm-eval ``custom_dataset`` of ``tofu_mia``: forget and holdout documents, interleaved."""
     import datasets
 
     rows = mia_documents(forget_split, holdout_split, tofu_dir)
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(_docs(tok, rows, system_prompt, token_plan))})
 
 
@@ -124,17 +122,14 @@ def memorization_dataset(
     *,
     forget_split: str | None = None,
     tofu_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
     system_prompt: str | None = None,
-    **_other_metadata: Any,
+    **metadata: Any,
 ):
     """lm-eval ``custom_dataset`` of ``tofu_forget_exact_memorization``."""
     import datasets
 
     samples, label = load_qa_split(forget_split, tofu_dir, "forget")
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     docs = _docs(tok, [(s, "forget", label) for s in samples], system_prompt, memorization_plan)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 

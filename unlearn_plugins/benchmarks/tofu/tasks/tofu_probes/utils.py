@@ -20,7 +20,7 @@ from typing import Any
 
 from unlearn_plugins.data.qa import control_tokens, prompt_text, read_jsonl
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.evaluation.lm_eval_requests import resolve_tokenizer, score_plan
+from unlearn_plugins.evaluation.lm_eval_requests import metadata_tokenizer, score_plan
 from unlearn_plugins.evaluation.mia import load_qa_split
 from unlearn_plugins.evaluation.reference import sample_key
 
@@ -40,13 +40,10 @@ def probe_dataset(
     probe: str = "paraphrase",
     forget_split: str | None = None,
     tofu_dir: str | None = None,
-    tokenizer: Any = None,
-    pretrained: Any = None,
-    trust_remote_code: Any = False,
     system_prompt: str | None = None,
     probe_shot_split: str = SHOT_SPLIT,
     probe_shots: int = SHOTS,
-    **_other_metadata: Any,
+    **metadata: Any,
 ):
     """lm-eval ``custom_dataset`` of the probe tasks (``dataset_kwargs.probe``)."""
 
@@ -55,7 +52,7 @@ def probe_dataset(
     if probe not in PROBES:
         raise DataError(f"dataset_kwargs.probe must be one of {', '.join(PROBES)}, got {probe!r}")
     samples, label = load_qa_split(forget_split, tofu_dir, "forget")
-    tok = resolve_tokenizer(tokenizer, pretrained, trust_remote_code)
+    tok = metadata_tokenizer(metadata)
     specials = control_tokens(tok)
     docs = []
     if probe == "paraphrase":
