@@ -142,27 +142,22 @@ def mmlu_dir() -> Path:
     return SHARED_MMLU
 
 
+# the tiny model's fixtures are the ones this package gives plugin authors (its pytest plugin)
 @pytest.fixture(scope="session")
-def tiny_tokenizer():
-    from unlearn_plugins.testing import tiny_tokenizer
-
-    return tiny_tokenizer()
+def tiny_tokenizer(unlearn_tiny_tokenizer):
+    return unlearn_tiny_tokenizer
 
 
 @pytest.fixture
-def tiny_model(tiny_tokenizer):
+def tiny_model(unlearn_tiny_model):
     """A fresh randomly initialised 2-layer Llama with grouped-query attention."""
-    from unlearn_plugins.testing import tiny_llama
-
-    return tiny_llama(len(tiny_tokenizer))
+    return unlearn_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def tiny_model_dir(unlearn_tiny_model_dir) -> Path:
     """A tiny model + tokenizer saved as a Hugging Face folder (for CLI tests)."""
-    from unlearn_plugins.testing import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return unlearn_tiny_model_dir
 
 
 @pytest.fixture(scope="session")

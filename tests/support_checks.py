@@ -56,9 +56,11 @@ def load_bench_script(name: str):
 # ----------------------------------------------------------------------------- small studies
 
 
-def author_study_toml(name: str, authors: int, test_authors: list[int], reserved: int, *, ceiling="", rest="") -> str:
+def author_study_toml(
+    name: str, authors: int, test_authors: list[int], reserved: int, *, ceiling="", rest="", rol_weights="[0.1, 0.5]"
+) -> str:
     """An author-unit study on tiny-llama and ``authors`` generated authors: a fine-tuned target,
-    per-author retain models, IHL and ReGLU (ROL weight swept over 0.1 and 0.5) on one budget, and
+    per-author retain models, IHL and ReGLU (ROL weight swept over ``rol_weights``) on one budget, and
     the primary comparison of ReGLU's Forget Quality with IHL's; ``ceiling``: its [noise_ceiling]
     table (with a blank line after it), ``rest``: the tables after those ([sweep], more
     [[methods]] and [[comparisons]], [evaluation], ...)."""
@@ -97,7 +99,7 @@ name = "reglu"
 objective = "ihl"
 initializer = "rila"
 regularizer = "rol"
-sweep = {{ rol_weight = [0.1, 0.5] }}
+sweep = {{ rol_weight = {rol_weights} }}
 
 [[comparisons]]
 family = "primary"

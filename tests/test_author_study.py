@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from support_checks import author_study_toml
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import load_study
@@ -16,55 +17,14 @@ from unlearn_plugins.study.design_plan import WaitingCellPlan, plan_design
 from unlearn_plugins.study.statistics import compare_paired
 
 #: two methods, one swept setting each, 2 epochs, 2 test authors, a noise ceiling on the reserved one
-STUDY = """
-[study]
-name = "tiny_author_run"
-seeds = [0]
-
-[model]
-base = "tiny-llama"
-max_length = 128
-
-[benchmark]
-source = "generated"
-authors = 5
-unit = "author"
-test_authors = [18, 19]
-reserved_author = 17
-
-[target]
-seed = 0
-
-[target.finetune]
-lr = 1e-3
-epochs = 1.0
-lora_r = 8
-lora_alpha = 16.0
-batch_size = 8
-
-[retain]
-
-[noise_ceiling]
-authors = [17]
-seeds = [1]
-
-[budget]
-batch_size = 4
-lora_r = 8
-lora_alpha = 16.0
-
-[[methods]]
-name = "ihl"
-objective = "ihl"
-initializer = "kaiming"
-
-[[methods]]
-name = "reglu"
-objective = "ihl"
-initializer = "rila"
-regularizer = "rol"
-sweep = { rol_weight = [0.1] }
-
+STUDY = author_study_toml(
+    "tiny_author_run",
+    5,
+    [18, 19],
+    17,
+    ceiling="[noise_ceiling]\nauthors = [17]\nseeds = [1]\n\n",
+    rol_weights="[0.1]",
+    rest="""
 [sweep]
 author = 17
 lr = [1e-3]
@@ -77,12 +37,6 @@ model_utility_evaluations_max = 1
 tolerance = 0.05
 
 [[comparisons]]
-family = "primary"
-metric = "forget_quality"
-method = "reglu"
-rivals = ["ihl"]
-
-[[comparisons]]
 family = "wasserstein"
 metric = "wasserstein_log"
 method = "reglu"
@@ -92,7 +46,8 @@ rivals = ["ihl"]
 mu_size = 4
 batch_size = 8
 gen_margin = 4
-"""
+""",
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -52,25 +53,30 @@ def run_main(args) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, tiny_model_dir, single_thread):
-    """One cold --fast run on generated data (no TOFU, no hub), every stage in this process one
-    after the other (--workers 1, one torch thread), shared by the tests below."""
-    root = tmp_path_factory.mktemp("demo")
-    args = [
+def fast_demo_args(model: Path, root: Path, *, workers: int) -> list[str]:
+    """`unlearn demo --fast` on the tiny model and generated data, its caches and report in ``root``."""
+    return [
         "demo",
         "--fast",
         "--model",
-        str(tiny_model_dir),
+        str(model),
         "--data",
         "generated",
         "--workers",
-        "1",
+        str(workers),
         "--cache-dir",
         str(root / "cache"),
         "--out",
         str(root / "report"),
     ]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, tiny_model_dir, single_thread):
+    """One cold --fast run on generated data (no TOFU, no hub), every stage in this process one
+    after the other (--workers 1, one torch thread), shared by the tests below."""
+    root = tmp_path_factory.mktemp("demo")
+    args = fast_demo_args(tiny_model_dir, root, workers=1)
     code, out, err = run_main(args)
     return SimpleNamespace(root=root, args=args, code=code, out=out, err=err)
 
@@ -327,20 +333,7 @@ def parallel_run(tmp_path_factory, tiny_model_dir, sequential_numbers):
     import time
 
     root = tmp_path_factory.mktemp("demo-parallel")
-    args = [
-        "demo",
-        "--fast",
-        "--model",
-        str(tiny_model_dir),
-        "--data",
-        "generated",
-        "--workers",
-        "2",
-        "--cache-dir",
-        str(root / "cache"),
-        "--out",
-        str(root / "report"),
-    ]
+    args = fast_demo_args(tiny_model_dir, root, workers=2)
     env = {"OMP_NUM_THREADS": "1", "UNLEARN_CACHE_DIR": str(root / "unlearn-cache")}
     cache = root / "cache"
     proc = subprocess.Popen(

@@ -20,6 +20,7 @@ import pytest
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import builtin_studies
+from unlearn_plugins.study.report import REQUIRED_METRICS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -97,14 +98,7 @@ def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
     for name, g in groups.items():
         m = g["metrics"]
         assert g["seeds_done"] == [0, 1]
-        for key in (
-            "forget_quality",
-            "model_utility",
-            "forget_prob",
-            "forget_rougeL",
-            "extraction_strength",
-            "retain_prob",
-        ):
+        for key in REQUIRED_METRICS:  # every number each evaluation must have
             assert m[key]["n"] == 2 and 0 <= m[key]["mean"] <= 1, (name, key)
             if m[key]["spread"] is False:  # both seeds gave one value: no interval ("no spread")
                 assert m[key]["low"] is None and m[key]["high"] is None, (name, key)
