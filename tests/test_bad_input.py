@@ -532,7 +532,8 @@ def test_task_names_cannot_write_outside_out(tmp_path):
 
 
 def test_non_utf8_data_files_name_file_and_line(tiny_model_dir, tmp_path, capsys):
-    from unlearn_plugins.evaluation.local_data import read_mmlu_csv, read_wmdp_json
+    from unlearn_plugins.benchmarks.wmdp.data import read_wmdp_json
+    from unlearn_plugins.evaluation.local_data import read_mmlu_csv
 
     bad = tmp_path / "latin1.json"
     bad.write_bytes(b'{"question": "Who?", "answer": "Nobody."}\n{"question": "Caf\xe9?", "answer": "Yes."}\n')

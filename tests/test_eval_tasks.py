@@ -24,6 +24,8 @@ from unlearn_plugins.evaluation import tofu_metrics as tm
 ROOT = Path(__file__).resolve().parents[1]
 #: the TOFU benchmark's task folder (task folder ``tofu``: `unlearn eval --print-tasks-dir tofu`)
 TOFU_TASKS = ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "tasks"
+#: the WMDP benchmark's task folder (``wmdp_local/`` and the synthetic stand-in's tasks)
+WMDP_TASKS = ROOT / "unlearn_plugins" / "benchmarks" / "wmdp" / "tasks"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TOL = 1e-4
 
@@ -108,7 +110,9 @@ def test_every_yaml_loads_and_resolves():
     manager = TaskManager(include_path=[str(d) for d in task_dirs()], include_defaults=False)
     index = manager.task_index
     assert TOFU_TASKS.resolve() in [d.resolve() for d in task_dirs()]
+    assert WMDP_TASKS.resolve() in [d.resolve() for d in task_dirs()]
     files = sorted((ROOT / "tasks").rglob("*.yaml")) + sorted(TOFU_TASKS.rglob("*.yaml"))
+    files += sorted(WMDP_TASKS.rglob("*.yaml"))  # a task in two folders fails the yaml_path check below
     assert len(files) >= 23 + 62 + 4  # tofu, mmlu_local (57 subjects + 5 groups), wmdp_local
     for path in files:
         cfg = load_yaml(path, resolve_func=True)  # imports every !function / class
@@ -623,7 +627,8 @@ def test_malformed_task_data_names_file_and_line(tiny_model_dir, tofu_dir, tmp_p
     )
     assert f"{bad}:3: malformed JSON" in capsys.readouterr().err
 
-    from unlearn_plugins.evaluation.local_data import mmlu_dataset, wmdp_dataset
+    from unlearn_plugins.benchmarks.wmdp.data import wmdp_dataset
+    from unlearn_plugins.evaluation.local_data import mmlu_dataset
 
     (tmp_path / "mmlu" / "test").mkdir(parents=True)
     (tmp_path / "mmlu" / "dev").mkdir()
@@ -738,8 +743,8 @@ def _lm_eval_template(name: str) -> dict:
 def test_local_mmlu_and_wmdp_use_lm_evals_prompt_format():
     import yaml
 
-    for ours, theirs in (("mmlu_local", "mmlu/default"), ("wmdp_local", "wmdp")):
-        mine = yaml.load((ROOT / "tasks" / ours / "_default_template_yaml").read_text(), Loader=yaml.BaseLoader)
+    for ours, theirs in ((ROOT / "tasks" / "mmlu_local", "mmlu/default"), (WMDP_TASKS / "wmdp_local", "wmdp")):
+        mine = yaml.load((ours / "_default_template_yaml").read_text(), Loader=yaml.BaseLoader)
         ref = _lm_eval_template(theirs)
         for key in ("doc_to_text", "output_type", "doc_to_target", "test_split"):
             assert mine[key] == ref[key], key

@@ -33,8 +33,12 @@ def test_wheel_ships_registry_and_tasks(tmp_path):
         "tofu/tasks/tofu_probes/utils.py",
         "tofu/tofu_subset/authors_197-199_perturbed.json",
         "tofu/tofu_subset/LICENSE",
+        "wmdp/tasks/wmdp_local/_default_template_yaml",
+        "wmdp/tasks/wmdp_local/_wmdp_local.yaml",
+        "wmdp/tasks/wmdp_local/wmdp_local_bio.yaml",
     ):
         assert f"unlearn_plugins/benchmarks/{name}" in names
+    assert not any(n.startswith("unlearn_plugins/tasks/wmdp_local/") for n in names)  # one home per task
     assert any(n.endswith("entry_points.txt") for n in names)
 
     target = tmp_path / "site"

@@ -73,7 +73,7 @@ def add_parser(sub) -> None:
         const="unlearn",
         default=None,
         metavar="NAME",
-        help="print a task folder (for lm_eval --include_path) and exit: the built-in MMLU/WMDP one, "
+        help="print a task folder (for lm_eval --include_path) and exit: the built-in MMLU one, "
         "or a benchmark's or plugin's by name (tofu, movielens, muse, wmdp; `unlearn plugins` lists them)",
     )
     p.add_argument(

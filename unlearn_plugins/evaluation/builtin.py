@@ -1,5 +1,5 @@
-"""Built-in lm-eval task folder (tasks/: local MMLU and WMDP; each benchmark's own tasks are in its
-folder, ``unlearn_plugins/benchmarks/NAME/tasks/``)."""
+"""Built-in lm-eval task folder (tasks/: local MMLU, which every benchmark uses; each benchmark's
+own tasks are in its folder, ``unlearn_plugins/benchmarks/NAME/tasks/``)."""
 
 from .. import hookimpl
 from ..host import package_file

@@ -22,7 +22,7 @@ def task_dirs() -> list[Path]:
 
 
 def builtin_task_dir() -> Path:
-    """This package's task folder (TOFU, mmlu_local, wmdp_local), as registered by the
+    """This package's task folder (mmlu_local), as registered by the
     built-in plugin: the path to give lm_eval's --include_path."""
     from ..host import get_component
 

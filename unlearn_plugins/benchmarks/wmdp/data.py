@@ -1,5 +1,6 @@
 """WMDP's real data, where the user has it: the forget and retain corpora (raw text, as RMU's
-reference trains on them) and the multiple-choice questions (tasks/wmdp_local).
+reference trains on them) and the multiple-choice questions (the task ``wmdp_local``:
+``tasks/wmdp_local/`` reads them with :func:`wmdp_dataset`).
 
 Sources, in order: a local folder with the hub's layout (``[benchmark] wmdp_dir``, else
 ``$UNLEARN_WMDP_DIR``), else the hub (the ``datasets`` cache, read offline by ``text:hf:``):
@@ -24,15 +25,20 @@ RMU run's retain corpus is WikiText (``text:hf:wikitext...``), which a study may
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
+from unlearn_plugins.data.jsonl import iter_jsonl
 from unlearn_plugins.errors import DataError
+from unlearn_plugins.evaluation.local_data import _folder, _read_utf8
 
 FORGET_CORPORA = ("bio-forget-corpus", "cyber-forget-corpus")
 RETAIN_CORPORA = ("bio-retain-corpus", "cyber-retain-corpus")
 CORPORA = FORGET_CORPORA + RETAIN_CORPORA
 QUESTION_FILES = ("wmdp-bio.jsonl", "wmdp-chem.jsonl", "wmdp-cyber.jsonl")
+WMDP_CONFIGS = ("wmdp-bio", "wmdp-chem", "wmdp-cyber")
 
 #: where each corpus is on the hub (for the error that says what to download)
 HUB = {
@@ -81,7 +87,7 @@ def corpora(
 
 
 def questions_folder(wmdp_dir: str | os.PathLike | None = None) -> Path:
-    """The folder with WMDP's question files (for tasks/wmdp_local's ``wmdp_dir``)."""
+    """The folder with WMDP's question files (for ``wmdp_local``'s ``wmdp_dir``)."""
     folder = wmdp_folder(wmdp_dir)
     missing = [f for f in QUESTION_FILES if folder is None or not (folder / f).is_file()]
     if missing:
@@ -93,4 +99,87 @@ def questions_folder(wmdp_dir: str | os.PathLike | None = None) -> Path:
     return folder
 
 
-__all__ = ["corpora", "corpus_spec", "questions_folder", "wmdp_folder", "FORGET_CORPORA", "RETAIN_CORPORA"]
+# ----------------------------------------------------------------------------- wmdp_local
+
+
+def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, record) from a JSON array or a JSON-lines file, with line numbers."""
+    text = _read_utf8(path)
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        decoder = json.JSONDecoder()
+        pos = text.index("[") + 1
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text):
+                raise DataError(f"{path}:{text.count(chr(10), 0, pos) + 1}: unterminated JSON array")
+            if text[pos] == "]":
+                return
+            line = text.count("\n", 0, pos) + 1
+            try:
+                record, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg} (column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:  # too deep, or an integer too long for Python
+                raise DataError(f"{path}:{line}: unreadable JSON value: {str(exc).splitlines()[0][:120]}") from None
+            yield f"{path}:{line}", record
+    else:
+        for lineno, record in iter_jsonl(path):
+            yield f"{path}:{lineno}", record
+
+
+def read_wmdp_json(path: Path) -> list[dict[str, Any]]:
+    """Questions in the cais/wmdp schema: question (str), choices (4 str), answer (index)."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    rows = []
+    for where, record in _json_records(path):
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        for key in ("question", "choices", "answer"):
+            if key not in record:
+                raise DataError(f"{where}: field '{key}' is missing")
+        question, choices, answer = record["question"], record["choices"], record["answer"]
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{where}: field 'question' must be a non-empty string")
+        if not isinstance(choices, list) or len(choices) != 4 or not all(isinstance(c, str) for c in choices):
+            raise DataError(f"{where}: field 'choices' must be a list of 4 strings")
+        if isinstance(answer, bool) or not isinstance(answer, int) or not 0 <= answer < len(choices):
+            raise DataError(f"{where}: field 'answer' must be an index 0-3, got {answer!r}")
+        rows.append({"question": question, "choices": choices, "answer": answer})
+    if not rows:
+        raise DataError(f"{path}: no questions")
+    return rows
+
+
+def wmdp_dataset(*, wmdp_config: str, wmdp_dir: str | None = None, **_metadata: Any):
+    """lm-eval ``custom_dataset``: ``<dir>/<config>.jsonl`` (or .json) as {"test": ...}."""
+    import datasets
+
+    if wmdp_config not in WMDP_CONFIGS:
+        raise DataError(f"wmdp_config must be one of {', '.join(WMDP_CONFIGS)}, got {wmdp_config!r}")
+    folder = _folder(
+        wmdp_dir,
+        "UNLEARN_WMDP_DIR",
+        "wmdp_dir",
+        f"WMDP {wmdp_config}",
+        "a folder with wmdp-bio.jsonl, wmdp-chem.jsonl, wmdp-cyber.jsonl (cais/wmdp schema)",
+    )
+    for name in (f"{wmdp_config}.jsonl", f"{wmdp_config}.json"):
+        if (folder / name).is_file():
+            return datasets.DatasetDict({"test": datasets.Dataset.from_list(read_wmdp_json(folder / name))})
+    raise DataError(f"WMDP {wmdp_config}: neither {wmdp_config}.jsonl nor {wmdp_config}.json in {folder}")
+
+
+__all__ = [
+    "corpora",
+    "corpus_spec",
+    "questions_folder",
+    "read_wmdp_json",
+    "wmdp_dataset",
+    "wmdp_folder",
+    "FORGET_CORPORA",
+    "RETAIN_CORPORA",
+    "WMDP_CONFIGS",
+]

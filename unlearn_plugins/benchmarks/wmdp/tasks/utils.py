@@ -37,8 +37,8 @@ def synthetic_questions(folder: str | None = None) -> list[dict[str, Any]]:
     chosen = folder or os.environ.get("UNLEARN_WMDP_SYNTHETIC_DIR")
     if not chosen:
         return [{k: q[k] for k in ("question", "choices", "answer")} for q in generate()["questions"]]
+    from unlearn_plugins.benchmarks.wmdp.data import read_wmdp_json
     from unlearn_plugins.errors import DataError
-    from unlearn_plugins.evaluation.local_data import read_wmdp_json
 
     path = Path(chosen).expanduser() / QUESTIONS
     if not path.is_file():
