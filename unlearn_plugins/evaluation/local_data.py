@@ -19,7 +19,9 @@ from ..errors import DataError
 MMLU_HEADER = ["question", "choice0", "choice1", "choice2", "choice3", "answer"]
 
 
-def _folder(value: str | os.PathLike | None, env: str, key: str, what: str, layout: str) -> Path:
+def data_folder(value: str | os.PathLike | None, env: str, key: str, what: str, layout: str) -> Path:
+    """The data folder a task's metadata ``key`` or the variable ``env`` names; missing, a one-line
+    error saying what to set (MMLU here, WMDP's questions in its own home)."""
     chosen = value or os.environ.get(env)
     if not chosen:
         raise DataError(f"{what}: no data folder; set {env} (or task metadata '{key}') to {layout}")
@@ -29,7 +31,7 @@ def _folder(value: str | os.PathLike | None, env: str, key: str, what: str, layo
     return path
 
 
-def _read_utf8(path: Path) -> str:
+def read_utf8(path: Path) -> str:
     """The file's text; bytes that are not UTF-8 are an error naming the line."""
     data = path.read_bytes()
     if data.startswith(b"\xef\xbb\xbf"):  # a byte-order mark
@@ -51,7 +53,7 @@ def read_mmlu_csv(path: Path, subject: str) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     rows = []
-    with io.StringIO(_read_utf8(path), newline="") as handle:
+    with io.StringIO(read_utf8(path), newline="") as handle:
         reader = csv.reader(handle)
         try:
             header = next(reader)
@@ -99,7 +101,7 @@ def mmlu_dataset(*, mmlu_subject: str, mmlu_dir: str | None = None, **_metadata:
     ``<dir>/test/<subject>_test.csv`` and ``<dir>/dev/<subject>_dev.csv``."""
     import datasets
 
-    folder = _folder(
+    folder = data_folder(
         mmlu_dir,
         "UNLEARN_MMLU_DIR",
         "mmlu_dir",

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from unlearn_plugins.data.jsonl import iter_jsonl
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.evaluation.local_data import _folder, _read_utf8
+from unlearn_plugins.evaluation.local_data import data_folder, read_utf8
 
 FORGET_CORPORA = ("bio-forget-corpus", "cyber-forget-corpus")
 RETAIN_CORPORA = ("bio-retain-corpus", "cyber-retain-corpus")
@@ -104,7 +104,7 @@ def questions_folder(wmdp_dir: str | os.PathLike | None = None) -> Path:
 
 def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, record) from a JSON array or a JSON-lines file, with line numbers."""
-    text = _read_utf8(path)
+    text = read_utf8(path)
     stripped = text.lstrip()
     if stripped.startswith("["):
         decoder = json.JSONDecoder()
@@ -159,7 +159,7 @@ def wmdp_dataset(*, wmdp_config: str, wmdp_dir: str | None = None, **_metadata: 
 
     if wmdp_config not in WMDP_CONFIGS:
         raise DataError(f"wmdp_config must be one of {', '.join(WMDP_CONFIGS)}, got {wmdp_config!r}")
-    folder = _folder(
+    folder = data_folder(
         wmdp_dir,
         "UNLEARN_WMDP_DIR",
         "wmdp_dir",
