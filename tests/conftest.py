@@ -46,14 +46,9 @@ def pytest_collection_finish(session):
     whole run: moved out of the garbage collector's view, so the full collections of the tests
     (the Trainer makes one at each training start, ``release_memory`` one after each stage) scan
     what the tests made, not ~0.5M long-lived objects each (0.4-1.5 s a collection)."""
-    import gc
+    from unlearn_plugins.process import freeze_libraries
 
-    import lm_eval.evaluator  # noqa: F401 - imported by most tests' evaluations: frozen with the rest
-    import peft  # noqa: F401
-    import transformers.trainer  # noqa: F401
-
-    gc.collect()
-    gc.freeze()
+    freeze_libraries()
 
 
 def pytest_collection_modifyitems(config, items):

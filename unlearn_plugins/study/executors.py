@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnlearnError
-from ..process import check_gpu_share, resident_mb, visible_gpus
+from ..process import check_gpu_share, freeze_libraries, resident_mb, visible_gpus
 from ..stages import remove_own_temporaries
 from .cells import CellTask, execute_cell
 
@@ -92,6 +92,7 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: str | None, growt
     # folder, even when the study was started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _pin(threads, gpu)
+    freeze_libraries()
     where = f"worker {slot} (pid {os.getpid()})"
     parent = os.getppid()
     _watch_parent(parent)

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import lm_eval.api.metrics  # noqa: F401 - lm-eval's own metrics first (its registry fills itself only while empty)
+from lm_eval.api import registry as lm_eval_registry
 from lm_eval.api.instance import Instance
 from lm_eval.api.task import ConfigurableTask
 
@@ -41,6 +43,18 @@ from unlearn_plugins.evaluation.lm_eval_requests import (
 from unlearn_plugins.evaluation.metrics_reference import reference_value
 
 log = logging.getLogger(__name__)
+
+
+def _per_document(items):
+    """The values process_results gave, as lm-eval's own passthrough metrics (``acc``) have it."""
+    return items
+
+
+# The YAMLs' metric names, registered: lm-eval looks an unknown one up in HF `evaluate`, whose load
+# retries the hub with sleeps when offline (~1.5 s a metric and task, every time a task is built).
+for _name in ("rougeL_f1", "rougeL_recall"):
+    if _name not in lm_eval_registry.metric_registry:  # lm-eval may execute this file more than once
+        lm_eval_registry.register_metric(metric=_name)(_per_document)
 
 ENV = "UNLEARN_MUSE_DIR"
 RETAIN_AUC_ENV = "UNLEARN_MUSE_RETAIN_AUC"
