@@ -68,9 +68,11 @@ def write_together(out: Path, writers: dict[str, FileWriter]) -> dict[str, str]:
         for name, write in writers.items():
             current = name
             write(staged[name])
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, a bad value, Ctrl-C: no temporary is left behind
         for path in staged.values():
             path.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise
         raise UnlearnError(
             f"study report: cannot write {files[current]}: {exc.strerror or exc}; the report in {out} is unchanged"
         ) from exc
