@@ -92,7 +92,6 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: str | None, growt
     # folder, even when the study was started with SIGINT ignored (a background job)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _pin(threads, gpu)
-    freeze_libraries()
     where = f"worker {slot} (pid {os.getpid()})"
     parent = os.getppid()
     _watch_parent(parent)
@@ -110,6 +109,8 @@ def _local_worker(slot: int, inbox, outbox, threads: int, gpu: str | None, growt
                 return
             cell, cache = task.plan.cell.id, task.cache
             outbox.put(("start", cell, where))
+            if first_mb is None:  # the first cell imports these anyway: after "start", as before
+                freeze_libraries()
             result = execute_cell(task, lambda *event: outbox.put(event))
             now_mb = resident_mb()
             first_mb = now_mb if first_mb is None else first_mb
