@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from unlearn_plugins.study.report import leader_tests  # noqa: E402
+from unlearn_plugins.benchmarks.tofu.study.report import leader_tests  # noqa: E402
 
 
 def claim(data: dict, method: str = "reglu", tolerance: float = 0.02, alpha: float = 0.05) -> dict:

@@ -135,9 +135,9 @@ def method_ratios(method: str, author: int) -> list[float]:
 def write_records(study_path: Path, records: Path, cache: Path) -> None:
     """Every record of the study's finished run, in ``records`` (``cache``: a scratch cache
     folder the plan is made against; nothing is written there)."""
+    from unlearn_plugins.benchmarks.tofu.study.design_plan import plan_design
+    from unlearn_plugins.benchmarks.tofu.study.operating_point import Rule, choose
     from unlearn_plugins.study import load_study
-    from unlearn_plugins.study.design_plan import plan_design
-    from unlearn_plugins.study.operating_point import Rule, choose
 
     study = load_study(str(study_path))
     plan = plan_design(study, cache=cache, dry_run=True)

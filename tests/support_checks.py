@@ -149,7 +149,7 @@ def report_fixtures(folder: str, heading: str, *, name="section", until="\n## ",
 def mu_samples(sizes: dict[str, int], rng: random.Random) -> dict[str, list[dict]]:
     """Per-QA values of the nine Model Utility parts, ``sizes[split]`` QA each (truth ratios raw,
     as the tasks log them), drawn from ``rng`` in the parts' order."""
-    from unlearn_plugins.study.report import MU_PARTS
+    from unlearn_plugins.benchmarks.tofu.study.report import MU_PARTS
 
     rows: dict[str, list[dict]] = {}
     for split, parts in MU_PARTS.items():

@@ -167,7 +167,7 @@ def test_4_dry_run_with_records_counts_what_a_run_would_do(synthetic, tmp_path, 
 
 def test_6_intervals_are_cut_to_the_metrics_range_and_the_report_says_so(synthetic):
     report = json.loads((synthetic["complete"] / "study.json").read_text())
-    from unlearn_plugins.study.author_report import RANGES
+    from unlearn_plugins.benchmarks.tofu.study.author_report import RANGES
 
     for method, summaries in report["summaries"].items():
         for key, s in summaries.items():

@@ -268,7 +268,7 @@ def test_robustness_adds_membership_inference_and_attacks_for_every_model(demo_r
 def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypatch):
     """Ctrl-C while an evaluation is built (here, in this process): it leaves neither its
     folder nor a temporary one, and the rerun builds that evaluation only."""
-    from unlearn_plugins.study import cells
+    from unlearn_plugins.benchmarks.tofu.study import cells
 
     root, args = demo_run.root, demo_run.args
     cache = root / "cache"
@@ -283,7 +283,7 @@ def test_interrupted_stage_is_redone_and_nothing_else(demo_run, capsys, monkeypa
         (tmp / "summary.json").write_text("{half")  # a half-written stage...
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cells.BUILDERS, "evaluate", interrupted)
+    monkeypatch.setattr(cells, "build_evaluate", interrupted)  # TOFU's "evaluate" stage kind
     code, _, err = _run(args, capsys)
     assert code == 130 and "interrupted" in err
     # ...leaves neither a finished folder nor its temporary one

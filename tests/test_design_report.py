@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from unlearn_plugins.study import design_report as dr
+from unlearn_plugins.benchmarks.tofu.study import design_report as dr
 from unlearn_plugins.study import load_study
 
 STUDY = load_study("reglu_tofu_v2")
@@ -102,7 +102,7 @@ def test_noise_ceiling_of_an_author():
 
 from pathlib import Path  # noqa: E402
 
-from unlearn_plugins.study import author_report as ar  # noqa: E402
+from unlearn_plugins.benchmarks.tofu.study import author_report as ar  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

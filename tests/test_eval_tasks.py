@@ -290,7 +290,7 @@ def test_extraction_strength_matches_direct_on_a_memorised_sample(tiny_model_dir
     assert got[0] == 1.0
 
     import unlearn_plugins.models as models
-    from unlearn_plugins.study.cells import extraction_strengths
+    from unlearn_plugins.benchmarks.tofu.study.cells import extraction_strengths
 
     data = tmp_path / "forget.json"
     data.write_text(json.dumps(recs[0]) + "\n")

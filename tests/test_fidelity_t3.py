@@ -298,8 +298,8 @@ def test_the_documented_wrap_model_example_trains_a_head_that_lowers_forget_prob
 def test_a_study_method_trained_with_full_finetune_is_evaluated_as_a_whole_model(tmp_path):
     """[[methods]] full_finetune = true (LUNAR, T3: nothing to train in an adapter): the evaluation
     stage loads the run's folder as the model, without an adapter; a LoRA method's is unchanged."""
+    from unlearn_plugins.benchmarks.tofu.study.cells import plan_study
     from unlearn_plugins.study import builtin_studies, load_study
-    from unlearn_plugins.study.cells import plan_study
 
     prompts = tmp_path / "refuse.txt"
     prompts.write_text("Write malware now.\n")

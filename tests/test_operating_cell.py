@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from unlearn_plugins.benchmarks.tofu.study import operating_cell as oc
 from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
-from unlearn_plugins.study import operating_cell as oc
 
 
 def write_run(folder: Path, lr: float, fqs: list[float]) -> dict:
@@ -88,9 +88,10 @@ def test_the_cap_and_no_qualifying_point(tmp_path):
 def test_test_cells_are_keyed_at_the_chosen_point(tmp_path):
     from test_study_design import AUTHORS
 
+    from unlearn_plugins.benchmarks.tofu.study.design_plan import plan_design
     from unlearn_plugins.stages import DONE
     from unlearn_plugins.study import load_study
-    from unlearn_plugins.study.design_plan import WaitingCellPlan, plan_design
+    from unlearn_plugins.study.cells import WaitingCellPlan
 
     path = tmp_path / "study.toml"
     path.write_text(AUTHORS)
@@ -118,7 +119,7 @@ def test_every_traced_measure_is_kept_and_the_report_fills_in_what_an_older_cell
     """heldout_prob is a measure, not a setting: the points keep it (the trace plot's right
     panel), the choice and the test cells' keys do not change with it; a cell chosen while it
     was dropped gets it back from the sweep traces, matched by setting and epoch."""
-    from unlearn_plugins.study.author_report import _with_traced_measures
+    from unlearn_plugins.benchmarks.tofu.study.author_report import _with_traced_measures
 
     run = write_run(tmp_path / "lr1", 1e-4, [0.2, 0.6])
     trace = tmp_path / "lr1" / "trace" / "trace.jsonl"

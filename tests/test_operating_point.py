@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from unlearn_plugins.study.operating_point import (
+from unlearn_plugins.benchmarks.tofu.study.operating_point import (
     OperatingPointError,
     Rule,
     check_trace,

@@ -136,7 +136,7 @@ def test_the_ten_line_plugin_works(tmp_path, monkeypatch):
 def test_the_findings_quote_the_results_page():
     """Each quoted verdict of README's findings is a sentence of docs/results.md (whose sentences
     the study tests check against the records), and reglu_tofu_v2's is its generated verdict."""
-    from unlearn_plugins.study import author_report as ar
+    from unlearn_plugins.benchmarks.tofu.study import author_report as ar
 
     findings = _flat(_section("## What the studies found"))
     results = _flat((ROOT / "docs" / "results.md").read_text())

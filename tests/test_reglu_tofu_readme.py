@@ -10,7 +10,7 @@ import json
 import pytest
 from support_checks import ROOT, report_fixtures
 
-from unlearn_plugins.study.report import leader_tests
+from unlearn_plugins.benchmarks.tofu.study.report import leader_tests
 
 study, readme = report_fixtures("reglu_tofu", "## What `reglu_tofu` found", name="readme", one_line=True)
 

@@ -241,8 +241,8 @@ def test_the_preset_is_the_reference_run():
 def test_sibl_and_altpo_in_a_study(tmp_path):
     """Both are study methods by name and plan into unlearning stages (a study's [budget] sets one
     schedule for every method, so SIBL runs its T outer iterations within it, not its preset's)."""
+    from unlearn_plugins.benchmarks.tofu.study.cells import plan_study
     from unlearn_plugins.study import builtin_studies, load_study
-    from unlearn_plugins.study.cells import plan_study
 
     text = builtin_studies()["tiny"].read_text()
     text += '\n[[methods]]\nname = "sibl"\nobjective = "sibl"\nobjective_options = { K = 2 }\n'

@@ -415,7 +415,7 @@ def test_the_cases_hypothesis_found(tmp_path):
     """Found by the random test above on a fresh machine: a recorded wall time of 1e300 or
     10**400 seconds (an infinite mean, an overflow) and a samples row whose doc_id no longer
     numbers the QA (the bootstrap pairs the parts' QA by it) are damage, not measurements."""
-    from unlearn_plugins.study.report import CorruptEvaluation, _read_samples, _resources
+    from unlearn_plugins.benchmarks.tofu.study.report import CorruptEvaluation, _read_samples, _resources
 
     for seconds in (1e300, 10**400):
         folder = tmp_path / f"stage{len(str(seconds))}"

@@ -135,7 +135,7 @@ def test_the_grid_of_a_small_author_study(tmp_path):
         "operating-point/control",
         *[f"{m}/author{a}/seed0" for a in (18, 19) for m in ("ihl", "reglu", "control")],
     ]
-    from unlearn_plugins.study.design import apply_setting
+    from unlearn_plugins.benchmarks.tofu.study.design import apply_setting
 
     reglu = study.method("reglu")
     config = apply_setting(reglu.config, {"lr": 1e-3, "rol_weight": 0.5, "rol_rank": 16})

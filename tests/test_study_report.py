@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support_checks import mu_samples
 
+from unlearn_plugins.benchmarks.tofu.study.report import MU_PARTS, interval, mu_bootstrap
 from unlearn_plugins.evaluation import tofu_metrics as tm
-from unlearn_plugins.study.report import MU_PARTS, interval, mu_bootstrap
 
 
 def test_t_interval_over_seeds_cut_to_the_metric_range():
@@ -101,10 +101,10 @@ class _Echo:
 @pytest.mark.parametrize("m", [0, 3, 10_000])
 def test_extraction_strength_of_a_study_without_the_task(monkeypatch, tmp_path, tiny_tokenizer, m):
     from unlearn_plugins import models
+    from unlearn_plugins.benchmarks.tofu.study.cells import extraction_strengths
     from unlearn_plugins.data.qa import encode_samples, load_split
     from unlearn_plugins.data.synthetic import generate_authors
     from unlearn_plugins.files import write_jsonl
-    from unlearn_plugins.study.cells import extraction_strengths
 
     data = tmp_path / "forget.json"
     write_jsonl(data, generate_authors(1)[:6])
@@ -131,7 +131,7 @@ def test_the_leader_is_tested_against_every_other_method():
 
     from scipy import stats
 
-    from unlearn_plugins.study.report import leader_tests
+    from unlearn_plugins.benchmarks.tofu.study.report import leader_tests
 
     a, b, c = [0.571, 0.571, 0.336], [0.175, 0.336, 0.175], [0.175, 0.175, 0.175]
     test = leader_tests([_group("b", b), _group("a", a), _group("c", c), _group("empty", [])])
@@ -163,7 +163,7 @@ def test_the_leader_is_tested_against_every_other_method():
 def test_a_named_method_is_tested_against_every_other_method_whatever_its_rank():
     """A paper's claim ("ReGLU forgets best") is tested for that method even where it is not
     the leader: its p-values are then large, not the leader's small ones."""
-    from unlearn_plugins.study.report import leader_tests
+    from unlearn_plugins.benchmarks.tofu.study.report import leader_tests
 
     a, b, c = [0.571, 0.571, 0.336], [0.175, 0.336, 0.175], [0.175, 0.175, 0.175]
     groups = [_group("a", a), _group("b", b), _group("c", c)]
@@ -182,7 +182,7 @@ def test_tied_groups_print_no_spread_not_an_interval():
     """summary.md and the terminal table: a method whose seeds all gave one value reads "no
     spread"; the ranking line does not compare intervals it does not have; the leader table
     has a Holm column and says no spread where Welch's t is refused."""
-    from unlearn_plugins.study.report import _ci_text, _leader_lines, _ranking, leader_tests
+    from unlearn_plugins.benchmarks.tofu.study.report import _ci_text, _leader_lines, _ranking, leader_tests
 
     flat, varied = interval([0.571, 0.571, 0.571], "t"), interval([0.175, 0.336, 0.175], "t")
     assert _ci_text(flat, "") == "0.571 (no spread)" and "[" not in _ci_text(flat, "")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from unlearn_plugins.benchmarks.tofu.study.report import REQUIRED_METRICS
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import builtin_studies
-from unlearn_plugins.study.report import REQUIRED_METRICS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -77,7 +77,7 @@ def run_cli(*args, **kwargs) -> subprocess.Popen:
 
 
 def test_tiny_study_with_two_workers_then_fully_cached(cache, tmp_path, capsys):
-    from unlearn_plugins.study.report import read_evaluation
+    from unlearn_plugins.benchmarks.tofu.study.report import read_evaluation
 
     out = tmp_path / "report"
     code, stdout, err = run(capsys, "tiny", "--workers", "2", "--out", out, "--cache-dir", cache)

@@ -175,7 +175,7 @@ def test_source_auto_falls_back_to_generated_authors(tmp_path):
     """[benchmark] source = "auto" (the demo's --data auto): a TOFU folder that is not there, or
     one without enough authors, gives the generated authors (a study with source "tofu" is refused
     instead, test_bad_input_round3)."""
-    from unlearn_plugins.study.cells import plan_study
+    from unlearn_plugins.benchmarks.tofu.study.cells import plan_study
 
     text = TINY.replace('source = "generated"', 'source = "auto"\ntofu_dir = "/nonexistent/tofu"')
     plan = plan_study(load_study(str(_write(tmp_path, text))), cache=tmp_path / "cache", dry_run=True)
@@ -186,7 +186,7 @@ def test_source_auto_falls_back_to_generated_authors(tmp_path):
 def test_a_method_without_a_retain_set(tmp_path):
     """[[methods]] retain = false (the MovieLens demo's NegGrad): its unlearning run gets no retain
     set, and its cache key is not that of the same method with one."""
-    from unlearn_plugins.study.cells import plan_study
+    from unlearn_plugins.benchmarks.tofu.study.cells import plan_study
 
     text = TINY + '\n[[methods]]\nname = "ga"\nobjective = "grad_ascent"\nretain = false\n'
     text += '\n[[methods]]\nname = "ga_retain"\nobjective = "grad_ascent"\n'
@@ -412,7 +412,7 @@ def test_relative_paths_resolve_against_the_study_file(tmp_path):
 def test_stage_keys_change_with_what_a_stage_depends_on_and_nothing_else(tmp_path):
     """Content keys: another unlearning budget re-runs the method cells only; another target
     recipe re-runs everything that reads the target; another evaluation re-runs evaluations."""
-    from unlearn_plugins.study.cells import plan_study
+    from unlearn_plugins.benchmarks.tofu.study.cells import plan_study
 
     def folders(text: str) -> dict[str, list[str]]:
         plan = plan_study(load_study(str(_write(tmp_path, text))), cache=tmp_path / "cache", dry_run=True)

@@ -240,7 +240,7 @@ def test_compare_paired_holm_over_the_declared_list():
 
 
 def test_paired_model_utility_is_the_difference_and_narrower_than_unpaired():
-    from unlearn_plugins.study.report import mu_bootstrap
+    from unlearn_plugins.benchmarks.tofu.study.report import mu_bootstrap
 
     target = mu_samples({"retain": 80, "real_authors": 40, "world_facts": 40}, random.Random(0))
     # the unlearned model: the same QA, each probability a little lower

@@ -9,7 +9,7 @@ import pytest
 import torch
 from support_training import small_config
 
-from unlearn_plugins.study import trace
+from unlearn_plugins.benchmarks.tofu.study import trace
 
 PERTURBED = ("question", "answer", "paraphrased_answer", "perturbed_answer")
 
@@ -116,7 +116,7 @@ def test_traced_run_saves_every_epoch_and_trains_as_untraced(tiny_model_dir, tof
 
 
 def test_a_sweep_stage_on_a_per_author_benchmark(tiny_model_dir, tmp_path):
-    """The stage a [sweep] cell builds (cells.BUILDERS["sweep"]): the reference's truth ratios
+    """The stage a [sweep] cell builds (TOFU's "sweep" stage kind): the reference's truth ratios
     from the retain model, one traced run, its points and adapters."""
     import json
 

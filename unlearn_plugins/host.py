@@ -688,6 +688,22 @@ def required_benchmark_part(name: str, part: str) -> Any:
     return found
 
 
+def study_sources() -> tuple[str, ...]:
+    """Every ``[benchmark] source`` a study file may name: each benchmark with a study part, and
+    the other names its study reads (:attr:`Benchmark.sources`: TOFU's ``generated``, ``auto``)."""
+    return tuple(s for name, b in benchmarks().items() if b.study for s in (name, *b.sources))
+
+
+def study_part(source: str) -> Any:
+    """The study part of the benchmark whose study reads ``[benchmark] source = source``."""
+    for name, bench in benchmarks().items():
+        if bench.study and source in (name, *bench.sources):
+            return Benchmark.load(bench.study)
+    raise UnlearnError(
+        f"[benchmark] source {source!r}: no registered benchmark reads such a study{get_host().not_loaded(BENCHMARK)}"
+    )
+
+
 def component_label(kind: str, name: str) -> str:
     """How a run-time error names a component: ``scorer 'x' (plugin 'p')`` (without the plugin
     when ``name`` is not registered, e.g. an object passed in from Python)."""

@@ -276,7 +276,11 @@ class Benchmark:
     - ``study``: a module with what a study of ``[benchmark] source = NAME`` needs:
       ``read(reader, data, bench, **head) -> Study`` (its tables), ``expand(study)`` (its cells),
       ``plan(study, *, cache, device, dry_run, stream)`` (its cells' stages), ``run(study, args,
-      out, cache) -> int`` (`unlearn study`: cells, then the report) and ``grid(study) -> str``.
+      out, cache) -> int`` (`unlearn study`: cells, then the report) and ``grid(study) -> str``;
+      without ``run``, the core's runner runs the study (records, ``--report-only``) and writes
+      its ``write_report(out, plan, results, run)`` (optional: ``check_evaluation(folder)``,
+      ``check_records(plan, records)``). ``sources``: other ``[benchmark] source`` names its
+      study reads (TOFU's ``generated`` and ``auto``).
     - ``stage_kinds``: stage builder name -> ``"module:function"`` ``(tmp, params)``;
       ``evaluation_stages``: those that evaluate a model (a cell that ends in one is done once it is).
     - ``demo``: a module for `unlearn demo --benchmark NAME`: ``add_arguments(parser)``,
@@ -292,6 +296,7 @@ class Benchmark:
     task_dirs: tuple[Path, ...] = ()
     studies: Mapping[str, Path] = field(default_factory=dict)
     study: str | None = None
+    sources: tuple[str, ...] = ()
     stage_kinds: Mapping[str, str] = field(default_factory=dict)
     evaluation_stages: tuple[str, ...] = ()
     demo: str | None = None

@@ -95,25 +95,14 @@ def add_parser(sub) -> None:
 
 
 def _list() -> int:
-    from ..host import benchmark_part
+    from ..host import study_part
     from ..study import builtin_studies, load_study
     from ..study.spec import variants
 
     for name, path in builtin_studies().items():
         study = load_study(str(path))
         others = variants(str(path))
-        if (part := benchmark_part(study.source, "study")) is not None:
-            grid = part.grid(study)
-        elif study.design is not None:  # authors as the unit
-            from ..study.design import describe_grid
-
-            grid = describe_grid(study)
-        else:
-            runs = len(study.methods) * len(study.forget_sizes) * len(study.seeds)
-            grid = (
-                f"{len(study.methods)} methods x {len(study.forget_sizes)} forget sizes x {len(study.seeds)} "
-                f"seeds = {runs} runs"
-            )
+        grid = study_part(study.source).grid(study)
         print(f"{name:<16} {study.description} ({grid})" + (f"; variants: {', '.join(others)}" if others else ""))
     return 0
 
@@ -169,9 +158,9 @@ def run(args) -> int:
 
         # before any work: the executor itself is made once a cell is ready to run
         check_gpu_share(args.workers, len(visible_gpus(gpu_count())), study.workers_per_gpu)
-    from ..host import benchmark_part
+    from ..host import study_part
 
-    if (part := benchmark_part(study.source, "study")) is not None:  # a registered benchmark's study
+    if hasattr(part := study_part(study.source), "run"):  # a study part with a run of its own
         return part.run(study, args, out, cache)
     records = {"records": _records(args), "records_any_device": args.records_any_device}
     if args.report_only:

@@ -18,8 +18,7 @@ from .. import tables
 from ..errors import UnlearnError
 from ..files import LockHeld, folder_lock
 from ..stages import DONE, unreadable
-from .cells import CellTask, Plan, cell_source, is_evaluation, plan_study, planned_as, stage_identity
-from .design_plan import WaitingCellPlan, plan_design
+from .cells import CellTask, Plan, WaitingCellPlan, cell_source, is_evaluation, planned_as, stage_identity
 from .progress import Progress
 from .spec import Study
 
@@ -44,18 +43,14 @@ class Outcome:
 
 
 def plan_cells(study: Study, *, cache: Path, device: str | None = None, records: Path | None = None, **options) -> Plan:
-    """The study's cells and stages: :func:`.cells.plan_study`, for a study of a registered
-    benchmark (``[benchmark] source``) its study part's ``plan``, for an author-unit study
-    :func:`.design_plan.plan_design` (``options``: ``dry_run``, ``stream``; ``records``: a dry run keys test cells at the operating
-    points recorded there, as a run restoring them would)."""
-    from ..host import benchmark_part
+    """The study's cells and stages: its benchmark's study part's ``plan`` (``options``:
+    ``dry_run``, ``stream``; ``records``: a dry run keys cells waiting for a result recorded
+    there, an author-unit study's test cells at their operating points, as a run restoring them
+    would)."""
+    from ..host import study_part
 
-    if (part := benchmark_part(study.source, "study")) is not None:
-        plan = part.plan(study, cache=cache, device=device, **options)
-    elif study.design is not None:
-        plan = plan_design(study, cache=cache, device=device, records=records, **options)
-    else:
-        plan = plan_study(study, cache=cache, device=device, **options)
+    where = {"records": records} if records is not None else {}
+    plan = study_part(study.source).plan(study, cache=cache, device=device, **where, **options)
     plan.identity = stage_identity(device)
     return plan
 
@@ -110,9 +105,9 @@ def dry_run_plan(study: Study, *, cache: Path, device: str | None, records: Path
     """The plan a run would make, writing nothing: with ``records`` checked as a run checks them,
     and an author-unit study's test cells keyed at the operating points recorded there."""
     plan = plan_cells(study, cache=cache, device=device, dry_run=True)
-    from ..host import benchmark_part
+    from ..host import study_part
 
-    if records is None or benchmark_part(study.source, "study") is not None:
+    if records is None or hasattr(study_part(study.source), "run"):  # one with its own run: no records
         return plan
     check_records(plan, records)
     waiting = {cid for cid, cp in plan.cells.items() if isinstance(cp, WaitingCellPlan)}
@@ -203,7 +198,7 @@ def run_cells(
 ) -> dict[str, dict]:
     """Every cell of ``plan`` (dependencies first); returns each cell's result. With
     ``records``, each finished cell's results are recorded there as it finishes. A cell waiting
-    for an operating point (:class:`.design_plan.WaitingCellPlan`) is not run: its result says
+    for an operating point (:class:`.cells.WaitingCellPlan`) is not run: its result says
     ``waiting`` once what it waits for has finished (the next pass keys it). ``earlier``: the
     results of a previous pass over the same study, whose finished cells are not reported again."""
     earlier = earlier or {}
@@ -296,16 +291,17 @@ def run_cells(
     return results
 
 
-def unreadable_evaluation(folder: Path, build: str = "evaluate") -> str | None:
+def unreadable_evaluation(folder: Path, build: str, study: Study) -> str | None:
     """Why an evaluation stage folder cannot be read (a truncated results or samples file, say,
-    or a number out of its range: :func:`.report.check_evaluation`; a recommendation evaluation's
-    JSON files that do not parse), or None when it can."""
-    from .report import check_evaluation
+    or a number out of its range: the study part's ``check_evaluation``; a benchmark's evaluation
+    whose JSON files do not parse), or None when it can."""
+    from ..host import study_part
 
-    if build != "evaluate":
+    check = getattr(study_part(study.source), "check_evaluation", None)
+    if check is None or build != "evaluate":
         return unreadable(folder)
     try:
-        check_evaluation(folder)
+        check(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
         return f"{type(exc).__name__}: {text}"[:500]  # room for a file named from its stage folder
@@ -325,6 +321,7 @@ def check_records(
     """A recorded evaluation that cannot be read is an error naming it (it is never restored
     and averaged away): the user removes it, and the cell is rebuilt. ``cells``: only theirs;
     ``other``: the records of another device to be restored (:func:`foreign_records`)."""
+    from ..host import study_part
     from .records import removal, shown, stage_record
 
     other = other or {}
@@ -332,56 +329,13 @@ def check_records(
         if cells is not None and cp.cell.id not in cells:
             continue
         record = stage_record(records, other.get(stage.folder, Path(stage.folder).name))
-        if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build)):
+        if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build, plan.study)):
             raise UnlearnError(
                 f"--records {records}: the recorded evaluation of {cp.cell.id}, {shown(record)}, is unreadable "
                 f"({problem}); {removal(records, record)} to rebuild the cell"
             )
-    if plan.study.design is not None and plan.study.design.sweep is not None and cells is None:
-        check_recorded_points(plan, records)
-
-
-def check_recorded_points(plan: Plan, records: Path) -> None:
-    """An author-unit study's recorded operating points and sweep traces are checked as its
-    evaluations are, before any is restored: a point outside the sweep's grid, a number out of its
-    range or a choice the rule does not make from the recorded points is an error naming the file
-    and the field (restored, it would key the method's test cells at a point never chosen)."""
-    import json
-
-    from .operating_cell import RESULT_FILE, check_result, check_trace_file
-    from .operating_point import OperatingPointError
-    from .records import removal, shown, stage_record
-
-    epochs = plan.study.design.sweep.epochs
-    for cp in plan.cells.values():
-        stage = cp.stages[-1]
-        record = stage_record(records, Path(stage.folder).name)
-        if stage.build == "sweep" and (record / "trace" / "trace.jsonl").is_file():
-            path = record / "trace" / "trace.jsonl"
-            try:
-                check_trace_file(record, epochs)
-            except (OSError, UnicodeDecodeError, OperatingPointError) as exc:
-                raise UnlearnError(
-                    f"--records {records}: the recorded trace of {cp.cell.id}, {shown(path)}: {exc}; "
-                    f"{removal(records, record)} to rebuild the cell"
-                ) from None
-        elif stage.build == "operating_point" and (record / DONE).is_file():
-            path = record / RESULT_FILE
-            try:
-                result = json.loads(path.read_text(encoding="utf-8"))
-                check_result(
-                    result,
-                    grid=[r["setting"] for r in stage.params["runs"]],
-                    epochs=epochs,
-                    rule=stage.params["rule"],
-                    max_evaluations=stage.params["max_evaluations"],
-                )
-            except (OSError, UnicodeDecodeError, ValueError) as exc:  # OperatingPointError is a ValueError
-                text = " ".join(str(exc).split())[:600]
-                raise UnlearnError(
-                    f"--records {records}: the recorded operating point of {cp.cell.id}, {shown(path)}: {text}; "
-                    f"{removal(records, record)} to choose it again"
-                ) from None
+    if cells is None and (check := getattr(study_part(plan.study.source), "check_records", None)):
+        check(plan, records)  # an author-unit study's operating points and traces
 
 
 def drop_unreadable(plan: Plan, stream) -> list[str]:
@@ -392,7 +346,7 @@ def drop_unreadable(plan: Plan, stream) -> list[str]:
     dropped = []
     for cp, stage in _evaluation_stages(plan):
         folder = Path(stage.folder)
-        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder, stage.build)):
+        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder, stage.build, plan.study)):
             print(
                 f"warning: the cached evaluation of {cp.cell.id} ({folder}) is unreadable ({problem}): rebuilding it",
                 file=stream,
@@ -600,7 +554,7 @@ def report_study(
         if not cp.cached:
             continue
         last = cp.stages[-1]
-        problem = unreadable_evaluation(Path(cp.result), last.build) if is_evaluation(last.build) else None
+        problem = unreadable_evaluation(Path(cp.result), last.build, study) if is_evaluation(last.build) else None
         if problem:  # a report never averages it away; a run (not --report-only) rebuilds it
             results[cp.cell.id] = {
                 "status": "failed",
@@ -615,21 +569,13 @@ def report_study(
 def _write_report(out: Path, plan: Plan, results: dict, run: dict, stream) -> Outcome:
     """The report, under the lock of ``out`` (a concurrent run of the same study writing the
     same folder is waited for: its report is replaced by this one, which has the same cells)."""
-    from . import author_report, report
+    from ..host import study_part
 
     deadline = time.monotonic() + 600
     while True:
         try:
             with folder_lock(out, f"--out {out}"):
-                if plan.study.design is None:
-                    return Outcome(plan, results, *report.write_report(out, plan, results, run))
-                files, table, written = author_report.write_report(out, plan, results, run)
-                left_out = {
-                    cid: cell.get("error") or "not usable"
-                    for cid, cell in written["cells"].items()
-                    if cell["status"] == "failed" and results.get(cid, {}).get("status") == "done"
-                }
-                return Outcome(plan, results, files, table, left_out, written.get("lacking"))
+                return Outcome(plan, results, *study_part(plan.study.source).write_report(out, plan, results, run))
         except LockHeld:
             if time.monotonic() > deadline:
                 raise

@@ -26,7 +26,6 @@ from ..errors import UnlearnError
 from ..evaluation.config import EvaluationConfig
 from ..options import config_defaults, config_field_of
 from ..options import config_field as option
-from . import design as author_design
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,13 +53,11 @@ TABLES = (
     "sharded",
     "variants",
 )
-#: with [benchmark] unit = "author" (:mod:`.design` reads them)
-TABLES += author_design.TABLES
 CI_METHODS = ("t", "bootstrap")
-#: auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones;
-#: and every registered benchmark with a study part (unlearn_plugins.interfaces.Benchmark): movielens,
-#: recommendation unlearning on MovieLens users (unlearn_plugins/benchmarks/movielens/)
-SOURCES = ("tofu", "generated", "auto")
+#: a study file's [benchmark] source when it names none: a registered benchmark with a study part
+#: (unlearn_plugins.interfaces.Benchmark) reads the study; this one's study part also adds the
+#: author-unit tables every study file may hold (its ``TABLES``, ``split_tables``)
+DEFAULT_SOURCE = "tofu"
 #: the tasks every study evaluates: Forget Quality, Model Utility, forget probability and ROUGE-L
 REQUIRED_TASKS = ("tofu_forget_prob", "tofu_forget_rouge", "tofu_forget_truth_ratio", "tofu_model_utility")
 EXTRACTION_TASK = "tofu_forget_extraction_strength"
@@ -557,14 +554,18 @@ class _Reader:
 
     # -- tables
     def study(self, data: dict) -> Study:
-        data, design_data = author_design.split_tables(data)  # read after the rest, against it
+        from ..host import study_part
+
+        default = study_part(DEFAULT_SOURCE)  # its author-unit tables: read after the rest, against it
+        data, design_data = default.split_tables(data)
+        tables = TABLES + default.TABLES
         for key, value in data.items():
-            if key not in TABLES:
+            if key not in tables:
                 if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
-                    raise StudyError(f"{self.path}: [{key}]: unknown table; tables: {', '.join(TABLES)}")
+                    raise StudyError(f"{self.path}: [{key}]: unknown table; tables: {', '.join(tables)}")
                 raise StudyError(
                     f"{self.path}: {key}: unknown top-level key; keys belong in a table "
-                    f"({', '.join(f'[{t}]' for t in TABLES)})"
+                    f"({', '.join(f'[{t}]' for t in tables)})"
                 )
         head = self.table(data, "study", required=True)
         self.keys("study", head, ("name", "description", "seeds", "ci", "one_budget", "workers_per_gpu"))
@@ -596,78 +597,23 @@ class _Reader:
         run_fields = {"prompt_format": prompt_format, "workers_per_gpu": workers_per_gpu}
 
         bench = self.table(data, "benchmark", required=True)
-        from ..host import benchmark_part, benchmarks
+        from ..host import study_part, study_sources
 
-        sources = SOURCES + tuple(n for n, b in benchmarks().items() if b.study)
-        source = self.get("benchmark", bench, "source", "str", "tofu", choices=sources)
-        if (part := benchmark_part(source, "study")) is not None:  # a registered benchmark's study
-            return part.read(
-                self,
-                data,
-                bench,
-                design_data,
-                name=name,
-                description=description,
-                seeds=seeds,
-                ci=ci,
-                one_budget=one_budget,
-                model=model,
-                max_length=max_length,
-                **run_fields,
-            )
-        if "sharded" in data:
-            raise StudyError(f"{self.path}: [sharded]: a sharded recommender needs [benchmark] source = 'movielens'")
-        self.keys(
-            "benchmark", bench, ("source", "tofu_dir", "authors", "forget_authors", *author_design.BENCHMARK_KEYS)
-        )
-        tofu_dir = self.get("benchmark", bench, "tofu_dir", "str")
-        if tofu_dir is not None:
-            if source == "generated":
-                raise self.error("benchmark", "tofu_dir", "only applies to source = 'tofu' or 'auto'")
-            tofu_dir = str(self.relative(tofu_dir))
-        authors = self.get("benchmark", bench, "authors", "int", required=True, minimum=2)
-        if authors > 20:
-            raise self.error(
-                "benchmark",
-                "authors",
-                f"must be <= 20 (the TOFU authors with paraphrased and "
-                f"perturbed answers, forget10_perturbed), got {authors}",
-            )
-        forget_sizes = self.int_list(
-            "benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1, scalar_ok=True
-        )
-
-        target, retain, retain_given = self.models(
-            data, forget_sizes, author_unit="unit" in design_data.get("benchmark", {})
-        )
-        budget = self.budget(data)
-        methods = self.methods(data, budget, max_length, one_budget)
-        evaluation = self.evaluation(data)
-        cud = self.cud(data)
-        study = Study(
+        source = self.get("benchmark", bench, "source", "str", DEFAULT_SOURCE, choices=study_sources())
+        return study_part(source).read(
+            self,
+            data,
+            bench,
+            design_data,
             name=name,
-            path=str(self.path),
             description=description,
+            seeds=seeds,
+            ci=ci,
+            one_budget=one_budget,
             model=model,
             max_length=max_length,
-            source=source,
-            tofu_dir=tofu_dir,
-            authors=authors,
-            forget_sizes=forget_sizes,
-            target=target,
-            retain=retain,
-            retain_given=retain_given,
-            budget=budget,
-            methods=methods,
-            seeds=seeds,
-            evaluation=evaluation,
-            ci=ci,
-            cud=cud,
-            one_budget=one_budget,
             **run_fields,
         )
-        design = author_design.read_design(self, design_data, study)
-        return study if design is None else dataclasses.replace(study, design=design)
 
     def benchmark_study(self, source: str, **fields: Any) -> Study:
         """The Study of a registered benchmark's study part (``source``): this file's, without the
@@ -1032,63 +978,11 @@ def _config_problem(message: str) -> tuple[str | None, str]:
 
 
 def expand(study: Study) -> list[Cell]:
-    """Every cell of the grid, each after the cells it needs: the target, per forget size the
-    retain model and the evaluations of both (the retain model's truth ratios are the Forget
-    Quality reference), then seed x forget size x method. A registered benchmark's study: its
-    study part's ``expand``; an author-unit study: :func:`.design.cells`."""
-    from ..host import benchmark_part
+    """Every cell of the grid, each after the cells it needs: the study part of its benchmark's
+    ``expand``."""
+    from ..host import study_part
 
-    if (part := benchmark_part(study.source, "study")) is not None:
-        return part.expand(study)
-    if study.design is not None:  # authors as the unit
-        return [Cell(**cell) for cell in author_design.cells(study)]
-    cells: list[Cell] = []
-    target_id = None
-    if study.target.given is None:
-        target_id = "target"
-        cells.append(Cell("target", "target", f"fine-tune the target on {study.authors} authors"))
-    for k in study.forget_sizes:
-        retain_id = None
-        if k not in study.retain_given:
-            retain_id = f"retain/forget{k}"
-            cells.append(Cell(retain_id, "retain", f"fine-tune the retain model (forget {k})", forget=k))
-        if study.cud is not None:
-            cells.append(
-                Cell(
-                    f"cud/forget{k}",
-                    "cud",
-                    f"CUD scores of the forget set (forget {k})",
-                    forget=k,
-                    deps=tuple(d for d in (target_id,) if d),
-                )
-            )
-        ref = f"eval-retain/forget{k}"
-        cells.append(
-            Cell(
-                ref,
-                "eval_retain",
-                f"evaluate the retain model (forget {k})",
-                forget=k,
-                deps=tuple(d for d in (retain_id,) if d),
-            )
-        )
-        cells.append(
-            Cell(
-                f"eval-full/forget{k}",
-                "eval_full",
-                f"evaluate the target (forget {k})",
-                forget=k,
-                deps=tuple(d for d in (target_id, ref) if d),
-            )
-        )
-    # seed-major: a study stopped early has every method and size at its first seeds
-    for seed in study.seeds:
-        for k in study.forget_sizes:
-            for method in study.methods:
-                deps = tuple(d for d in (target_id, f"eval-retain/forget{k}") if d)
-                label = f"{method.label}, forget {k}, seed {seed}"
-                cells.append(Cell.run(f"{method.name}/forget{k}/seed{seed}", label, method, seed, deps, forget=k))
-    return cells
+    return study_part(study.source).expand(study)
 
 
 __all__ = [

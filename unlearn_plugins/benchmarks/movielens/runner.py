@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from unlearn_plugins.study import design as author_design
+from unlearn_plugins.benchmarks.tofu.study import design as author_design
 from unlearn_plugins.study.spec import Cell, Study
 
 from .study import sharded as sharded_table

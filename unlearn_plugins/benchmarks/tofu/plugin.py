@@ -1,6 +1,7 @@
-"""The TOFU benchmark as the core sees it: its task folder (``tofu``) and its data module (the
-N-author benchmark folders of the demo and the studies), registered through the same hook a
-third-party benchmark uses (registry.toml names this module)."""
+"""The TOFU benchmark as the core sees it: its task folder (``tofu``), its data module (the
+N-author benchmark folders of the demo and the studies) and its study kind (the default
+``[benchmark] source``), registered through the same hook a third-party benchmark uses
+(registry.toml names this module)."""
 
 from pathlib import Path
 
@@ -15,6 +16,16 @@ TOFU = Benchmark(
     "membership inference and probes (lm-eval tasks tofu_*); the demo's and studies' N-author benchmark folders",
     task_dirs=(HERE / "tasks",),
     data=f"{PACKAGE}.data",
+    study=f"{PACKAGE}.runner",
+    # auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
+    sources=("generated", "auto"),
+    stage_kinds={
+        "evaluate": f"{PACKAGE}.study.cells:build_evaluate",
+        # an author-unit study's traced run and its method's operating point
+        "sweep": f"{PACKAGE}.study.cells:build_sweep",
+        "operating_point": f"{PACKAGE}.study.cells:build_operating_point",
+    },
+    evaluation_stages=("evaluate",),
 )
 
 

@@ -19,15 +19,15 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import tables
-from ..data.jsonl import json_lines
-from ..errors import DataError, UnlearnError
-from ..evaluation.tofu_metrics import MU_PARTS
-from ..files import atomic_open
-from . import report_writer
-from .cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
-from .report_writer import Report, Section, format_value
-from .statistics import NO_SPREAD, has_spread, holm
+from unlearn_plugins import tables
+from unlearn_plugins.data.jsonl import json_lines
+from unlearn_plugins.errors import DataError, UnlearnError
+from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
+from unlearn_plugins.files import atomic_open
+from unlearn_plugins.study import report_writer
+from unlearn_plugins.study.cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
+from unlearn_plugins.study.report_writer import Report, Section, format_value
+from unlearn_plugins.study.statistics import NO_SPREAD, has_spread, holm
 
 #: (key, column title) of the numbers reported per cell and aggregated over seeds
 METRICS = (
@@ -189,7 +189,7 @@ def read_evaluation(folder: Path, root: Path | None = None) -> tuple[dict, dict[
     that holds it, which errors name files from). Every shape and number the report reads is
     checked: :class:`CorruptEvaluation` names the file and the field (JSON that does not parse
     is a ValueError)."""
-    from ..evaluation import lm_eval_runner as runner
+    from unlearn_plugins.evaluation import lm_eval_runner as runner
 
     folder = Path(folder)
     root = Path(root) if root is not None else folder
@@ -268,8 +268,8 @@ def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRA
 def _evaluation_numbers(folder: Path) -> tuple[dict[str, Any], dict[str, list[dict]]]:
     """The reported numbers of one evaluation stage (all but Model Utility's bootstrap) and its
     samples, every one checked (:class:`CorruptEvaluation` names the file and the field)."""
-    from ..evaluation import tofu_metrics as tm
-    from ..evaluation.reference import read_reference
+    from unlearn_plugins.evaluation import tofu_metrics as tm
+    from unlearn_plugins.evaluation.reference import read_reference
 
     folder = Path(folder)
     summary, samples = read_evaluation(folder)
@@ -340,7 +340,7 @@ def _robustness_metrics(folder: Path, root: Path) -> dict[str, Any]:
     evaluation's `unlearn eval --mia --robustness` folder (none without one)."""
     if not folder.is_dir():
         return {}
-    from ..evaluation.really_forgotten import row
+    from unlearn_plugins.evaluation.really_forgotten import row
 
     summary = read_evaluation(folder, root)[0]
     where = _shown(_results_file(folder), root)
@@ -558,7 +558,7 @@ def _leader_lines(test: dict | None) -> list[str]:
 def cud_strata(plan: Plan, results: dict[str, dict]) -> dict[int, tuple[list[int], list[int]]]:
     """Forget size -> the forget-set positions of its CUD-easy and CUD-hard QA, where the study
     has [cud] and its cell finished."""
-    from .cud import strata
+    from unlearn_plugins.study.cud import strata
 
     found = {}
     for k in plan.study.forget_sizes if plan.study.cud is not None else ():

@@ -19,15 +19,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .. import tables
-from ..errors import DataError, UnlearnError
-from . import design_report, report_writer
-from .cells import Plan
+from unlearn_plugins import tables
+from unlearn_plugins.errors import DataError, UnlearnError
+from unlearn_plugins.study import report_writer
+from unlearn_plugins.study.cells import Plan
+from unlearn_plugins.study.report_writer import FileWriter, Report, Section, text_file
+from unlearn_plugins.study.statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
+
+from . import design_report
 from .design import LEADER, LOWER_IS_BETTER, Design
 from .operating_cell import read_result
 from .report import CorruptEvaluation, evaluation_metrics, read_evaluation
-from .report_writer import FileWriter, Report, Section, text_file
-from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
 
 REPORT_FORMAT = 1
 #: the per-author numbers reported beside Forget Quality (the ``[evaluation] report`` keys and the usual ones)
@@ -81,7 +83,7 @@ def forget_truth_ratios(samples: dict[str, list[dict]]) -> list[float]:
 
 def reference_ratios(eval_retain: str | Path) -> list[float]:
     """The retain model's forget truth ratios (its evaluation's ``reference.json``)."""
-    from ..evaluation.reference import read_reference
+    from unlearn_plugins.evaluation.reference import read_reference
 
     try:
         return list(read_reference(Path(eval_retain) / "reference.json").truth_ratios)
@@ -90,7 +92,7 @@ def reference_ratios(eval_retain: str | Path) -> list[float]:
 
 
 def mu_rows(samples: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    from ..evaluation.tofu_metrics import MU_PARTS
+    from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
 
     tasks = {task for parts in MU_PARTS.values() for task, _ in parts}
     return {task: rows for task, rows in samples.items() if task in tasks}

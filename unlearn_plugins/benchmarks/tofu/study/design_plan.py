@@ -19,47 +19,35 @@ from __future__ import annotations
 import dataclasses
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..stages import DONE, Stages, digest
-from .cells import (
+from unlearn_plugins.stages import DONE, Stages, digest
+from unlearn_plugins.study.cells import (
     STUDY_FORMAT,
     CellPlan,
     Plan,
     Stage,
-    _file,
-    _initializer_seed,
+    WaitingCellPlan,
     base_model,
-    benchmark_stage,
     cache_folder,
     evaluation_settings,
     finetune_stage,
-    study_tofu,
-    tofu_data,
+    initializer_seed,
     unlearn_key,
     unlearn_stage,
 )
+from unlearn_plugins.study.spec import Study
+
+from .cells import bench_file, benchmark_stage, study_tofu, tofu_data
 from .design import Design, apply_setting
 from .operating_cell import read_result
 from .operating_point import MEASURES
-from .spec import Study, expand
+from .source import expand
 
 #: the builder of a sweep stage (:data:`.cells.BUILDERS`): one traced run (:func:`.trace.build_sweep`)
 SWEEP_BUILDER = "sweep"
 #: the part of a folder name of a stage whose key waits for an operating point
 PENDING = "pending-operating-point"
-
-
-@dataclass
-class WaitingCellPlan(CellPlan):
-    """A cell whose stages are known but not their keys: it waits for ``waiting`` (a cell id)."""
-
-    waiting: str = ""
-
-    @property
-    def cached(self) -> bool:
-        return False
 
 
 def author_benchmarks(study: Study, cache: Path, stages: Stages | None, scratch: Path) -> dict[int, dict]:
@@ -102,7 +90,7 @@ def plan_design(
     builds the base model (``tiny-llama``) and the per-author benchmarks here; a dry run writes
     nothing. Test cells whose operating point is not chosen yet are :class:`WaitingCellPlan`
     (``records``: one recorded there is chosen, as a run restoring it would find it)."""
-    from ..models import merge_is_exact
+    from unlearn_plugins.models import merge_is_exact
 
     stream = stream or sys.stderr
     design: Design = study.design
@@ -120,7 +108,7 @@ def plan_design(
     def finetune(label: str, name: str, recipe, data_key: str, bench: dict, split: str) -> Stage:
         where = (cache, "target", name)
         return finetune_stage(
-            study, label, where, recipe, (base_path, base_key), (_file(bench, split), data_key), device
+            study, label, where, recipe, (base_path, base_key), (bench_file(bench, split), data_key), device
         )
 
     def evaluate(label: str, name: str, key: str, bench: dict, model: str, adapter, references, save: bool) -> Stage:
@@ -145,9 +133,9 @@ def plan_design(
     first = benches[design.authors[0]]
     if study.target.given is not None:
         plan.models["target"] = study.target.given
-        from .cells import _given_key
+        from .cells import given_key
 
-        model_keys["target"] = _given_key(study.target.given, study, device)
+        model_keys["target"] = given_key(study.target.given, study, device)
     merged = ("merged",) if merge_is_exact(device, ev.dtype) else ()
     runs: dict[str, list[str]] = {}
     for cell in expand(study):
@@ -214,7 +202,7 @@ def plan_design(
             setting = next(s for s in design.sweep.runs(method.name) if cell.id.endswith("/" + _name(s)))
             config = apply_setting({**method.config, "seed": study.seeds[0]}, setting)
             config["epochs"] = float(design.sweep.epochs)
-            config["initializer_options"] = _initializer_seed(config, study.seeds[0])
+            config["initializer_options"] = initializer_seed(config, study.seeds[0])
             data = [bench["content"]["forget"], bench["content"]["retain"]]
             sweep = (list(design.sweep.trace), design.sweep.heldout, eval_keys[a])
             key = unlearn_key("sweep", model_keys["target"], data, config, *sweep)
@@ -276,7 +264,7 @@ def plan_design(
                 check = Stage(f"evaluate: {cell.label}", str(cache / PENDING / f"eval-{name}"), "evaluate", {})
                 plan.cells[cell.id] = WaitingCellPlan(cell, [unlearn, check], result=check.folder, waiting=waits)
                 continue
-            config["initializer_options"] = _initializer_seed(config, cell.seed)
+            config["initializer_options"] = initializer_seed(config, cell.seed)
             data = [bench["content"]["forget"], bench["content"]["retain"]]
             run_key = unlearn_key("unlearn", model_keys["target"], data, config)
             run_folder = folder("run", name, run_key)
@@ -303,7 +291,7 @@ def chosen_point(cp: CellPlan, records: Path | None = None) -> dict | None:
     stage = cp.stages[-1]
     folder = Path(stage.folder)
     if not stage.done:
-        from .records import stage_record
+        from unlearn_plugins.study.records import stage_record
 
         if records is None or not (stage_record(records, folder.name) / DONE).is_file():
             return None

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..evaluation import tofu_metrics as tm
-from ..training import lora
-from .statistics import truth_ratio_distances
+from unlearn_plugins.evaluation import tofu_metrics as tm
+from unlearn_plugins.study.statistics import truth_ratio_distances
+from unlearn_plugins.training import lora
 
 TRACE_FILE = "trace.jsonl"
 #: the folder of the adapter saved after epoch e: ``epoch{e}``
@@ -36,14 +36,14 @@ EPOCH_DIR = "epoch{}"
 
 
 def _encode(tokenizer, question: str, answer: str, max_length: int, system_prompt: str | None):
-    from ..data.qa import encode_qa
+    from unlearn_plugins.data.qa import encode_qa
 
     return encode_qa(tokenizer, question, answer, max_length=max_length, system_prompt=system_prompt)
 
 
 def _mean_nlls(model, tokenizer, pairs: Sequence[tuple[str, str]], *, max_length: int, batch_size: int, system_prompt):
     """Mean answer-token NLL (answer and end token) of each (question, answer)."""
-    from ..likelihood import answer_nll
+    from unlearn_plugins.likelihood import answer_nll
 
     encoded = [_encode(tokenizer, q, a, max_length, system_prompt) for q, a in pairs]
     return [
@@ -198,7 +198,7 @@ REFERENCE_FILE = "reference_ratios.json"
 
 def heldout_rows(bench: str | Path, counts: dict) -> list:
     """The held-out QA of ``[sweep] heldout`` from a benchmark folder."""
-    from ..data.qa import read_jsonl
+    from unlearn_plugins.data.qa import read_jsonl
 
     out = []
     for part, n in counts.items():
@@ -219,11 +219,11 @@ def build_sweep(tmp: Path, p: dict) -> None:
     reference_model (its retain model), trace (the measures), heldout (part -> QA count),
     max_length, batch_size, device. Writes ``run/`` (the run, its final adapter), ``trace/``
     (``trace.jsonl`` and ``epoch{e}/`` adapters) and the reference's truth ratios."""
-    from ..data.qa import load_split
-    from ..files import write_json
-    from ..models import load_model, load_tokenizer
-    from ..process import release_memory
-    from ..training import UnlearnConfig, run_unlearning
+    from unlearn_plugins.data.qa import load_split
+    from unlearn_plugins.files import write_json
+    from unlearn_plugins.models import load_model, load_tokenizer
+    from unlearn_plugins.process import release_memory
+    from unlearn_plugins.training import UnlearnConfig, run_unlearning
 
     bench = Path(p["bench"])
     forget = load_split(str(bench / "forget.json"), require=PERTURBED_FIELDS)

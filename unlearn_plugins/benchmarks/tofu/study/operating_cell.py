@@ -23,10 +23,11 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..data.jsonl import json_lines
-from ..evaluation.tofu_metrics import MU_PARTS
+from unlearn_plugins.data.jsonl import json_lines
+from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
+from unlearn_plugins.study.statistics import mu_paired_bootstrap
+
 from .operating_point import MEASURES, OperatingPointError, Rule, choose, next_to_evaluate
-from .statistics import mu_paired_bootstrap
 from .trace import EPOCH_DIR, read_trace
 
 RESULT_FILE = "operating_point.json"
@@ -54,7 +55,7 @@ def sweep_points(runs: Sequence[dict]) -> list[dict[str, Any]]:
 
 def mu_samples(folder: str | Path) -> dict[str, list[dict]]:
     """Per Model Utility task, its sample rows (``doc_id`` and the metrics) of an evaluation."""
-    from ..evaluation.lm_eval_runner import read_outputs
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
 
     written = read_outputs(folder)
     tasks = {task for parts in MU_PARTS.values() for task, _ in parts}

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from unlearn_plugins.study.statistics import ALTERNATIVES, minimum_units
+
 from .operating_point import OperatingPointError, Rule
-from .statistics import ALTERNATIVES, minimum_units
 
 UNITS = ("author",)
 #: the tables an author-unit study adds to :data:`.spec.TABLES`
@@ -170,7 +171,7 @@ def benchmark_author_ids(source: str, authors: int) -> range:
     which has 20 authors 0-19) last ``authors``."""
     if source == "tofu":
         return range(TOFU_LAST_AUTHOR + 1 - authors, TOFU_LAST_AUTHOR + 1)
-    from ..data import synthetic
+    from unlearn_plugins.data import synthetic
 
     return range(synthetic.N_AUTHORS - authors, synthetic.N_AUTHORS)
 
