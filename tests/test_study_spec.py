@@ -11,7 +11,9 @@ import pytest
 
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import StudyError, builtin_studies, expand, load_study
-from unlearn_plugins.study.spec import SCHEDULE_FIELDS, TABLES
+from unlearn_plugins.study.spec import SCHEDULE_FIELDS, study_tables
+
+TABLES = study_tables()  # the core's and the default study kind's (TOFU's author-unit tables)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = builtin_studies()["tiny"].read_text()
@@ -215,7 +217,11 @@ def _variant(old: str, new: str) -> str:
 
 
 BAD = [
-    ("unknown table", TINY + "\n[extra]\nx = 1\n", "[extra]: unknown table; tables: " + ", ".join(TABLES)),
+    (
+        "unknown table",
+        TINY + "\n[extra]\nx = 1\n",
+        "[extra]: unknown table; tables: " + ", ".join(TABLES),
+    ),
     (
         "top-level key",
         "seeds = [1]\n" + TINY,

@@ -688,10 +688,12 @@ def required_benchmark_part(name: str, part: str) -> Any:
     return found
 
 
-def study_sources() -> tuple[str, ...]:
-    """Every ``[benchmark] source`` a study file may name: each benchmark with a study part, and
-    the other names its study reads (:attr:`Benchmark.sources`: TOFU's ``generated``, ``auto``)."""
-    return tuple(s for name, b in benchmarks().items() if b.study for s in (name, *b.sources))
+def study_sources(first: str | None = None) -> tuple[str, ...]:
+    """Every ``[benchmark] source`` a study file may name: each benchmark with a study part (the
+    one named ``first`` first), and the other names its study reads (:attr:`Benchmark.sources`:
+    TOFU's ``generated``, ``auto``)."""
+    found = sorted(((name != first, name), b) for name, b in benchmarks().items() if b.study)
+    return tuple(s for (_, name), b in found for s in (name, *b.sources))
 
 
 def study_part(source: str) -> Any:

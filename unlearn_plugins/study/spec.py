@@ -314,6 +314,14 @@ class Cell:
 # ----------------------------------------------------------------------------- finding and reading
 
 
+def study_tables() -> tuple[str, ...]:
+    """The tables a study file may hold: :data:`TABLES` and the default study kind's own (TOFU's
+    author-unit tables, which its study part reads)."""
+    from ..host import study_part
+
+    return TABLES + tuple(study_part(DEFAULT_SOURCE).TABLES)
+
+
 def builtin_studies() -> dict[str, Path]:
     """The studies shipped with the package: name -> file (the demo's too: ``demo``, the TOFU
     demo's demo.toml, and ``demo-BENCHMARK`` for the other demos' BENCHMARK.toml)."""
@@ -355,11 +363,11 @@ def read_study_data(spec: str, variant: str | None = None) -> tuple[Path, dict]:
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         raise StudyError(f"{path}: [variants]: must hold one table per variant ([variants.NAME.TABLE])")
     for name, tables in variants.items():
-        bad = [t for t in tables if t not in TABLES or t in ("variants", "study")]
+        bad = [t for t in tables if t not in study_tables() or t in ("variants", "study")]
         if bad:
             raise StudyError(
                 f"{path}: [variants.{name}.{bad[0]}]: a variant replaces tables of the study "
-                f"({', '.join(t for t in TABLES if t not in ('variants', 'study'))})"
+                f"({', '.join(t for t in study_tables() if t not in ('variants', 'study'))})"
             )
     if variant is not None:
         if variant not in variants:
@@ -556,9 +564,9 @@ class _Reader:
     def study(self, data: dict) -> Study:
         from ..host import study_part
 
-        default = study_part(DEFAULT_SOURCE)  # its author-unit tables: read after the rest, against it
-        data, design_data = default.split_tables(data)
-        tables = TABLES + default.TABLES
+        # the default study kind's author-unit tables: read after the rest, against it
+        data, design_data = study_part(DEFAULT_SOURCE).split_tables(data)
+        tables = study_tables()
         for key, value in data.items():
             if key not in tables:
                 if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
@@ -599,7 +607,8 @@ class _Reader:
         bench = self.table(data, "benchmark", required=True)
         from ..host import study_part, study_sources
 
-        source = self.get("benchmark", bench, "source", "str", DEFAULT_SOURCE, choices=study_sources())
+        choices = study_sources(first=DEFAULT_SOURCE)
+        source = self.get("benchmark", bench, "source", "str", DEFAULT_SOURCE, choices=choices)
         return study_part(source).read(
             self,
             data,
