@@ -10,6 +10,7 @@ type with one line naming the component, and to record the values in use in run.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import json
@@ -371,8 +372,6 @@ def _csv(text: str) -> list[str]:
 
 
 def _int_csv(text: str) -> list[int]:
-    import argparse
-
     try:
         return [int(t) for t in _csv(text)]
     except ValueError:
@@ -400,8 +399,6 @@ def add_config_arguments(
     ``groups``: argument groups made so far (title -> group), shared between calls. ``unset``: a
     flag not given sets nothing (argparse.SUPPRESS), so only the flags given override a config
     file below them. Returns the groups."""
-    import argparse
-
     groups = {} if groups is None else groups
     exclusive: dict[tuple[str, str], Any] = {}
     hints = typing.get_type_hints(cls)

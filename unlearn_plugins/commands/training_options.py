@@ -15,8 +15,8 @@ S = argparse.SUPPRESS
 
 def add_training_options(p: argparse.ArgumentParser, config_cls, groups: dict) -> None:
     """The flags of ``config_cls``'s fields (`unlearn run` and `unlearn finetune`), generated
-    from their metadata into ``groups`` (the command's own "data" and "method" first, then
-    "model", "LoRA", ...): a flag not given sets nothing, the config's default applies."""
+    from their metadata into ``groups`` (the command's own first, then "model", "LoRA", ...):
+    a flag not given sets nothing, the config's default applies."""
     p.add_argument("--config", default=None, metavar="FILE.toml", help="options from a TOML file; flags override it")
     fields = dataclasses.fields(config_cls)
     for title in dict.fromkeys([None, *groups, *(f.metadata.get("group") for f in fields)]):  # usage: group by group
