@@ -11,9 +11,10 @@ import re
 import pytest
 
 from unlearn_plugins.cli import build_parser, subcommands
+from unlearn_plugins.commands.training_options import resolve_config
 from unlearn_plugins.evaluation import lm_eval_runner
 from unlearn_plugins.evaluation.config import SCORINGS, EvaluationConfig
-from unlearn_plugins.options import config_defaults
+from unlearn_plugins.options import config_defaults, config_flag, config_help, field_default
 from unlearn_plugins.study import builtin_studies, load_study
 from unlearn_plugins.study.spec import Cud, Evaluation
 from unlearn_plugins.training.config import FinetuneConfig, TrainingConfig, UnlearnConfig
@@ -50,12 +51,13 @@ def test_eval_flags_are_generated_from_the_config():
         action = by_dest[f.name]
         if f.metadata.get("cli", True) is not True:
             continue  # the model options every command shares (commands/common.py): their defaults above
-        assert action.help == f.metadata["help"], f.name
+        assert action.help == config_help(f), f.name
         if "choices" in f.metadata:
             assert tuple(action.choices) == tuple(f.metadata["choices"]), f.name
     assert tuple(by_dest["scoring"].choices) == SCORINGS == lm_eval_runner.SCORINGS
     assert "--batch_size" in by_dest["batch_size"].option_strings  # lm_eval's spellings kept
     assert "--output_path" in by_dest["out"].option_strings
+    assert by_dest["batch_size"].help == "lm-eval batch size (default: 8)"  # the field's default, shown
 
 
 def test_eval_flags_parse_to_typed_values():
@@ -121,6 +123,65 @@ def test_training_flags_hold_no_default_of_their_own(command, config):
             assert text == str(value), f"--{action.dest}: help says {text}, the config {value}"
         checked += 1
     assert checked >= 10
+
+
+TRAINING = [("run", UnlearnConfig), ("finetune", FinetuneConfig)]
+#: the flags of `unlearn run` / `finetune` that are no config field (``help``: -h)
+NOT_FIELDS = {"help", "config", "show_config", "dry_run", "debug", "verbosity"}
+
+
+@pytest.mark.parametrize("command,config", TRAINING)
+def test_training_flags_are_generated_from_the_config(command, config):
+    """Each field of the command's config is one flag, its spelling, help, metavar and choices the
+    field's metadata: a flag written by hand (or a help or default written twice) fails here."""
+    parser = subcommands(build_parser())[command]
+    by_dest = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(config):
+        action = by_dest[f.name]
+        assert action.option_strings == [config_flag(f), *f.metadata.get("flags", ())], f.name
+        assert action.help and action.help == config_help(f), f.name
+        assert action.default is argparse.SUPPRESS, f.name
+        assert (action.metavar, action.choices) == (f.metadata.get("metavar"), f.metadata.get("choices")), f.name
+    own = {"run": {"preset", "no_retain"}, "finetune": set()}[command]
+    assert set(by_dest) - set(config_defaults(config)) == NOT_FIELDS | own
+    # the warmup trio excludes each other; the KEY=VALUE flags keep their spelling
+    warmup = [g for g in parser._mutually_exclusive_groups if by_dest["warmup_steps"] in g._group_actions]
+    assert [a.dest for a in warmup[0]._group_actions] == ["warmup_steps", "warmup_ratio", "warmup_epochs"]
+    if command == "run":
+        assert by_dest["objective_options"].option_strings == ["--objective-option"]
+
+
+@pytest.mark.parametrize("command,config", TRAINING)
+def test_training_command_defaults_are_the_configs(command, config, tmp_path):
+    """An empty command line resolves to the config's defaults (nothing but --out given)."""
+    out = str(tmp_path / "out")
+    resolved = resolve_config(config, build_parser().parse_args([command, "--out", out]))
+    assert dataclasses.asdict(resolved) == {**config_defaults(config), "out": out}
+
+
+@pytest.mark.parametrize("config", [UnlearnConfig, FinetuneConfig, EvaluationConfig])
+def test_helps_write_no_default_again(config):
+    """A help that names its field's default says ``%(default)s`` (filled in from the field)."""
+    for f in dataclasses.fields(config):
+        value = field_default(f)
+        if value is None or isinstance(value, (bool, dict, list)):
+            continue
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        assert not re.search(rf"default: {re.escape(shown)}\b", f.metadata["help"]), f.name
+
+
+def test_shared_options_of_other_commands_are_the_training_configs():
+    """--prompt-format, --date-string and --tofu-dir of the commands are TrainingConfig's fields
+    (but the demo's --tofu-dir, which falls back to the authors shipped with the package)."""
+    fields = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+    differ, seen = [], set()
+    for name, parser in subcommands(build_parser()).items():
+        for action in parser._actions:
+            if action.dest in ("prompt_format", "date_string", "tofu_dir"):
+                seen.add(action.dest)
+                if action.help != config_help(fields[action.dest]):
+                    differ.append(f"{name} {action.dest}")
+    assert seen == {"prompt_format", "date_string", "tofu_dir"} and differ == ["demo tofu_dir"]
 
 
 def test_runner_receives_every_shared_option():

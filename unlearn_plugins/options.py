@@ -10,6 +10,7 @@ type with one line naming the component, and to record the values in use in run.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import json
@@ -318,15 +319,17 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict:
 
 #: what :func:`config_field` keeps in a field's metadata (read by :func:`add_config_arguments`
 #: and by a study file's table reader)
-CONFIG_KEYS = ("help", "cli", "flags", "metavar", "choices", "group", "parse", "minimum", "maximum")
+CONFIG_KEYS = ("help", "cli", "flag", "flags", "metavar", "choices", "group", "mutex", "parse", "minimum", "maximum")
 
 
 def config_field(default: Any, help: str, **extra: Any) -> Any:
     """A typed config's field: its default (a callable such as ``list``: a fresh one each time)
-    and help, with how the command line and study files take it: ``flags`` (more spellings),
-    ``metavar``, ``choices``, ``group`` (its argument group), ``parse`` ("csv": one
-    comma-separated value; "append": repeatable), ``minimum`` / ``maximum``, ``cli`` ("common":
-    added by another helper; False: not a flag)."""
+    and help (``%(default)s`` in it: the default, written once), with how the command line and
+    study files take it: ``flag`` (its spelling, when not the field's name), ``flags`` (more
+    spellings), ``metavar``, ``choices``, ``group`` (its argument group), ``mutex`` (flags of one
+    group sharing this name exclude each other), ``parse`` ("csv": one comma-separated value;
+    "append": repeatable; "options": repeatable KEY=VALUE, made a dict by the command),
+    ``minimum`` / ``maximum``, ``cli`` ("common": added by another helper; False: not a flag)."""
     unknown = set(extra) - set(CONFIG_KEYS)
     if unknown:
         raise TypeError(f"config_field: unknown {', '.join(sorted(unknown))}")
@@ -348,8 +351,31 @@ def config_defaults(cls: type) -> dict[str, Any]:
     return {f.name: field_default(f) for f in dataclasses.fields(cls) if f.init}
 
 
+def config_flag(f: dataclasses.Field) -> str:
+    """A field's flag: ``--batch-size`` for ``batch_size`` unless its metadata spells it."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def config_help(f: dataclasses.Field) -> str:
+    """A field's help with its default in place of ``%(default)s`` (floats as ``%g``): the flag
+    shows the config's default even where argparse holds none (``unset``)."""
+    text = f.metadata.get("help", "")
+    if "%(default)s" in text:
+        value = field_default(f)
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        text = text.replace("%(default)s", shown.replace("%", "%%"))
+    return text
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _int_csv(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def scalar_type(hint: Any) -> Any:
@@ -358,40 +384,56 @@ def scalar_type(hint: Any) -> Any:
     return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
 
 
-def add_config_arguments(parser: Any, cls: type, *, groups: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Add a flag per field of the typed config ``cls`` (``--batch-size`` for ``batch_size``), its
-    default, help, type and choices the field's: the command line cannot drift from the config.
-    bool fields are store-true flags (their default must be False), ``parse`` "append" fields
-    repeatable, "csv" fields one comma-separated value; ``groups``: argument groups made so far
-    (title -> group), shared between calls. Returns the groups."""
+def add_config_arguments(
+    parser: Any,
+    cls: type,
+    *,
+    groups: dict[str, Any] | None = None,
+    names: tuple[str, ...] | None = None,
+    unset: bool = False,
+) -> dict[str, Any]:
+    """Add a flag per field of the typed config ``cls`` (or of its fields ``names``), its default,
+    help, type and choices the field's: the command line cannot drift from the config. bool
+    fields are store-true flags (their default must be False), ``parse`` "append" and "options"
+    fields repeatable, "csv" fields one comma-separated value (of integers for ``list[int]``);
+    ``groups``: argument groups made so far (title -> group), shared between calls. ``unset``: a
+    flag not given sets nothing (argparse.SUPPRESS), so only the flags given override a config
+    file below them. Returns the groups."""
     groups = {} if groups is None else groups
+    exclusive: dict[tuple[str, str], Any] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        if not f.init or meta.get("cli", True) is not True:
+        if not f.init or meta.get("cli", True) is not True or (names is not None and f.name not in names):
             continue
         target = parser
         if meta.get("group"):
             if meta["group"] not in groups:
                 groups[meta["group"]] = parser.add_argument_group(meta["group"])
             target = groups[meta["group"]]
-        flags = ["--" + f.name.replace("_", "-"), *meta.get("flags", ())]
-        kwargs: dict[str, Any] = {"dest": f.name, "default": field_default(f), "help": meta.get("help", "")}
+        if meta.get("mutex"):
+            key = (meta.get("group", ""), meta["mutex"])
+            if key not in exclusive:
+                exclusive[key] = target.add_mutually_exclusive_group()
+            target = exclusive[key]
+        default = field_default(f)
+        kwargs: dict[str, Any] = {"dest": f.name, "help": config_help(f)}
+        kwargs["default"] = argparse.SUPPRESS if unset else default
         hint = scalar_type(hints[f.name])
         if hint is bool:
-            if kwargs["default"] is not False:
+            if default is not False:
                 raise TypeError(f"{cls.__name__}.{f.name}: a flag's default must be False")
             kwargs["action"] = "store_true"
-        elif meta.get("parse") == "append":
+        elif meta.get("parse") in ("append", "options"):
             kwargs["action"] = "append"
         elif meta.get("parse") == "csv":
-            kwargs["type"] = _csv
+            kwargs["type"] = _int_csv if typing.get_args(hint) == (int,) else _csv
         elif hint in (int, float):
             kwargs["type"] = hint
         for key in ("metavar", "choices"):
             if key in meta:
                 kwargs[key] = meta[key]
-        target.add_argument(*flags, **kwargs)
+        target.add_argument(config_flag(f), *meta.get("flags", ()), **kwargs)
     return groups
 
 

@@ -59,20 +59,13 @@ def add_model_options(parser: argparse.ArgumentParser, *, default: str | None = 
     add_prompt_options(parser)
 
 
-def add_prompt_options(parser: argparse.ArgumentParser, default=None) -> None:
-    """--prompt-format and --date-string (applied to the whole command by the CLI: :func:`prompt_format`)."""
-    parser.add_argument(
-        "--prompt-format",
-        default=default,
-        metavar="NAME|FILE",
-        help="prompt format: tokenizer (default: the model's chat template), tofu-llama3, tofu-llama2-chat, "
-        "tofu-phi-1.5 (open-unlearning's TOFU formats), or a Jinja chat template file",
-    )
-    parser.add_argument(
-        "--date-string",
-        default=default,
-        help="the date chat templates render (default: '26 Jul 2024', or the format's; never today's)",
-    )
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """--prompt-format and --date-string, as the training config defines them (applied to the
+    whole command by the CLI: :func:`prompt_format`)."""
+    from ..options import add_config_arguments
+    from ..training.config import MODEL, TrainingConfig
+
+    add_config_arguments(parser, TrainingConfig, groups={MODEL: parser}, names=("prompt_format", "date_string"))
 
 
 def prompt_format(args):
@@ -96,11 +89,12 @@ def add_data_options(parser: argparse.ArgumentParser, *, default: str | None = "
     add_tofu_dir_option(parser)
 
 
-def add_tofu_dir_option(parser, default=None) -> None:
-    """--tofu-dir (``parser``: a parser or an argument group)."""
-    parser.add_argument(
-        "--tofu-dir", default=default, help="local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)"
-    )
+def add_tofu_dir_option(parser) -> None:
+    """--tofu-dir, as the training config defines it (``parser``: a parser or an argument group)."""
+    from ..options import add_config_arguments
+    from ..training.config import DATA, TrainingConfig
+
+    add_config_arguments(parser, TrainingConfig, groups={DATA: parser}, names=("tofu_dir",))
 
 
 def check_int(flag: str, value, minimum: int) -> None:

@@ -5,8 +5,8 @@ trains nothing."""
 
 from __future__ import annotations
 
-from .common import add_command, add_tofu_dir_option
-from .training_options import S, add_split_option, add_training_options, int_list, run_training
+from .common import add_command
+from .training_options import add_training_options, run_training
 
 EXAMPLE = """examples:
   unlearn finetune --data tofu:full --authors 0,1 --max-length 128 --lr 1e-3 --epochs 3 --merge --out ft
@@ -18,24 +18,10 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
+    from ..training.config import DATA, FinetuneConfig
+
     p = add_command(sub, "finetune", "fine-tune a model on a TOFU split (target models)", __doc__, EXAMPLE)
-    g = p.add_argument_group("data")
-    add_split_option(g, "--data", "", "tofu:full")
-    g.add_argument(
-        "--authors",
-        type=int_list,
-        default=S,
-        metavar="I,J,...",
-        help="train on these TOFU authors of the split only (20 QA each, 0-based)",
-    )
-    add_tofu_dir_option(g, default=S)
-    g.add_argument(
-        "--record-trajectory",
-        action="store_true",
-        default=S,
-        help="write each optimizer step's update, lr and batches to OUT/trajectory (what lmcleaner replays)",
-    )
-    add_training_options(p)
+    add_training_options(p, FinetuneConfig, {DATA: p.add_argument_group(DATA)})
     p.set_defaults(func=run)
 
 

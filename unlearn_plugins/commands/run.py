@@ -5,10 +5,9 @@ override); ``--show-config`` prints the result and runs nothing."""
 
 from __future__ import annotations
 
-from .common import add_command, add_tofu_dir_option
+from .common import add_command
 from .training_options import (
     S,
-    add_split_option,
     add_training_options,
     resolve_config,  # noqa: F401 - `unlearn run`'s option resolution, as tests reach it
     run_training,
@@ -24,43 +23,18 @@ EXAMPLE = """examples:
 
 
 def add_parser(sub) -> None:
+    from ..training.config import DATA, METHOD, UnlearnConfig
+
     p = add_command(sub, "run", "unlearn a forget set (writes a PEFT adapter and run.json)", __doc__, EXAMPLE)
-    g = p.add_argument_group("data")
-    add_split_option(g, "--forget", "forget split: ", "tofu:forget01")
-    g.add_argument("--retain", default=S, help="retain split (default: tofu:retain99)")
-    g.add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
-    g.add_argument(
-        "--allow-overlap",
-        action="store_true",
-        default=S,
-        help="accept samples that are in both --forget and --retain (default: refused)",
-    )
-    add_tofu_dir_option(g, default=S)
-    g = p.add_argument_group("method")
-    g.add_argument(
+    groups = {DATA: p.add_argument_group(DATA), METHOD: p.add_argument_group(METHOD)}
+    groups[METHOD].add_argument(
         "--preset",
         default=S,
         help="a named recipe applied below --config and flags: reglu "
         "(= --initializer rila --regularizer rol --objective ihl with ReGLU's TOFU defaults and schedule)",
     )
-    g.add_argument("--objective", default=S, help="unlearning objective (default: grad_diff; see `unlearn plugins`)")
-    g.add_argument(
-        "--objective-option", action="append", default=S, metavar="KEY=VALUE", help="objective option (repeatable)"
-    )
-    g.add_argument(
-        "--retain-loss", choices=["nll", "kl"], default=S, help="retain term: NLL or KL to the reference model"
-    )
-    g.add_argument("--initializer", default=S, help="LoRA adapter initializer (default: kaiming, PEFT's default)")
-    g.add_argument("--initializer-option", action="append", default=S, metavar="KEY=VALUE")
-    g.add_argument("--regularizer", default=S, help="regulariser added to the objective, e.g. rol")
-    g.add_argument(
-        "--regularizer-option",
-        action="append",
-        default=S,
-        metavar="KEY=VALUE",
-        help="e.g. weight=0.5 (lambda), rank=128",
-    )
-    add_training_options(p)
+    add_training_options(p, UnlearnConfig, groups)
+    groups[DATA].add_argument("--no-retain", action="store_true", default=S, help="train without retain data")
     p.set_defaults(func=run)
 
 

@@ -13,12 +13,13 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..data.qa import MIN_MAX_LENGTH
 from ..errors import UnlearnError
+from ..options import config_field as option
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,63 +104,134 @@ def warmup_settings(config: "TrainingConfig", train_size: int | None, world_size
     return {"warmup_steps": config.warmup_steps or 0}
 
 
+def _key_values(what: str) -> dict[str, Any]:
+    """The metadata of a component's options field: a repeatable ``--WHAT-option KEY=VALUE``."""
+    return {"group": METHOD, "flag": f"--{what}-option", "parse": "options", "metavar": "KEY=VALUE"}
+
+
 class ConfigError(UnlearnError):
     """A bad option in a run configuration (the message names the file or flag and the field)."""
 
 
+#: the argument groups of the training flags, in --help's order (the commands make "data" and
+#: "method" first)
+MODEL, LORA, OPTIMISER, CHECKPOINTS = "model", "LoRA", "optimiser", "checkpoints"
+DATA, METHOD = "data", "method"
+SPLIT_HELP = (
+    "tofu:SPLIT, tofu:SPLIT[a:b] or a .json file (default: %(default)s); or a text corpus cut into "
+    "--max-length windows: text:FILE.jsonl, text:FOLDER, text:hf:ID:SPLIT:COLUMN"
+)
+
+
 @dataclass
 class TrainingConfig:
-    """Options shared by unlearning and fine-tuning."""
+    """Options shared by unlearning and fine-tuning: each field's metadata is its flag of
+    `unlearn run` and `unlearn finetune` (:func:`..options.add_config_arguments`)."""
 
-    out: str | None = None
-    model: str = "smollm2-135m"
-    tofu_dir: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    mixed_precision: str = "auto"
-    trust_remote_code: bool = False
-    max_length: int = 512
-    system_prompt: str | None = None
+    out: str | None = option(None, "output folder (adapter or model, run.json)")
+    model: str = option(
+        "smollm2-135m", "local folder, hub id or alias 'smollm2-135m' (default: %(default)s)", group=MODEL
+    )
+    tofu_dir: str | None = option(None, "local TOFU folder (default: $UNLEARN_TOFU_DIR, else the hub)", group=DATA)
+    device: str | None = option(
+        None, "cpu or cuda (default: cuda if available); under accelerate launch, one per process", group=MODEL
+    )
+    dtype: str | None = option(
+        None,
+        "base weight dtype: float32, bfloat16, float16 (default: fp32 on CPU, bf16 LoRA base on CUDA)",
+        group=MODEL,
+    )
+    mixed_precision: str = option(
+        "auto", "autocast (default: %(default)s = bf16 on CUDA)", group=MODEL, choices=MIXED_PRECISION
+    )
+    trust_remote_code: bool = option(False, "allow custom model code from the hub", group=MODEL)
+    max_length: int = option(512, "max tokens per example (default: %(default)s)", group=MODEL)
+    system_prompt: str | None = option(None, "system prompt for the chat template", group=MODEL)
     #: a named prompt format or a Jinja file (data/prompts.py; None: the one in force, by
     #: default the tokenizer's template) and the date its template is rendered with
-    prompt_format: str | None = None
-    date_string: str | None = None
+    prompt_format: str | None = option(
+        None,
+        "prompt format: tokenizer (default: the model's chat template), tofu-llama3, tofu-llama2-chat, "
+        "tofu-phi-1.5 (open-unlearning's TOFU formats), or a Jinja chat template file",
+        group=MODEL,
+        metavar="NAME|FILE",
+    )
+    date_string: str | None = option(
+        None, "the date chat templates render (default: '26 Jul 2024', or the format's; never today's)", group=MODEL
+    )
     # LoRA (ignored with full_finetune)
-    full_finetune: bool = False
-    lora_r: int = 32
-    lora_alpha: float = 64.0
-    lora_dropout: float = 0.0
-    target_modules: list[str] | None = None  # None: every linear layer of the decoder blocks
+    full_finetune: bool = option(False, "train all weights instead of a LoRA adapter", group=LORA)
+    lora_r: int = option(32, "LoRA rank (default: %(default)s)", group=LORA)
+    lora_alpha: float = option(64.0, "LoRA alpha (default: %(default)s)", group=LORA)
+    lora_dropout: float = option(0.0, "LoRA dropout (default: %(default)s)", group=LORA)
+    target_modules: list[str] | None = option(
+        None,
+        "LoRA target module names (default: every linear layer of the decoder blocks)",
+        group=LORA,
+        parse="csv",
+        metavar="A,B,...",
+    )
     # optimiser and schedule
-    lr: float = 1e-4
-    epochs: float = 5.0
-    max_steps: int | None = None  # overrides epochs when set
-    batch_size: int = 4
-    grad_accum: int = 4
-    weight_decay: float = 0.01
-    lr_scheduler: str = "constant"  # a transformers SchedulerType name
+    lr: float = option(1e-4, "learning rate (default: %(default)s)", group=OPTIMISER)
+    epochs: float = option(5.0, "epochs (default: %(default)s)", group=OPTIMISER)
+    max_steps: int | None = option(None, "optimizer steps; overrides --epochs", group=OPTIMISER)
+    batch_size: int = option(4, "per-device batch size (default: %(default)s)", group=OPTIMISER)
+    grad_accum: int = option(4, "gradient accumulation steps (default: %(default)s)", group=OPTIMISER)
+    weight_decay: float = option(0.01, "default: %(default)s", group=OPTIMISER)
+    lr_scheduler: str = option(
+        "constant",
+        "transformers scheduler: linear, cosine, constant, constant_with_warmup, ... (default: %(default)s)",
+        group=OPTIMISER,
+        metavar="NAME",
+    )
     # warmup: at most one of these (transformers' names, plus warmup_epochs)
-    warmup_steps: int | None = None
-    warmup_ratio: float | None = None  # of the total optimizer steps, in [0, 1)
-    warmup_epochs: float | None = None  # epochs of optimizer steps, counted as the Trainer counts them
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
-    #: recompute each decoder block's activations in the backward pass (memory for time)
-    gradient_checkpointing: bool = False
-    #: full fine-tuning's frozen reference copy (None: bf16 under bf16 mixed precision, where the
-    #: autocast computes its matmuls in bf16 anyway; else the weights' dtype)
-    reference_dtype: str | None = None
-    #: the device memory the plan checks the run against ("80GB"; None: the device's own)
-    device_memory: str | None = None
-    seed: int = 0
+    warmup_steps: int | None = option(
+        None, "linear warmup over N optimizer steps (default: none)", group=OPTIMISER, mutex="warmup", metavar="N"
+    )
+    warmup_ratio: float | None = option(
+        None, "warmup over this fraction of all steps, in [0, 1)", group=OPTIMISER, mutex="warmup", metavar="F"
+    )
+    warmup_epochs: float | None = option(
+        None,
+        "warmup over E epochs' optimizer steps, counted as the Trainer counts them",
+        group=OPTIMISER,
+        mutex="warmup",
+        metavar="E",
+    )
+    max_grad_norm: float = option(1.0, "gradient clipping (default: %(default)s; 0 = off)", group=OPTIMISER)
+    optim: str = option(
+        "adamw_torch",
+        "transformers optimizer name (default: %(default)s; adamw_bnb_8bit, paged_adamw_8bit need "
+        "bitsandbytes; adafactor keeps almost no state)",
+        group=OPTIMISER,
+    )
+    gradient_checkpointing: bool = option(
+        False,
+        "recompute each block's activations in the backward pass (less memory, ~30%% more time)",
+        group=OPTIMISER,
+    )
+    reference_dtype: str | None = option(
+        None,
+        "full fine-tuning's frozen reference copy (default: bf16 under bf16 mixed precision, else the weights')",
+        group=MODEL,
+    )
+    device_memory: str | None = option(
+        None,
+        "memory the run's plan must fit, e.g. 80GB (default: the card's total, or the available RAM on CPU)",
+        group=MODEL,
+        metavar="SIZE",
+    )
+    seed: int = option(0, "default: %(default)s", group=OPTIMISER)
     # checkpoints, logging, outputs
-    save_steps: int | None = None  # None: a checkpoint per epoch; 0: none
-    save_total_limit: int = 2
-    keep_checkpoints: bool = False  # keep checkpoints/ after a successful run
-    logging_steps: int = 1
-    resume: bool = False
-    overwrite: bool = False
-    merge: bool = False
+    save_steps: int | None = option(
+        None, "checkpoint every N steps (default: every epoch; 0 = never)", group=CHECKPOINTS
+    )
+    save_total_limit: int = option(2, "checkpoints kept (default: %(default)s)", group=CHECKPOINTS)
+    keep_checkpoints: bool = option(False, "keep OUT/checkpoints after success", group=CHECKPOINTS)
+    logging_steps: int = option(1, "log the loss every N steps (default: %(default)s)", group=CHECKPOINTS)
+    resume: bool = option(False, "continue the interrupted run in --out from its last checkpoint", group=CHECKPOINTS)
+    overwrite: bool = option(False, "replace a run already in --out", group=CHECKPOINTS)
+    merge: bool = option(False, "also write the model with the adapter merged into OUT/merged", group=LORA)
 
     #: fields that may differ between an interrupted run and its --resume
     RESUME_MAY_CHANGE = frozenset(
@@ -292,17 +364,28 @@ class TrainingConfig:
 class UnlearnConfig(TrainingConfig):
     """`unlearn run`: forget/retain data, objective, initializer, regulariser."""
 
-    forget: str = "tofu:forget01"
-    retain: str | None = "tofu:retain99"
-    objective: str = "grad_diff"
-    objective_options: dict[str, Any] = field(default_factory=dict)
-    retain_loss: str | None = None  # shortcut for objective_options.retain_loss ("nll" or "kl")
-    initializer: str = "kaiming"  # PEFT's default LoRA init (init_lora_weights=True)
-    initializer_options: dict[str, Any] = field(default_factory=dict)
-    regularizer: str | None = None
-    regularizer_options: dict[str, Any] = field(default_factory=dict)
+    forget: str = option("tofu:forget01", "forget split: " + SPLIT_HELP, group=DATA)
+    retain: str | None = option("tofu:retain99", "retain split (default: %(default)s)", group=DATA)
+    objective: str = option(
+        "grad_diff", "unlearning objective (default: %(default)s; see `unlearn plugins`)", group=METHOD
+    )
+    objective_options: dict[str, Any] = option(dict, "objective option (repeatable)", **_key_values("objective"))
+    #: shortcut for objective_options.retain_loss
+    retain_loss: str | None = option(
+        None, "retain term: NLL or KL to the reference model", group=METHOD, choices=("nll", "kl")
+    )
+    initializer: str = option(
+        "kaiming", "LoRA adapter initializer (default: %(default)s, PEFT's default)", group=METHOD
+    )  # PEFT's default LoRA init (init_lora_weights=True)
+    initializer_options: dict[str, Any] = option(dict, "initializer option (repeatable)", **_key_values("initializer"))
+    regularizer: str | None = option(None, "regulariser added to the objective, e.g. rol", group=METHOD)
+    regularizer_options: dict[str, Any] = option(
+        dict, "e.g. weight=0.5 (lambda), rank=128", **_key_values("regularizer")
+    )
     #: keep samples that are in both forget and retain (default: refused, see data.qa.check_disjoint)
-    allow_overlap: bool = False
+    allow_overlap: bool = option(
+        False, "accept samples that are in both --forget and --retain (default: refused)", group=DATA
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -337,9 +420,19 @@ class FinetuneConfig(TrainingConfig):
     each optimizer step's update, lr and batches to OUT/trajectory (training/trajectory.py), what
     the lmcleaner objective replays."""
 
-    data: str = "tofu:full"
-    authors: list[int] | None = None  # TOFU author indices within the split (20 QA each)
-    record_trajectory: bool = False
+    data: str = option("tofu:full", SPLIT_HELP, group=DATA)
+    authors: list[int] | None = option(
+        None,
+        "train on these TOFU authors of the split only (20 QA each, 0-based)",
+        group=DATA,
+        parse="csv",
+        metavar="I,J,...",
+    )
+    record_trajectory: bool = option(
+        False,
+        "write each optimizer step's update, lr and batches to OUT/trajectory (what lmcleaner replays)",
+        group=DATA,
+    )
 
     def validate(self) -> None:
         super().validate()
