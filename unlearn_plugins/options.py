@@ -395,7 +395,8 @@ def add_config_arguments(
     """Add a flag per field of the typed config ``cls`` (or of its fields ``names``), its default,
     help, type and choices the field's: the command line cannot drift from the config. bool
     fields are store-true flags (their default must be False), ``parse`` "append" and "options"
-    fields repeatable, "csv" fields one comma-separated value (of integers for ``list[int]``);
+    fields repeatable, "csv" fields one comma-separated value (of integers for ``list[int]``,
+    shown as ``I,J,...``);
     ``groups``: argument groups made so far (title -> group), shared between calls. ``unset``: a
     flag not given sets nothing (argparse.SUPPRESS), so only the flags given override a config
     file below them. Returns the groups."""
@@ -427,7 +428,10 @@ def add_config_arguments(
         elif meta.get("parse") in ("append", "options"):
             kwargs["action"] = "append"
         elif meta.get("parse") == "csv":
-            kwargs["type"] = _int_csv if typing.get_args(hint) == (int,) else _csv
+            integers = typing.get_args(hint) == (int,)
+            kwargs["type"] = _int_csv if integers else _csv
+            if integers:
+                kwargs["metavar"] = "I,J,..."
         elif hint in (int, float):
             kwargs["type"] = hint
         for key in ("metavar", "choices"):

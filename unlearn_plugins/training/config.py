@@ -426,7 +426,6 @@ class FinetuneConfig(TrainingConfig):
         "train on these TOFU authors of the split only (20 QA each, 0-based)",
         group=DATA,
         parse="csv",
-        metavar="I,J,...",
     )
     record_trajectory: bool = option(
         False,
