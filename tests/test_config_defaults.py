@@ -14,7 +14,12 @@ from unlearn_plugins.cli import build_parser, subcommands
 from unlearn_plugins.commands.training_options import resolve_config
 from unlearn_plugins.evaluation import lm_eval_runner
 from unlearn_plugins.evaluation.config import SCORINGS, EvaluationConfig
-from unlearn_plugins.options import config_defaults, config_flag, config_help, field_default
+from unlearn_plugins.options import (
+    config_defaults,
+    config_flag,
+    config_help,
+    field_default,
+)
 from unlearn_plugins.study import builtin_studies, load_study
 from unlearn_plugins.study.spec import Cud, Evaluation
 from unlearn_plugins.training.config import FinetuneConfig, TrainingConfig, UnlearnConfig
@@ -136,12 +141,14 @@ def test_training_flags_are_generated_from_the_config(command, config):
     field's metadata: a flag written by hand (or a help or default written twice) fails here."""
     parser = subcommands(build_parser())[command]
     by_dest = {a.dest: a for a in parser._actions}
+    hints = typing.get_type_hints(config)
     for f in dataclasses.fields(config):
         action = by_dest[f.name]
         assert action.option_strings == [config_flag(f), *f.metadata.get("flags", ())], f.name
         assert action.help and action.help == config_help(f), f.name
         assert action.default is argparse.SUPPRESS, f.name
-        assert (action.metavar, action.choices) == (f.metadata.get("metavar"), f.metadata.get("choices")), f.name
+        metavar = config_metavar(f, scalar_type(hints[f.name]))
+        assert (action.metavar, action.choices) == (metavar, f.metadata.get("choices")), f.name
     own = {"run": {"preset", "no_retain"}, "finetune": set()}[command]
     assert set(by_dest) - set(config_defaults(config)) == NOT_FIELDS | own
     # the warmup trio excludes each other; the KEY=VALUE flags keep their spelling

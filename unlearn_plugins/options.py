@@ -428,17 +428,25 @@ def add_config_arguments(
         elif meta.get("parse") in ("append", "options"):
             kwargs["action"] = "append"
         elif meta.get("parse") == "csv":
-            integers = typing.get_args(hint) == (int,)
-            kwargs["type"] = _int_csv if integers else _csv
-            if integers:
-                kwargs["metavar"] = "I,J,..."
+            kwargs["type"] = _int_csv if typing.get_args(hint) == (int,) else _csv
         elif hint in (int, float):
             kwargs["type"] = hint
-        for key in ("metavar", "choices"):
-            if key in meta:
-                kwargs[key] = meta[key]
+        if (metavar := config_metavar(f, hint)) is not None:
+            kwargs["metavar"] = metavar
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
         target.add_argument(config_flag(f), *meta.get("flags", ()), **kwargs)
     return groups
+
+
+def config_metavar(f: dataclasses.Field, hint: Any) -> str | None:
+    """A field's metavar on the command line: its own, else ``I,J,...`` for a comma-separated
+    list of integers (``hint``: the field's type as :func:`scalar_type` gives it)."""
+    if "metavar" in f.metadata:
+        return f.metadata["metavar"]
+    if f.metadata.get("parse") == "csv" and typing.get_args(hint) == (int,):
+        return "I,J,..."
+    return None
 
 
 def config_from_args(cls: type, args: Any, **changes: Any) -> Any:
