@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import typing
 
 import pytest
 
