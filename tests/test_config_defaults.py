@@ -19,7 +19,9 @@ from unlearn_plugins.options import (
     config_defaults,
     config_flag,
     config_help,
+    config_metavar,
     field_default,
+    scalar_type,
 )
 from unlearn_plugins.study import builtin_studies, load_study
 from unlearn_plugins.study.spec import Cud, Evaluation
