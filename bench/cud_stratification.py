@@ -139,7 +139,7 @@ def qa_metrics(model, tok, samples, config: StudyConfig, *, role: str) -> dict:
     """TOFU's per-sample metrics of one set: ``forget`` (prob, truth ratio of paraphrased vs
     perturbed, ROUGE-L), ``retain`` (the same, true-better truth ratio), ``options`` (real
     authors / world facts: prob over the options, truth ratio, ROUGE-L)."""
-    from unlearn_plugins.evaluation import tofu_metrics as tm
+    from unlearn_plugins.benchmarks.tofu import metrics as tm
 
     pairs, owners = [], []
     for j, s in enumerate(samples):
@@ -170,8 +170,8 @@ def qa_metrics(model, tok, samples, config: StudyConfig, *, role: str) -> dict:
 def model_utility(model, tok, heldout, config: StudyConfig) -> dict:
     """TOFU's Model Utility (harmonic mean of 9 parts) on ``mu_size`` QA per part: held-out
     retain QA of the target's authors, real authors, world facts."""
+    from unlearn_plugins.benchmarks.tofu import metrics as tm
     from unlearn_plugins.data.tofu import load_split
-    from unlearn_plugins.evaluation import tofu_metrics as tm
 
     n = config.mu_size
     parts = {"retain": qa_metrics(model, tok, heldout[:n], config, role="retain")["summary"],

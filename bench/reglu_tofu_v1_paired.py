@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from unlearn_plugins.benchmarks.tofu.study.report import read_evaluation  # noqa: E402
+from unlearn_plugins.benchmarks.tofu.study.statistics import mu_paired_bootstrap, truth_ratio_distances  # noqa: E402
 from unlearn_plugins.evaluation.reference import read_reference  # noqa: E402
-from unlearn_plugins.study.statistics import mu_paired_bootstrap, truth_ratio_distances  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -88,7 +88,7 @@ def mu_rows() -> dict[str, list[dict]]:
 
 def write_evaluation(folder: Path, name: str, ratios: list[float], reference: list[float] | None, *, retain=False):
     """An evaluation stage folder as a study records it (lm-eval's layout, our summary)."""
-    from unlearn_plugins.evaluation.tofu_metrics import forget_quality
+    from unlearn_plugins.benchmarks.tofu.metrics import forget_quality
 
     _stage(folder, f"evaluate: {name}")
     rows = mu_rows()

@@ -12,10 +12,10 @@ import pytest
 from support_checks import author_study_toml
 
 from unlearn_plugins.benchmarks.tofu.study.design_plan import plan_design
+from unlearn_plugins.benchmarks.tofu.study.statistics import compare_paired
 from unlearn_plugins.cli import main
 from unlearn_plugins.study import load_study
 from unlearn_plugins.study.cells import WaitingCellPlan
-from unlearn_plugins.study.statistics import compare_paired
 
 #: two methods, one swept setting each, 2 epochs, 2 test authors, a noise ceiling on the reserved one
 STUDY = author_study_toml(

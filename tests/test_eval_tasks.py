@@ -18,8 +18,8 @@ import torch
 from scipy.stats import ks_2samp
 from support_checks import lm_eval
 
+from unlearn_plugins.benchmarks.tofu import metrics as tm
 from unlearn_plugins.errors import DataError, UnlearnError
-from unlearn_plugins.evaluation import tofu_metrics as tm
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the TOFU benchmark's task folder (task folder ``tofu``: `unlearn eval --print-tasks-dir tofu`)

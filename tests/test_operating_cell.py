@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from unlearn_plugins.benchmarks.tofu.metrics import MU_PARTS
 from unlearn_plugins.benchmarks.tofu.study import operating_cell as oc
-from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
 
 
 def write_run(folder: Path, lr: float, fqs: list[float]) -> dict:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from unlearn_plugins.benchmarks.tofu.study.operating_point import Rule
-from unlearn_plugins.study.statistics import holm_family, minimum_units, smallest_p
+from unlearn_plugins.benchmarks.tofu.study.statistics import holm_family, minimum_units, smallest_p
 
 if sys.version_info >= (3, 11):
     import tomllib

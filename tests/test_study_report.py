@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support_checks import mu_samples
 
+from unlearn_plugins.benchmarks.tofu import metrics as tm
 from unlearn_plugins.benchmarks.tofu.study.report import MU_PARTS, interval, mu_bootstrap
-from unlearn_plugins.evaluation import tofu_metrics as tm
 
 
 def test_t_interval_over_seeds_cut_to_the_metric_range():

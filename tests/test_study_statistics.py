@@ -1,4 +1,4 @@
-"""unlearn_plugins.study.statistics: the paired tests over units, Holm's correction,
+"""unlearn_plugins.benchmarks.tofu.study.statistics: the paired tests over units, Holm's correction,
 paired intervals, "no spread", truth-ratio distances and the noise ceiling, each against values
 computed by hand."""
 
@@ -11,7 +11,7 @@ import random
 import pytest
 from support_checks import mu_samples
 
-from unlearn_plugins.study import statistics as st
+from unlearn_plugins.benchmarks.tofu.study import statistics as st
 
 # ----------------------------------------------------------------------------- permutation test
 

@@ -21,7 +21,7 @@ def rows(tofu_dir, spec, require=("question", "answer")):
 
 
 def test_a_model_against_itself_is_at_the_ceiling(tiny_model, tiny_tokenizer, tofu_dir):
-    from unlearn_plugins.evaluation import tofu_metrics as tm
+    from unlearn_plugins.benchmarks.tofu import metrics as tm
 
     forget = rows(tofu_dir, "tofu:forget01_perturbed[0:5]", PERTURBED)
     ratios = trace.truth_ratios(tiny_model, tiny_tokenizer, forget, max_length=96)

@@ -8,8 +8,8 @@ import math
 import pytest
 from scipy.stats import ks_2samp
 
+from unlearn_plugins.benchmarks.tofu import metrics as tm
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.evaluation import tofu_metrics as tm
 from unlearn_plugins.evaluation.reference import read_reference, sample_key, write_reference
 
 

@@ -289,7 +289,9 @@ class Benchmark:
       ``unlearn_plugins.commands``'s).
     - ``report``: its report writer (its record and summary.md sections, written by
       :mod:`unlearn_plugins.study.report_writer`); ``data``: its data loader (documentation for a
-      reader and ``unlearn plugins``; the benchmark's own study and demo call them).
+      reader and ``unlearn plugins``; the benchmark's own study and demo call them); ``metrics``:
+      its metric formulas where the core's summaries need them (TOFU's Model Utility in
+      `unlearn eval`'s summary).
     """
 
     summary: str
@@ -303,6 +305,7 @@ class Benchmark:
     commands: tuple[str, ...] = ()
     report: str | None = None
     data: str | None = None
+    metrics: str | None = None
 
     @staticmethod
     def load(reference: str) -> Any:

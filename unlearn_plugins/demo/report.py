@@ -49,7 +49,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: Sequence[int]) -> dict[str, Any]:
     """One model's numbers from its evaluation folder."""
-    from ..evaluation import tofu_metrics as tm
+    from ..host import required_benchmark_part
+
+    tm = required_benchmark_part("tofu", "metrics")
     from ..evaluation.lm_eval_runner import read_outputs
     from ..evaluation.reference import read_reference
 

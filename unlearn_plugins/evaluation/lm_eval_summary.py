@@ -1,6 +1,7 @@
 """lm-eval's results summarised TOFU-style: each task's metrics, Forget Quality per forget
 truth-ratio task (its retain reference is in the task's metadata) and Model Utility, a harmonic
-mean that lm-eval groups cannot express."""
+mean that lm-eval groups cannot express (its formula is the TOFU benchmark's ``metrics``, reached
+through the benchmark registry)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tofu_metrics as tm
 from .reference import HINT
 
 
@@ -69,7 +69,9 @@ def summarize(
         if value is None:
             entry["note"] = "unavailable: no retain reference; " + HINT.format(task=name)
         fq[name] = entry
-    mu_value, parts, missing = tm.model_utility(metrics)
+    from ..host import required_benchmark_part
+
+    mu_value, parts, missing = required_benchmark_part("tofu", "metrics").model_utility(metrics)
     mu: dict[str, Any] = {"value": mu_value, "parts": parts}
     if missing and (parts or any(t.startswith("tofu_") for t in metrics)):
         mu["missing"] = missing

@@ -1,15 +1,15 @@
 """`unlearn study`: experiment grids (methods x forget sizes x seeds) from a TOML study file,
 built in parallel as cached stages, reported with confidence intervals over the seeds.
 
-- :mod:`.spec`: the study file's format, its validation and the grid of cells;
+- :mod:`.spec`: the study file's format, its validation (the tables every study kind shares);
 - :mod:`.cells`: each cell as stages of the shared cache (:mod:`unlearn_plugins.stages`);
 - :mod:`.cud`: the CUD difficulty scores and strata of a forget set ([cud]);
-- a registered benchmark's study (``[benchmark] source = "movielens"``, say): its tables, cells,
-  stage kinds and report come from the benchmark's folder through its
-  :class:`unlearn_plugins.interfaces.Benchmark` (unlearn_plugins/benchmarks/movielens/);
+- each benchmark's study (``[benchmark] source``: TOFU's by default, ``"movielens"``, ``"wmdp"``):
+  its tables, cells, stage kinds and report come from the benchmark's folder through its
+  :class:`unlearn_plugins.interfaces.Benchmark` (unlearn_plugins/benchmarks/NAME/);
 - :mod:`.executors`: local worker processes or a Dask cluster;
-- :mod:`.runner`: scheduling the cells, failures, resumption;
-- :mod:`.report`: intervals, the Pareto plot, Markdown and JSON;
+- :mod:`.runner`: scheduling the cells, failures, resumption, records;
+- :mod:`.records`: finished cells' results kept beside the code (``--records``);
 - :mod:`.report_writer`: the one writer of every study kind's report (the demos' and the
   benchmarks' too): a record and summary.md's sections with their files, written together.
 """

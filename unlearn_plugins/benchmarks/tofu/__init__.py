@@ -8,10 +8,12 @@
   studies train and evaluate on (from a TOFU folder, the shipped subset or generated authors),
   and the holdout author of membership inference;
 * ``tofu_subset/`` - real TOFU shipped in the package (authors 196-199, the first 20 real-authors
-  and world-facts QA; TOFU's MIT licence beside them).
+  and world-facts QA; TOFU's MIT licence beside them);
+* :mod:`.metrics` - the metric formulas (truth ratio, Forget Quality, Model Utility, extraction
+  strength) the tasks, the study and `unlearn eval`'s summary (through the registry) share;
+* :mod:`.runner` and ``study/`` - TOFU's study kind, the default ``[benchmark] source``: by forget
+  size, or with forget authors as the unit (design, sweeps, operating points, paired statistics).
 
 The QA data machinery every command uses (``tofu:SPLIT`` names, the prompt format, label masks)
-is the core's :mod:`unlearn_plugins.data.qa`; the metric formulas (truth ratio, Forget Quality,
-Model Utility) are :mod:`unlearn_plugins.evaluation.tofu_metrics`, which the core's studies and
-reports read too.
+is the core's :mod:`unlearn_plugins.data.qa`.
 """

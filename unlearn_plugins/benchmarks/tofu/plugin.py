@@ -16,6 +16,7 @@ TOFU = Benchmark(
     "membership inference and probes (lm-eval tasks tofu_*); the demo's and studies' N-author benchmark folders",
     task_dirs=(HERE / "tasks",),
     data=f"{PACKAGE}.data",
+    metrics=f"{PACKAGE}.metrics",
     study=f"{PACKAGE}.runner",
     # auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
     sources=("generated", "auto"),

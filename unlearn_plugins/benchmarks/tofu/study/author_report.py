@@ -24,12 +24,12 @@ from unlearn_plugins.errors import DataError, UnlearnError
 from unlearn_plugins.study import report_writer
 from unlearn_plugins.study.cells import Plan
 from unlearn_plugins.study.report_writer import FileWriter, Report, Section, text_file
-from unlearn_plugins.study.statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
 
 from . import design_report
 from .design import LEADER, LOWER_IS_BETTER, Design
 from .operating_cell import read_result
 from .report import CorruptEvaluation, evaluation_metrics, read_evaluation
+from .statistics import group_summary, mu_paired_bootstrap, noise_ceiling, truth_ratio_distances
 
 REPORT_FORMAT = 1
 #: the per-author numbers reported beside Forget Quality (the ``[evaluation] report`` keys and the usual ones)
@@ -92,7 +92,7 @@ def reference_ratios(eval_retain: str | Path) -> list[float]:
 
 
 def mu_rows(samples: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
+    from ..metrics import MU_PARTS
 
     tasks = {task for parts in MU_PARTS.values() for task, _ in parts}
     return {task: rows for task, rows in samples.items() if task in tasks}

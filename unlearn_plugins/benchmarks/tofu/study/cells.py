@@ -386,15 +386,16 @@ def extraction_strengths(
     batch_size: int = 8,
     dtype: str | None = None,
 ) -> list[float]:
-    """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..evaluation.tofu_metrics`): ``k``
+    """Per forget sample, extraction strength ``1 - k/n`` (:mod:`..metrics`): ``k``
     the first answer position from which every teacher-forced greedy prediction equals the
     answer's tokens (not the end token, as open-unlearning), in one forward pass per batch; for studies whose
     evaluation does not run the ``tofu_forget_extraction_strength`` task."""
     import torch
 
     from unlearn_plugins.data.qa import IGNORE_INDEX, encode_samples, load_split, pad_batch
-    from unlearn_plugins.evaluation import tofu_metrics as tm
     from unlearn_plugins.models import load_model
+
+    from .. import metrics as tm
 
     loaded, tok = load_model(
         model, device=device, dtype=dtype, adapter=adapter, merge_adapter=merge_is_exact(device, dtype)

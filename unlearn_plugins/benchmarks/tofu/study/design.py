@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from unlearn_plugins.study.statistics import ALTERNATIVES, minimum_units
-
 from .operating_point import OperatingPointError, Rule
+from .statistics import ALTERNATIVES, minimum_units
 
 UNITS = ("author",)
 #: the tables an author-unit study adds to :data:`.spec.TABLES`

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from unlearn_plugins.study.statistics import compare_paired, group_summary, noise_ceiling
-
 from .design import LEADER, LOWER_IS_BETTER, Comparison, Design
+from .statistics import compare_paired, group_summary, noise_ceiling
 
 #: comparison metrics in [0, 1]: a paired difference lies in [-1, 1], and its interval is cut to it
 UNIT_RANGE = frozenset({"forget_quality", "ks_statistic", "model_utility", "forget_prob"})

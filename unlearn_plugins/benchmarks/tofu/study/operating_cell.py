@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from unlearn_plugins.data.jsonl import json_lines
-from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
-from unlearn_plugins.study.statistics import mu_paired_bootstrap
 
+from ..metrics import MU_PARTS
 from .operating_point import MEASURES, OperatingPointError, Rule, choose, next_to_evaluate
+from .statistics import mu_paired_bootstrap
 from .trace import EPOCH_DIR, read_trace
 
 RESULT_FILE = "operating_point.json"

@@ -22,12 +22,13 @@ from typing import Any, Sequence
 from unlearn_plugins import tables
 from unlearn_plugins.data.jsonl import json_lines
 from unlearn_plugins.errors import DataError, UnlearnError
-from unlearn_plugins.evaluation.tofu_metrics import MU_PARTS
 from unlearn_plugins.files import atomic_open
 from unlearn_plugins.study import report_writer
 from unlearn_plugins.study.cells import EXTRACTION, REALLY_FORGOTTEN, RESOURCES, Plan, read_json
 from unlearn_plugins.study.report_writer import Report, Section, format_value
-from unlearn_plugins.study.statistics import NO_SPREAD, has_spread, holm
+
+from ..metrics import MU_PARTS
+from .statistics import NO_SPREAD, has_spread, holm
 
 #: (key, column title) of the numbers reported per cell and aggregated over seeds
 METRICS = (
@@ -268,8 +269,9 @@ def mu_bootstrap(samples: dict[str, list[dict]], *, resamples: int = MU_BOOTSTRA
 def _evaluation_numbers(folder: Path) -> tuple[dict[str, Any], dict[str, list[dict]]]:
     """The reported numbers of one evaluation stage (all but Model Utility's bootstrap) and its
     samples, every one checked (:class:`CorruptEvaluation` names the file and the field)."""
-    from unlearn_plugins.evaluation import tofu_metrics as tm
     from unlearn_plugins.evaluation.reference import read_reference
+
+    from .. import metrics as tm
 
     folder = Path(folder)
     summary, samples = read_evaluation(folder)

@@ -5,7 +5,7 @@ Measures (:data:`.design.TRACE_MEASURES`), per epoch:
 
 - ``forget_quality``, ``ks_statistic``, ``wasserstein_log``: the forget truth ratios (each QA's
   paraphrased answer against its perturbed ones, TOFU's definition in
-  :func:`..evaluation.tofu_metrics.truth_ratio`) against the retain model's, through
+  :func:`..metrics.truth_ratio`) against the retain model's, through
   :func:`.statistics.truth_ratio_distances`;
 - ``forget_prob``: the mean length-normalised probability of the forget answers;
 - ``heldout_prob``: the same over held-out QA (real authors, world facts, retain authors).
@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from unlearn_plugins.evaluation import tofu_metrics as tm
-from unlearn_plugins.study.statistics import truth_ratio_distances
 from unlearn_plugins.training import lora
+
+from .. import metrics as tm
+from .statistics import truth_ratio_distances
 
 TRACE_FILE = "trace.jsonl"
 #: the folder of the adapter saved after epoch e: ``epoch{e}``
@@ -66,7 +67,7 @@ def truth_ratios(
 ) -> list[float]:
     """Per forget QA (``rows``: QASample-like, with ``extra`` paraphrased_answer and
     perturbed_answer) its truth ratio: the perturbed answers' mean NLL against the paraphrased
-    answer's (:func:`..evaluation.tofu_metrics.truth_ratio`)."""
+    answer's (:func:`..metrics.truth_ratio`)."""
     pairs, spans = [], []
     for row in rows:
         perturbed = list(row.extra["perturbed_answer"])

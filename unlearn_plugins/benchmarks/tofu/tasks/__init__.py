@@ -2,4 +2,4 @@
 convention; the YAMLs' ``!function`` lines name them): ``tofu/`` (probability, truth ratio,
 Forget Quality, ROUGE, extraction strength, Model Utility), ``tofu_mia/`` (membership inference,
 exact memorization) and ``tofu_probes/`` (paraphrased and plain-format questions). The metric
-formulas they share with the core's studies and reports are :mod:`unlearn_plugins.evaluation.tofu_metrics`."""
+formulas they share with the study and its reports are :mod:`..metrics`."""

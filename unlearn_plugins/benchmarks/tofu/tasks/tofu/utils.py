@@ -30,9 +30,9 @@ from typing import Any, Sequence
 from lm_eval.api.instance import Instance
 from lm_eval.api.metrics import mean
 
+from unlearn_plugins.benchmarks.tofu import metrics as tm
 from unlearn_plugins.data.qa import control_token_in, control_tokens, prompt_text, read_jsonl, split_path
 from unlearn_plugins.errors import DataError
-from unlearn_plugins.evaluation import tofu_metrics as tm
 from unlearn_plugins.evaluation.lm_eval_requests import (  # noqa: F401 - the TOFU tasks' (and their users') names
     PromptTask,
     decode_ids,

@@ -435,7 +435,7 @@ def mu_paired_bootstrap(
     the two must hold the same ``doc_id`` per task."""
     import numpy as np
 
-    from ..evaluation.tofu_metrics import MU_PARTS
+    from ..metrics import MU_PARTS
 
     def column(samples, task, metric, who):
         rows = sorted(samples.get(task, []), key=lambda r: r["doc_id"])
