@@ -710,51 +710,6 @@ class _Reader:
             self.checked_config(f"{table}.finetune", FinetuneConfig, [(f"[{table}.finetune]", finetune)])
         return Recipe(finetune=finetune, seed=seed, threads=threads)
 
-    def models(self, data: dict, forget_sizes, author_unit: bool = False) -> tuple[Recipe, Recipe, dict]:
-        target_t = self.table(data, "target", required=True)
-        retain_t = self.table(data, "retain")
-        if "given" in target_t:
-            given = self.get("target", target_t, "given", "str")
-            extra = [k for k in target_t if k != "given"]
-            if extra:
-                raise self.error("target", extra[0], "a given target has no recipe; remove it or 'given'")
-            target = Recipe(given=self.given_model("target", "given", given))
-        else:
-            target = self.recipe("target", target_t, None)
-        retain_given: dict[int, str] = {}
-        if "given" in retain_t:
-            table = self.get("retain", retain_t, "given", "table")
-            extra = [k for k in retain_t if k != "given"]
-            if extra:
-                raise self.error("retain", extra[0], "given retain models have no recipe; remove it or 'given'")
-            for key, value in table.items():
-                if not key.isdigit() or int(key) not in forget_sizes:
-                    raise self.error(
-                        "retain.given",
-                        key,
-                        f"must be a forget size of [benchmark] forget_authors ({', '.join(map(str, forget_sizes))})",
-                    )
-                if not isinstance(value, str) or not value:
-                    raise self.error("retain.given", key, f"must be a model folder or hub id, got {_show(value)}")
-                retain_given[int(key)] = self.given_model("retain.given", key, value)
-            missing = [k for k in forget_sizes if k not in retain_given]
-            if missing:
-                raise self.error("retain.given", str(missing[0]), "missing: give a retain model for every forget size")
-            return target, Recipe(), retain_given
-        if target.given is not None and not retain_t:
-            raise self.error(
-                "retain",
-                None,
-                "the target is given, so the retain models need a recipe ([retain.finetune], seed)"
-                + (
-                    ": an author-unit study fine-tunes a retain model per author"
-                    if author_unit
-                    else ' or given folders (given = {"1" = "..."})'
-                ),
-            )
-        base = None if target.given is not None else target
-        return target, self.recipe("retain", retain_t, base), retain_given
-
     def budget(self, data: dict) -> dict:
         from ..training.config import UnlearnConfig
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from unlearn_plugins.study.spec import Cell, Study, StudyError
+from unlearn_plugins.study.spec import Cell, Recipe, Study, StudyError
 
 from . import design as author_design
+from .design import _show
 
 
 def read(reader, data: dict, bench: dict, design_data: dict, **head) -> Study:
@@ -36,8 +37,8 @@ def read(reader, data: dict, bench: dict, design_data: dict, **head) -> Study:
         )
     forget_sizes = reader.int_list("benchmark", bench, "forget_authors", minimum=1, maximum=authors - 1, scalar_ok=True)
 
-    target, retain, retain_given = reader.models(
-        data, forget_sizes, author_unit="unit" in design_data.get("benchmark", {})
+    target, retain, retain_given = models(
+        reader, data, forget_sizes, author_unit="unit" in design_data.get("benchmark", {})
     )
     budget = reader.budget(data)
     methods = reader.methods(data, budget, max_length, one_budget)
@@ -67,6 +68,54 @@ def read(reader, data: dict, bench: dict, design_data: dict, **head) -> Study:
     )
     design = author_design.read_design(reader, design_data, study)
     return study if design is None else dataclasses.replace(study, design=design)
+
+
+def models(reader, data: dict, forget_sizes, author_unit: bool = False) -> tuple[Recipe, Recipe, dict]:
+    """[target] and [retain]: a recipe each, or given models (the target, and a retain model per
+    forget size); returns (target, retain recipe, {forget size: given retain model})."""
+    target_t = reader.table(data, "target", required=True)
+    retain_t = reader.table(data, "retain")
+    if "given" in target_t:
+        given = reader.get("target", target_t, "given", "str")
+        extra = [k for k in target_t if k != "given"]
+        if extra:
+            raise reader.error("target", extra[0], "a given target has no recipe; remove it or 'given'")
+        target = Recipe(given=reader.given_model("target", "given", given))
+    else:
+        target = reader.recipe("target", target_t, None)
+    retain_given: dict[int, str] = {}
+    if "given" in retain_t:
+        table = reader.get("retain", retain_t, "given", "table")
+        extra = [k for k in retain_t if k != "given"]
+        if extra:
+            raise reader.error("retain", extra[0], "given retain models have no recipe; remove it or 'given'")
+        for key, value in table.items():
+            if not key.isdigit() or int(key) not in forget_sizes:
+                raise reader.error(
+                    "retain.given",
+                    key,
+                    f"must be a forget size of [benchmark] forget_authors ({', '.join(map(str, forget_sizes))})",
+                )
+            if not isinstance(value, str) or not value:
+                raise reader.error("retain.given", key, f"must be a model folder or hub id, got {_show(value)}")
+            retain_given[int(key)] = reader.given_model("retain.given", key, value)
+        missing = [k for k in forget_sizes if k not in retain_given]
+        if missing:
+            raise reader.error("retain.given", str(missing[0]), "missing: give a retain model for every forget size")
+        return target, Recipe(), retain_given
+    if target.given is not None and not retain_t:
+        raise reader.error(
+            "retain",
+            None,
+            "the target is given, so the retain models need a recipe ([retain.finetune], seed)"
+            + (
+                ": an author-unit study fine-tunes a retain model per author"
+                if author_unit
+                else ' or given folders (given = {"1" = "..."})'
+            ),
+        )
+    base = None if target.given is not None else target
+    return target, reader.recipe("retain", retain_t, base), retain_given
 
 
 def expand(study: Study) -> list[Cell]:
