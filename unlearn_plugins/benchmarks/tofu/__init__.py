@@ -8,7 +8,10 @@
   studies train and evaluate on (from a TOFU folder, the shipped subset or generated authors),
   and the holdout author of membership inference;
 * ``tofu_subset/`` - real TOFU shipped in the package (authors 196-199, the first 20 real-authors
-  and world-facts QA; TOFU's MIT licence beside them).
+  and world-facts QA; TOFU's MIT licence beside them);
+* :mod:`.runner` and ``study/`` - the study kind of ``[benchmark] source = "tofu"`` (the default);
+* :mod:`.demo` (``demo.toml``) and :mod:`.demo_report` - `unlearn demo`, the default
+  ``--benchmark``.
 
 The QA data machinery every command uses (``tofu:SPLIT`` names, the prompt format, label masks)
 is the core's :mod:`unlearn_plugins.data.qa`; the metric formulas (truth ratio, Forget Quality,
