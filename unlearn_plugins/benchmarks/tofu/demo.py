@@ -13,15 +13,6 @@ from unlearn_plugins.commands.common import check_int, check_out_folder
 from unlearn_plugins.errors import UnlearnError
 from unlearn_plugins.models import DTYPE_CHOICES
 
-#: the demo's study (demo.toml) and its variant for --fast
-STUDY = "demo"
-FAST = "fast"
-#: the study whose methods --methods adds to the demo's table (every built-in objective)
-PEERS = "peer_methods"
-#: the default --out
-OUT = "unlearn-demo"
-#: what `unlearn demo --help` says of --benchmark tofu
-SUMMARY = "LLM unlearning on TOFU authors"
 #: this demo's own options: (flag, attribute)
 OPTIONS = (
     ("--authors", "authors"),
@@ -34,6 +25,16 @@ OPTIONS = (
     ("--robustness", "robustness"),
     ("--methods", "methods"),
 )
+
+#: the demo's study (demo.toml) and its variant for --fast
+STUDY = "demo"
+FAST = "fast"
+#: the study whose methods --methods adds to the demo's table (every built-in objective)
+PEERS = "peer_methods"
+#: the default --out
+OUT = "unlearn-demo"
+#: what `unlearn demo --help` says of --benchmark tofu
+SUMMARY = "LLM unlearning on TOFU authors"
 
 
 def add_arguments(parser) -> None:

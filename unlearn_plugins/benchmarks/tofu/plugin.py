@@ -16,6 +16,7 @@ TOFU = Benchmark(
     "membership inference and probes (lm-eval tasks tofu_*); the demo's and studies' N-author benchmark folders",
     task_dirs=(HERE / "tasks",),
     studies={"demo": HERE / "demo.toml"},
+    demo=f"{PACKAGE}.demo",
     data=f"{PACKAGE}.data",
     study=f"{PACKAGE}.runner",
     # auto: TOFU where a folder, the shipped subset or the hub has enough authors, else generated ones
@@ -27,7 +28,6 @@ TOFU = Benchmark(
         "operating_point": f"{PACKAGE}.study.cells:build_operating_point",
     },
     evaluation_stages=("evaluate",),
-    demo=f"{PACKAGE}.demo",
 )
 
 
