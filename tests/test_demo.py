@@ -1,8 +1,8 @@
 """`unlearn demo`: every stage end to end on the tiny model (--fast), the report's files and
 ranges, the stage cache (rerun, Ctrl-C), the benchmark folder and the generated data; and the
 same demo with its cells on two worker processes: the same numbers, a warm rerun that starts
-none, a Ctrl-C'd run that resumes. The demo is a study (unlearn_plugins/demo/demo.toml): its
-cells are built by the study's runner, one after the other in this process with --workers 1."""
+none, a Ctrl-C'd run that resumes. The demo is a study (unlearn_plugins/benchmarks/tofu/demo.toml):
+its cells are built by the study's runner, one after the other in this process with --workers 1."""
 
 from __future__ import annotations
 

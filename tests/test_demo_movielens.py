@@ -325,7 +325,9 @@ def test_movielens_study_errors_name_the_table_and_key(old, new, message, tmp_pa
 def test_sharded_needs_a_movielens_benchmark(tmp_path):
     from unlearn_plugins.study import StudyError, load_study
 
-    demo = (Path(__file__).resolve().parent.parent / "unlearn_plugins" / "demo" / "demo.toml").read_text()
+    demo = (
+        Path(__file__).resolve().parent.parent / "unlearn_plugins" / "benchmarks" / "tofu" / "demo.toml"
+    ).read_text()
     path = tmp_path / "s.toml"
     path.write_text(demo.replace("[evaluation]\n", "[sharded]\nshards = 2\n\n[evaluation]\n", 1))
     with pytest.raises(

@@ -137,9 +137,9 @@ DEMO_CELLS = ["target", "retain/forget1", "cud/forget1", "eval-retain/forget1", 
 
 
 def test_the_demo_is_a_study_with_a_cud_cell_and_a_fast_variant():
-    """`unlearn demo` runs the built-in study `demo` (unlearn_plugins/demo/demo.toml)."""
+    """`unlearn demo` runs the built-in study `demo` (unlearn_plugins/benchmarks/tofu/demo.toml)."""
     study = load_study("demo")
-    assert Path(study.path) == ROOT / "unlearn_plugins" / "demo" / "demo.toml"
+    assert Path(study.path) == ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "demo.toml"
     assert [c.id for c in expand(study)] == DEMO_CELLS
     assert study.source == "auto" and study.authors == 3 and study.forget_sizes == (1,)
     assert study.cud.anchor_pool == 10 and study.cud.strata == 5 and study.cud.scorer["max_rows"] == 6
@@ -163,7 +163,7 @@ def test_the_demo_is_a_study_with_a_cud_cell_and_a_fast_variant():
 def test_unlearn_study_demo_dry_run_lists_its_cells(tmp_path, tiny_model_dir, capsys):
     """`unlearn study demo --dry-run` (here the demo's --fast variant on the tiny model, as a
     file naming it): the demo's cells, nothing built."""
-    text = (ROOT / "unlearn_plugins" / "demo" / "demo.toml").read_text()
+    text = (ROOT / "unlearn_plugins" / "benchmarks" / "tofu" / "demo.toml").read_text()
     path = _write(tmp_path, text.replace('base = "smollm2-135m"', f'base = "{tiny_model_dir}"'))
     assert main(["study", str(path), "--variant", "fast", "--dry-run", "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
@@ -460,5 +460,5 @@ def test_wheel_ships_the_builtin_studies(tmp_path):
     from support_checks import build_wheel
 
     names = zipfile.ZipFile(build_wheel(tmp_path)).namelist()
-    # the study layer's and the demo's (unlearn_plugins/demo/demo.toml)
+    # the study layer's and the benchmarks' (the demos' among them)
     assert {p.relative_to(ROOT).as_posix() for p in builtin_studies().values()} <= set(names)

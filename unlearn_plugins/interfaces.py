@@ -284,7 +284,8 @@ class Benchmark:
     - ``stage_kinds``: stage builder name -> ``"module:function"`` ``(tmp, params)``;
       ``evaluation_stages``: those that evaluate a model (a cell that ends in one is done once it is).
     - ``demo``: a module for `unlearn demo --benchmark NAME`: ``add_arguments(parser)``,
-      ``OPTIONS`` ((flag, attribute) of its own options), ``check(args)``, ``run(args) -> int``.
+      ``OPTIONS`` ((flag, attribute) of its own options), ``check(args)``, ``run(args) -> int``
+      (optional: ``SUMMARY``, its line in ``--benchmark``'s help, else ``summary``).
     - ``commands``: modules each adding a CLI verb (``add_parser(subparsers)``, as
       ``unlearn_plugins.commands``'s).
     - ``report``: its report writer (its record and summary.md sections, written by

@@ -6,8 +6,8 @@ target ("full") and retain models are made (a fine-tuning recipe, or given folde
 unlearning methods, the seeds, the evaluation and ONE unlearning budget for every method.
 Every unknown key and bad value is an error naming the file, the table and the key
 (``FILE: [table] key: what is wrong``), raised before any work; docs/study.md describes the
-format. Built-in studies live in ``studies/`` beside this module, the demo's (``unlearn demo``) in
-``unlearn_plugins/demo/`` (``unlearn study --list``).
+format. Built-in studies live in ``studies/`` beside this module, and a benchmark's (its demo's,
+``unlearn demo``) in its folder, named by its ``studies`` (``unlearn study --list``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "studies"
-#: the demo's study descriptions (data files: the study layer imports nothing of the demo's)
-DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 #: [evaluation] gen_margin's largest value: new tokens past the longest answer (a larger one
 #: was accepted, then failed late, or over any model's length)
 MAX_GEN_MARGIN = 4096
@@ -323,15 +321,13 @@ def study_tables() -> tuple[str, ...]:
 
 
 def builtin_studies() -> dict[str, Path]:
-    """The studies shipped with the package: name -> file (the demo's too: ``demo``, the TOFU
-    demo's demo.toml, and ``demo-BENCHMARK`` for the other demos' BENCHMARK.toml)."""
+    """The studies shipped with the package: name -> file, those of ``studies/`` first, then the
+    registered benchmarks' (:attr:`~unlearn_plugins.interfaces.Benchmark.studies`: the demos'
+    ``demo`` and ``demo-movielens`` among them) by name."""
     found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
-    for p in sorted(DEMO_DIR.glob("*.toml")):
-        found[p.stem if p.stem == "demo" else f"demo-{p.stem}"] = p
     from ..host import benchmarks
 
-    for bench in benchmarks().values():
-        found.update({name: Path(path) for name, path in bench.studies.items()})
+    found.update(sorted((name, Path(path)) for bench in benchmarks().values() for name, path in bench.studies.items()))
     return found
 
 

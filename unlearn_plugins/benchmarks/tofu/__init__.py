@@ -12,7 +12,9 @@
 * :mod:`.metrics` - the metric formulas (truth ratio, Forget Quality, Model Utility, extraction
   strength) the tasks, the study and `unlearn eval`'s summary (through the registry) share;
 * :mod:`.runner` and ``study/`` - TOFU's study kind, the default ``[benchmark] source``: by forget
-  size, or with forget authors as the unit (design, sweeps, operating points, paired statistics).
+  size, or with forget authors as the unit (design, sweeps, operating points, paired statistics);
+* :mod:`.demo` (``demo.toml``) and :mod:`.demo_report` - `unlearn demo`, the default
+  ``--benchmark``.
 
 The QA data machinery every command uses (``tofu:SPLIT`` names, the prompt format, label masks)
 is the core's :mod:`unlearn_plugins.data.qa`.

@@ -1,7 +1,7 @@
 """The TOFU benchmark as the core sees it: its task folder (``tofu``), its data module (the
-N-author benchmark folders of the demo and the studies) and its study kind (the default
-``[benchmark] source``), registered through the same hook a third-party benchmark uses
-(registry.toml names this module)."""
+N-author benchmark folders of the demo and the studies), its study kind (the default
+``[benchmark] source``) and its demo (`unlearn demo`'s default, the built-in study ``demo``),
+registered through the same hook a third-party benchmark uses (registry.toml names this module)."""
 
 from pathlib import Path
 
@@ -15,6 +15,8 @@ TOFU = Benchmark(
     summary="TOFU: forget probability, truth ratio, Forget Quality, ROUGE, extraction strength, Model Utility, "
     "membership inference and probes (lm-eval tasks tofu_*); the demo's and studies' N-author benchmark folders",
     task_dirs=(HERE / "tasks",),
+    studies={"demo": HERE / "demo.toml"},
+    demo=f"{PACKAGE}.demo",
     data=f"{PACKAGE}.data",
     metrics=f"{PACKAGE}.metrics",
     study=f"{PACKAGE}.runner",

@@ -1,10 +1,10 @@
-"""The demo's report: a table for the terminal and, in the report folder, results.json,
+"""The TOFU demo's report: a table for the terminal and, in the report folder, results.json,
 summary.md and three PNG plots (Forget Quality vs Model Utility per method, the CUD score
 histogram, easy vs hard circuit depth profiles), plus the CUD scores and the CUD-easy /
-CUD-hard splits. The demo is a study (``demo.toml`` beside this module); :func:`study_report`
-reads its cells' stage folders (the study's cache) and writes this report from them. Every file
-is written by the studies' report writer (:mod:`unlearn_plugins.study.report_writer`): all
-together, atomically."""
+CUD-hard splits. The demo is a study (``demo.toml`` beside this module, run by :mod:`.demo`);
+:func:`study_report` reads its cells' stage folders (the study's cache) and writes this report
+from them. Every file is written by the studies' report writer
+(:mod:`unlearn_plugins.study.report_writer`): all together, atomically."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..plots import finish_png, plot_log_scatter, pyplot
-from ..scorers.cud.scorer import PAPER_OBJECTIVES
-from ..study import report_writer
-from ..study.report_writer import (
+from unlearn_plugins.plots import finish_png, plot_log_scatter, pyplot
+from unlearn_plugins.scorers.cud.scorer import PAPER_OBJECTIVES
+from unlearn_plugins.study import report_writer
+from unlearn_plugins.study.report_writer import (
     Section,
     anchor_runs,
     cud_meta,
@@ -49,11 +49,10 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def model_row(name: str, label: str, eval_dir: Path, easy: Sequence[int], hard: Sequence[int]) -> dict[str, Any]:
     """One model's numbers from its evaluation folder."""
-    from ..host import required_benchmark_part
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+    from unlearn_plugins.evaluation.reference import read_reference
 
-    tm = required_benchmark_part("tofu", "metrics")
-    from ..evaluation.lm_eval_runner import read_outputs
-    from ..evaluation.reference import read_reference
+    from . import metrics as tm
 
     written = read_outputs(eval_dir)  # lm-eval's results_<date>.json and samples_<task>_<date>.jsonl
     summary = written.summary
@@ -147,7 +146,7 @@ def plot_depth_profile(scores: Sequence[dict], easy: Sequence[int], hard: Sequen
     """Mean circuit edges per destination layer (all components), easy vs hard."""
     import numpy as np
 
-    from ..circuits.plot import mean_placement
+    from unlearn_plugins.circuits.plot import mean_placement
 
     plt = pyplot()
     by_index = {r["index"]: r for r in scores}
@@ -180,11 +179,10 @@ def study_report(
     """The report of the demo's study, run (:func:`unlearn_plugins.study.runner.run_plan`): its
     one forget size's target and retain models, each method's unlearning run, every model's
     evaluation (and with [evaluation] robustness its measurement), and the CUD cell."""
-    from ..host import required_benchmark_part
+    from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
+    from unlearn_plugins.study.cells import REALLY_FORGOTTEN
 
-    load_benchmark = required_benchmark_part("tofu", "data").load_benchmark
-    from ..evaluation.lm_eval_runner import read_outputs
-    from ..study.cells import REALLY_FORGOTTEN
+    from .data import load_benchmark
 
     study = plan.study
     (k,) = study.forget_sizes
@@ -306,8 +304,8 @@ def write_report(
     )
     attacks = Section()
     if forgetting:
-        from ..evaluation import really_forgotten
-        from ..evaluation.lm_eval_runner import read_outputs
+        from unlearn_plugins.evaluation import really_forgotten
+        from unlearn_plugins.evaluation.lm_eval_runner import read_outputs
 
         order = ["retain", "full", *(m.name for m in methods)]
         named = dict(labels)
@@ -367,7 +365,7 @@ def _really_forgotten_lines(results: dict) -> list[str]:
     rows = results.get("really_forgotten")
     if not rows:
         return []
-    from ..evaluation import really_forgotten
+    from unlearn_plugins.evaluation import really_forgotten
 
     return [
         "## Is it really forgotten?",
