@@ -203,16 +203,7 @@ def trained(installed, tiny_model_dir, tofu_dir, tmp_path_factory) -> Path:
         "cap=50",
         "--retain-loss",
         "kl",
-        "--lora-r",
-        "4",
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--grad-accum",
-        "1",
-        "--save-steps",
-        "0",
+        *"--lora-r 4 --max-steps 2 --batch-size 2 --grad-accum 1 --save-steps 0".split(),
         "--out",
         out,
         UNLEARN_TOFU_DIR=str(tofu_dir),
@@ -228,18 +219,8 @@ def trained(installed, tiny_model_dir, tofu_dir, tmp_path_factory) -> Path:
 def test_scorer_through_unlearn_score(installed, tiny_model_dir, tofu_dir, tmp_path):
     out_file = tmp_path / "scores.jsonl"
     args = ["--model", tiny_model_dir, "--device", "cpu", "--data", "tofu:forget01[0:6]"]
-    out = unlearn(
-        installed,
-        "score",
-        "--scorer",
-        "max_surprisal",
-        "--option",
-        "batch_size=4",
-        *args,
-        "--out",
-        out_file,
-        UNLEARN_TOFU_DIR=str(tofu_dir),
-    )
+    scorer = ["--scorer", "max_surprisal", "--option", "batch_size=4"]
+    out = unlearn(installed, "score", *scorer, *args, "--out", out_file, UNLEARN_TOFU_DIR=str(tofu_dir))
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(6))
