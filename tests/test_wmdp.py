@@ -246,6 +246,12 @@ def test_the_study_is_built_in_and_its_tiny_variant_runs(tmp_path, capsys, monke
     code = main([*args, "--workers", "1", "--threads", "1"])
     assert code == 0 and "built" not in capsys.readouterr().err.replace("cached", "")
     rerun = json.loads((out / "study.json").read_text())
+    # its --out holds the tiny variant's report: the study itself (other settings) is refused there
+    code = main(["study", "wmdp_synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert code == 1 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --out {out}: holds the report of another study named 'wmdp_synthetic' (other settings); give "
+        f"this one another --out (or remove {out})"
+    )
 
     # --report-only (the core's, as a TOFU study's): the rerun's report of the cached cells, no wall time
     partial = tmp_path / "partial"
