@@ -354,3 +354,13 @@ def test_unlearn_study_runs_the_movielens_study_and_writes_its_report(tmp_path, 
 
     code, _, err = _run([*args, "--report-only"], capsys)
     assert code == 1 and "--report-only: not available for a MovieLens study" in err
+
+    # a failed cell: its line points at the logs, and no report is written (it needs every cell)
+    diverge = (
+        '[[variants.fast.methods]]\nname = "diverge"\nobjective = "grad_diff"\nobjective_options = { gamma = 1e308 }\n'
+    )
+    path.write_text(path.read_text().replace("[variants.fast.cud]\n", diverge + "\n[variants.fast.cud]\n", 1))
+    bad = tmp_path / "bad"
+    code, out, err = _run([*args[:-1], str(bad)], capsys)
+    assert code == 1 and out == "" and not (bad / "results.json").exists()
+    assert err.strip().splitlines()[-1] == f"error: 1 of 11 cells failed: diverge/seed0 (logs: {bad}/logs)"

@@ -245,6 +245,34 @@ def test_the_study_is_built_in_and_its_tiny_variant_runs(tmp_path, capsys, monke
     # a second run builds nothing
     code = main([*args, "--workers", "1", "--threads", "1"])
     assert code == 0 and "built" not in capsys.readouterr().err.replace("cached", "")
+    rerun = json.loads((out / "study.json").read_text())
+    # its --out holds the tiny variant's report: the study itself (other settings) is refused there
+    code = main(["study", "wmdp_synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert code == 1 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --out {out}: holds the report of another study named 'wmdp_synthetic' (other settings); give "
+        f"this one another --out (or remove {out})"
+    )
+
+    # --report-only (the core's, as a TOFU study's): the rerun's report of the cached cells, no wall time
+    partial = tmp_path / "partial"
+    only = ["study", "wmdp_synthetic", "--variant", "tiny", "--report-only", "--out", str(partial)]
+    code = main([*only, "--cache-dir", str(tmp_path / "cache")])
+    assert code == 0, capsys.readouterr().err
+    written = json.loads((partial / "study.json").read_text())
+    assert written["rows"] == rerun["rows"] and written["cells"] == rerun["cells"] and written["wall_s"] is None
+    assert "Wall time" not in (partial / "summary.md").read_text()
+    # ... where a cached evaluation cannot be read, it is named (a run rebuilds it), not shown blank
+    from unlearn_plugins.benchmarks.wmdp.cells import plan_wmdp_study
+
+    plan = plan_wmdp_study(load_study("wmdp_synthetic", "tiny"), cache=tmp_path / "cache", dry_run=True)
+    (Path(plan.cells["eval-base"].result) / "wmdp_summary.json").write_text('{"tasks": ')
+    capsys.readouterr()
+    code = main([*only, "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == (
+        f"error: 1 finished cell(s) cannot be read: eval-base (see {partial}/summary.md; a run rebuilds them)"
+    )
+    assert "Failed cells: eval-base" in (partial / "summary.md").read_text()
 
 
 # ------------------------------------------------------------------------ teaching from text

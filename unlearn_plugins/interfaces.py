@@ -275,12 +275,13 @@ class Benchmark:
     - ``studies``: built-in study files, name -> path (``unlearn study NAME``).
     - ``study``: a module with what a study of ``[benchmark] source = NAME`` needs:
       ``read(reader, data, bench, **head) -> Study`` (its tables), ``expand(study)`` (its cells),
-      ``plan(study, *, cache, device, dry_run, stream)`` (its cells' stages), ``run(study, args,
-      out, cache) -> int`` (`unlearn study`: cells, then the report) and ``grid(study) -> str``;
-      without ``run``, the core's runner runs the study (records, ``--report-only``) and writes
-      its ``write_report(out, plan, results, run)`` (optional: ``check_evaluation(folder)``,
-      ``check_records(plan, records)``). ``sources``: other ``[benchmark] source`` names its
-      study reads (TOFU's ``generated`` and ``auto``).
+      ``plan(study, *, cache, device, dry_run, stream)`` (its cells' stages), ``grid(study) ->
+      str`` and ``write_report(out, plan, results, run) -> (files, table, left_out, lacking)``:
+      the core's runner runs every study (records, ``--report-only``) and writes that report.
+      Optional: ``refuse(study, args)`` (raises for the `unlearn study` options it does not take),
+      ``FAILED_CELLS_SEE`` (where the failed cells' line points, ``{out}`` filled in),
+      ``check_evaluation(folder)``, ``check_records(plan, records)``. ``sources``: other
+      ``[benchmark] source`` names its study reads (TOFU's ``generated`` and ``auto``).
     - ``stage_kinds``: stage builder name -> ``"module:function"`` ``(tmp, params)``;
       ``evaluation_stages``: those that evaluate a model (a cell that ends in one is done once it is).
     - ``demo``: a module for `unlearn demo --benchmark NAME`: ``add_arguments(parser)``,

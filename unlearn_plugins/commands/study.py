@@ -160,8 +160,9 @@ def run(args) -> int:
         check_gpu_share(args.workers, len(visible_gpus(gpu_count())), study.workers_per_gpu)
     from ..host import study_part
 
-    if hasattr(part := study_part(study.source), "run"):  # a study part with a run of its own
-        return part.run(study, args, out, cache)
+    part = study_part(study.source)
+    if refuse := getattr(part, "refuse", None):  # options its study does not take (yet)
+        refuse(study, args)
     records = {"records": _records(args), "records_any_device": args.records_any_device}
     if args.report_only:
         from ..study.runner import report_study
@@ -172,9 +173,11 @@ def run(args) -> int:
         from ..study.runner import run_study
 
         outcome = run_study(study, out=out, cache=cache, **execution_options(args), **records)
-        failed = (f"of {len(outcome.results)} cells failed", f"see {out}/summary.md")
-    print(outcome.table)
-    print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
+        see = getattr(part, "FAILED_CELLS_SEE", "see {out}/summary.md").format(out=out)
+        failed = (f"of {len(outcome.results)} cells failed", see)
+    if outcome.files:  # none: a report that needs every cell (MovieLens's) is not written while one failed
+        print(outcome.table)
+        print(f"report -> {out}/ ({', '.join(sorted(outcome.files))})")
     if outcome.failed:
         print(failed_cells(outcome.failed, *failed), file=sys.stderr)
         return 1

@@ -62,7 +62,8 @@ def log_path(out: Path, cell_id: str) -> Path:
 def check_out(out: Path, study: Study) -> None:
     """Before any work: ``out`` can be written (a read-only one failed every cell's log, and the
     report at the end), and holds no report of another study (two studies of one name replaced
-    each other's report in the default --out and mixed their logs)."""
+    each other's report in the default --out and mixed their logs). A WMDP report's study.json
+    names its study as ``"study": NAME`` and ``"digest"``; a MovieLens report writes none."""
     import json
 
     try:
@@ -75,7 +76,10 @@ def check_out(out: Path, study: Study) -> None:
         return
     try:
         recorded = json.loads(existing.read_text(encoding="utf-8"))
-        name, digest = recorded["study"]["name"], recorded.get("study_digest")
+        if isinstance(recorded["study"], str):
+            name, digest = recorded["study"], recorded["digest"]
+        else:
+            name, digest = recorded["study"]["name"], recorded.get("study_digest")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UnlearnError(
             f"--out {out}: its study.json is not a study report this command can read ({exc}); give another "
@@ -105,9 +109,7 @@ def dry_run_plan(study: Study, *, cache: Path, device: str | None, records: Path
     """The plan a run would make, writing nothing: with ``records`` checked as a run checks them,
     and an author-unit study's test cells keyed at the operating points recorded there."""
     plan = plan_cells(study, cache=cache, device=device, dry_run=True)
-    from ..host import study_part
-
-    if records is None or hasattr(study_part(study.source), "run"):  # one with its own run: no records
+    if records is None:
         return plan
     check_records(plan, records)
     waiting = {cid for cid, cp in plan.cells.items() if isinstance(cp, WaitingCellPlan)}

@@ -1,11 +1,12 @@
 """A MovieLens study (``[benchmark] source = "movielens"``) as `unlearn study` reaches it, the
 study part of the benchmark (:class:`unlearn_plugins.interfaces.Benchmark`): :func:`read` its
-tables, :func:`expand` its cells, :func:`plan` their stages (:mod:`.study`), :func:`run` it with
-its report (:mod:`.report`), :func:`grid` for `unlearn study --list`."""
+tables, :func:`expand` its cells, :func:`plan` their stages (:mod:`.study`), :func:`grid` for
+`unlearn study --list`. The core's runner runs it and writes :func:`write_report`, the MovieLens
+demo's report (:mod:`.report`); :func:`refuse` names the options it does not take yet."""
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 
 from unlearn_plugins.benchmarks.tofu.study import design as author_design
 from unlearn_plugins.study.spec import Cell, Study
@@ -104,41 +105,40 @@ def grid(study: Study) -> str:
     return out + (f", and {study.sharded.method}" if study.sharded else "")
 
 
-def run(study, args, out: str, cache) -> int:
-    """A MovieLens study: its cells, then the MovieLens demo's report (its table, results.json,
-    summary.md, the plots) of the study's first seed."""
-    import time
-    from pathlib import Path
+#: where `unlearn study`'s line about failed cells points: no report is written while one failed
+FAILED_CELLS_SEE = "logs: {out}/logs"
 
-    from unlearn_plugins.commands.study import execution_options, failed_cells
+
+def refuse(study, args) -> None:
+    """What `unlearn study` cannot do with a MovieLens study, refused before any work: its
+    report is the MovieLens demo's (of the study's first seed), written once every cell is built,
+    from the cache only, and with the CUD-easy and -hard users' columns."""
     from unlearn_plugins.errors import UnlearnError
-    from unlearn_plugins.files import folder_lock
-    from unlearn_plugins.study.runner import run_plan
-
-    from . import report as movielens_report
 
     for flag, given in (("--report-only", args.report_only), ("--records", args.records)):
         if given:
             raise UnlearnError(f"{flag}: not available for a MovieLens study ({study.path}) yet")
     if study.cud is None:
         raise UnlearnError(f"{study.path}: [cud]: a MovieLens study's report has the CUD-easy and -hard users' columns")
-    started = time.perf_counter()
-    plan, results = run_plan(study, out=out, cache=cache, **execution_options(args))
-    failed = [cell for cell, r in results.items() if r["status"] != "done"]
-    if failed:
-        print(failed_cells(failed, f"of {len(results)} cells failed", f"logs: {out}/logs"), file=sys.stderr)
-        return 1
-    config = {"study": study.name, "path": study.path, "out": out, "model": study.model, "device": args.device}
-    with folder_lock(Path(out), f"--out {out}"):
-        _, table, files = movielens_report.study_report(
-            Path(out),
-            plan,
-            results,
-            config=config,
-            budget=movielens_report.study_budget(study),
-            train_dtype=study.target.finetune.get("dtype") or "library default",
-            wall_s=time.perf_counter() - started,
-        )
-    print(table)
-    print(f"report -> {out}/ ({', '.join(sorted(files))})")
-    return 0
+
+
+def write_report(out: Path, plan, results: dict, run: dict) -> tuple[dict, str, dict, str | None]:
+    """The MovieLens demo's report (its table, results.json, summary.md, the plots) of the
+    study's first seed, as the core's runner writes a study's (files, table, cells left out, why
+    no verdict); nothing while a cell failed (the report needs every cell)."""
+    from . import report as movielens_report
+
+    if any(r["status"] != "done" for r in results.values()):
+        return {}, "", {}, None
+    study = plan.study
+    config = {"study": study.name, "path": study.path, "out": str(out), "model": study.model, "device": plan.device}
+    _, table, files = movielens_report.study_report(
+        out,
+        plan,
+        results,
+        config=config,
+        budget=movielens_report.study_budget(study),
+        train_dtype=study.target.finetune.get("dtype") or "library default",
+        wall_s=run["wall_time_s"],
+    )
+    return files, table, {}, None

@@ -1,7 +1,7 @@
 """A TOFU study as `unlearn study` reaches it, the study part of the benchmark
 (:class:`unlearn_plugins.interfaces.Benchmark`): :func:`read` its tables, :func:`expand` its
-cells, :func:`plan` their stages, :func:`grid` for `unlearn study --list`. It has no ``run`` of its
-own: the core's runner runs it (records, ``--report-only``, a report while it runs) and writes
+cells, :func:`plan` their stages, :func:`grid` for `unlearn study --list`. The core's runner runs
+it, as every study (records, ``--report-only``, a report while it runs), and writes
 :func:`write_report`, checking evaluations with :func:`check_evaluation` and an author-unit
 study's recorded operating points with :func:`check_records`. As the default source it also
 reads the author-unit tables any study file may hold (:data:`TABLES`, :func:`split_tables`)."""

@@ -1,7 +1,8 @@
 """A WMDP study (``[benchmark] source = "wmdp"``) as `unlearn study` reaches it, the study part of
 the benchmark (:class:`unlearn_plugins.interfaces.Benchmark`): :func:`read` its tables,
-:func:`expand` its cells, :func:`plan` their stages (:mod:`.cells`), :func:`run` it with its
-report (:mod:`.report`), :func:`grid` for `unlearn study --list`.
+:func:`expand` its cells, :func:`plan` their stages (:mod:`.cells`), :func:`grid` for `unlearn
+study --list`; the core's runner runs it (``--report-only`` too) and writes :func:`write_report`
+(:mod:`.report`); :func:`refuse` names the options it does not take yet.
 
 The cells: the base model's evaluation; the target (``corpus = "synthetic"``: the base model
 fine-tuned on the forget documents, so that it knows the facts before it is asked to forget them;
@@ -15,8 +16,8 @@ model the fold before left; :mod:`.parts`)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from unlearn_plugins.study.spec import Cell, Study
 
@@ -222,38 +223,25 @@ def grid(study: Study) -> str:
     return f"{len(study.methods)} methods x {len(study.seeds)} seeds = {runs} runs ({corpus})"
 
 
-def run(study, args, out: str, cache) -> int:
-    """A WMDP study: its cells, then its report (:mod:`.report`)."""
-    import time
-    from pathlib import Path
+#: where `unlearn study`'s line about failed cells points (the report names them, not why)
+FAILED_CELLS_SEE = "logs: {out}/logs"
 
-    from unlearn_plugins.commands.study import execution_options, failed_cells
+
+def refuse(study, args) -> None:
+    """--records, refused before any work: a WMDP study's cells are not recorded yet."""
     from unlearn_plugins.errors import UnlearnError
-    from unlearn_plugins.files import folder_lock
-    from unlearn_plugins.study.runner import run_plan
 
+    if args.records:
+        raise UnlearnError(f"--records: not available for a WMDP study ({study.path}) yet")
+
+
+def write_report(out: Path, plan, results: dict, run: dict) -> tuple[list[str], str, dict, None]:
+    """Its report (:func:`.report.write_report`) as the core's runner writes a study's: (files,
+    table, cells left out, why no verdict); a --report-only one states no wall time."""
     from . import report
 
-    for flag, given in (("--records", getattr(args, "records", None)),):
-        if given:
-            raise UnlearnError(f"{flag}: not available for a WMDP study ({study.path}) yet")
-    started = time.perf_counter()
-    if args.report_only:
-        from .cells import plan_wmdp_study
-
-        plan_ = plan_wmdp_study(study, cache=cache, device=args.device, dry_run=True)
-        results = {}
-    else:
-        plan_, results = run_plan(study, out=out, cache=cache, **execution_options(args))
-    failed = [cell for cell, r in results.items() if r["status"] != "done"]
-    with folder_lock(Path(out), f"--out {out}"):
-        table, files = report.write_report(Path(out), plan_, results, wall_s=time.perf_counter() - started)
-    print(table)
-    print(f"report -> {out}/ ({', '.join(sorted(files))})")
-    if failed:
-        print(failed_cells(failed, f"of {len(results)} cells failed", f"logs: {out}/logs"), file=sys.stderr)
-        return 1
-    return 0
+    table, files = report.write_report(out, plan, results, wall_s=run.get("wall_time_s"))
+    return files, table, {}, None
 
 
-__all__ = ["read", "expand", "plan", "grid", "run", "WmdpBench"]
+__all__ = ["read", "expand", "plan", "grid", "refuse", "write_report", "WmdpBench"]
