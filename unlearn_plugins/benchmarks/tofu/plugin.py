@@ -13,7 +13,7 @@ PACKAGE = __package__
 
 TOFU = Benchmark(
     summary="TOFU: forget probability, truth ratio, Forget Quality, ROUGE, extraction strength, Model Utility, "
-    "membership inference and probes (lm-eval tasks tofu_*); the demo's and studies' N-author benchmark folders",
+    "membership inference and probes (lm-eval tasks tofu_*); its study kind, the default, and `unlearn demo`",
     task_dirs=(HERE / "tasks",),
     studies={"demo": HERE / "demo.toml"},
     demo=f"{PACKAGE}.demo",
