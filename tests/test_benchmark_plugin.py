@@ -73,6 +73,7 @@ def test_the_core_reaches_its_tasks_verb_and_stage_kind(toy, tmp_path, capsys):
         ('task_dirs=(Path(__file__).parent / "tasks",)', r"task_dirs: .*missing is not a folder"),
         ('summary="a toy benchmark"', r"evaluation_stages: 'toy_eval' is not one of stage_kinds"),
         ("Benchmark(", r"not an unlearn_plugins.interfaces.Benchmark"),
+        ('summary="a toy benchmark",', r"\[benchmark\] source 'generated' is benchmark 'tofu''s"),
     ],
 )
 def test_a_bad_benchmark_is_refused_whole(toy, tmp_path, change, message):
@@ -80,6 +81,7 @@ def test_a_bad_benchmark_is_refused_whole(toy, tmp_path, change, message):
         'task_dirs=(Path(__file__).parent / "tasks",)': 'task_dirs=(Path(__file__).parent / "missing",)',
         'summary="a toy benchmark"': 'summary="a toy benchmark", evaluation_stages=("toy_eval",)',
         "Benchmark(": "dict(",
+        'summary="a toy benchmark",': 'summary="a toy benchmark", sources=("generated",),',  # TOFU's
     }[change]
     source = doc_plugin()
     assert change in source

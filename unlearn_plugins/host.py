@@ -467,6 +467,10 @@ class PluginHost:
                 raise TypeError(f"benchmark {name!r}: not an unlearn_plugins.interfaces.Benchmark")
             if problems := component.problems():
                 raise TypeError(f"benchmark {name!r}: {'; '.join(problems)}")
+            others = [*self.components[kind].values(), *(c for c in staged if c.kind == kind)]
+            for source in (name, *component.sources):  # each [benchmark] source reaches one study part
+                if owner := next((c for c in others if source in (c.name, *c.obj.sources)), None):
+                    raise TypeError(f"benchmark {name!r}: [benchmark] source {source!r} is benchmark {owner.name!r}'s")
         module = _where_defined(component) or getattr(impl.function, "__module__", "") or ""
         return Component(kind, name, component, plugin, module)
 
