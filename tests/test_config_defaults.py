@@ -253,3 +253,19 @@ def test_study_table_defaults_are_the_studys(tmp_path):
     study = _study(tmp_path, TINY)  # its [study] sets neither one_budget nor workers_per_gpu
     defaults = {f.name: f.default for f in dataclasses.fields(Study)}
     assert (study.one_budget, study.workers_per_gpu) == (defaults["one_budget"], defaults["workers_per_gpu"])
+
+
+def test_the_names_accepted_without_importing_transformers_are_the_installed_ones():
+    """A config whose scheduler and optimizer are the stable names is checked without importing
+    transformers' Trainer modules; each of them must be a name the installed transformers knows."""
+    from unlearn_plugins.training.config import (
+        STABLE_OPTIMIZERS,
+        STABLE_SCHEDULERS,
+        optimizer_names,
+        scheduler_names,
+    )
+
+    assert set(STABLE_SCHEDULERS) <= set(scheduler_names())
+    assert set(STABLE_OPTIMIZERS) <= set(optimizer_names())
+    defaults = config_defaults(TrainingConfig)
+    assert defaults["lr_scheduler"] in STABLE_SCHEDULERS and defaults["optim"] in STABLE_OPTIMIZERS
