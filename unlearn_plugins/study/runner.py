@@ -62,8 +62,8 @@ def log_path(out: Path, cell_id: str) -> Path:
 def check_out(out: Path, study: Study) -> None:
     """Before any work: ``out`` can be written (a read-only one failed every cell's log, and the
     report at the end), and holds no report of another study (two studies of one name replaced
-    each other's report in the default --out and mixed their logs). A WMDP report's study.json
-    names its study as ``"study": NAME`` and ``"digest"``; a MovieLens report writes none."""
+    each other's report in the default --out and mixed their logs). A report's study.json holds
+    the study's settings with ``study_digest``, or its name with ``digest``."""
     import json
 
     try:
@@ -293,14 +293,14 @@ def run_cells(
     return results
 
 
-def unreadable_evaluation(folder: Path, build: str, study: Study) -> str | None:
-    """Why an evaluation stage folder cannot be read (a truncated results or samples file, say,
-    or a number out of its range: the study part's ``check_evaluation``; a benchmark's evaluation
-    whose JSON files do not parse), or None when it can."""
+def unreadable_evaluation(folder: Path, study: Study) -> str | None:
+    """Why an evaluation stage folder cannot be read, or None when it can: the study part's
+    ``check_evaluation`` (TOFU's: a truncated results or samples file, a number out of its
+    range), else whether its files parse."""
     from ..host import study_part
 
     check = getattr(study_part(study.source), "check_evaluation", None)
-    if check is None or build != "evaluate":
+    if check is None:
         return unreadable(folder)
     try:
         check(folder)
@@ -331,7 +331,7 @@ def check_records(
         if cells is not None and cp.cell.id not in cells:
             continue
         record = stage_record(records, other.get(stage.folder, Path(stage.folder).name))
-        if (record / DONE).is_file() and (problem := unreadable_evaluation(record, stage.build, plan.study)):
+        if (record / DONE).is_file() and (problem := unreadable_evaluation(record, plan.study)):
             raise UnlearnError(
                 f"--records {records}: the recorded evaluation of {cp.cell.id}, {shown(record)}, is unreadable "
                 f"({problem}); {removal(records, record)} to rebuild the cell"
@@ -348,7 +348,7 @@ def drop_unreadable(plan: Plan, stream) -> list[str]:
     dropped = []
     for cp, stage in _evaluation_stages(plan):
         folder = Path(stage.folder)
-        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder, stage.build, plan.study)):
+        if (folder / DONE).is_file() and (problem := unreadable_evaluation(folder, plan.study)):
             print(
                 f"warning: the cached evaluation of {cp.cell.id} ({folder}) is unreadable ({problem}): rebuilding it",
                 file=stream,
@@ -556,7 +556,7 @@ def report_study(
         if not cp.cached:
             continue
         last = cp.stages[-1]
-        problem = unreadable_evaluation(Path(cp.result), last.build, study) if is_evaluation(last.build) else None
+        problem = unreadable_evaluation(Path(cp.result), study) if is_evaluation(last.build) else None
         if problem:  # a report never averages it away; a run (not --report-only) rebuilds it
             results[cp.cell.id] = {
                 "status": "failed",
